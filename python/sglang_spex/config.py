@@ -1,0 +1,153 @@
+"""One typed configuration for sglang-spex, parsed once by the launcher and shipped to every process.
+
+The launcher parses the ``--tot-*`` flags, serialises :class:`SpexConfig` into the environment variable
+``SGLANG_SPEX_CONFIG`` (JSON) and starts SGLang; SGLang's subprocesses inherit the environment, so the
+plugin reads the same config in the HTTP server and in the scheduler process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+ENV_VAR = "SGLANG_SPEX_CONFIG"
+COMPONENTS = ("t1", "t2", "t3")
+
+
+class ConfigError(ValueError):
+    """A ``--tot-*`` flag or a config field has a bad value; the message names it."""
+
+
+@dataclass(frozen=True)
+class SpexConfig:
+    """ToT speculation settings (SPEX)."""
+
+    enabled: bool = False  # --tot-speculation
+    k_total: Optional[int] = None  # --tot-k-total; None = "auto" (roofline knee)
+    min_share: int = 1  # --tot-min-share: smallest speculative share a live query gets
+    components: Tuple[str, ...] = COMPONENTS  # --tot-components
+    lookahead: int = 4  # --tot-lookahead: DFS UCB simulation depth (k)
+    budget_temperature: float = 1.0  # --tot-budget-temperature (tau)
+    early_stop: bool = False  # --tot-early-stop (T3 changes the search space: off by default)
+    early_stop_alpha: float = 0.5  # --tot-early-stop-alpha
+    early_stop_min_answers: int = 4  # --tot-early-stop-min-answers (t)
+    max_concurrent_searches: int = 64  # --tot-max-concurrent-searches
+    reward_timeout: float = 120.0  # --tot-reward-timeout (seconds)
+    spec_priority: int = -1000  # priority given to speculative requests (below any primary)
+
+    def validate(self) -> "SpexConfig":
+        checks = [
+            ("--tot-k-total", self.k_total is None or self.k_total >= 0, "must be >= 0 or 'auto'"),
+            ("--tot-min-share", self.min_share >= 0, "must be >= 0"),
+            ("--tot-lookahead", self.lookahead >= 1, "must be >= 1"),
+            ("--tot-budget-temperature", self.budget_temperature > 0, "must be > 0"),
+            ("--tot-early-stop-alpha", 0 <= self.early_stop_alpha <= 1, "must be in [0, 1]"),
+            ("--tot-early-stop-min-answers", self.early_stop_min_answers >= 1, "must be >= 1"),
+            ("--tot-max-concurrent-searches", self.max_concurrent_searches >= 1, "must be >= 1"),
+            ("--tot-reward-timeout", self.reward_timeout > 0, "must be > 0"),
+        ]
+        for flag, ok, why in checks:
+            if not ok:
+                raise ConfigError(f"{flag} {why}")
+        bad = [c for c in self.components if c not in COMPONENTS]
+        if bad:
+            raise ConfigError(f"--tot-components: unknown component(s) {bad}; choose from {list(COMPONENTS)}")
+        return self
+
+    def has(self, component: str) -> bool:
+        return self.enabled and component in self.components
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "SpexConfig":
+        data = json.loads(text)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {sorted(unknown)}")
+        if "components" in data:
+            data["components"] = tuple(data["components"])
+        return cls(**data).validate()
+
+    @classmethod
+    def from_env(cls) -> "SpexConfig":
+        text = os.environ.get(ENV_VAR)
+        return cls.from_json(text) if text else cls()
+
+
+def _k_total(text: str) -> Optional[int]:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}")
+
+
+def _components(text: str) -> Tuple[str, ...]:
+    parts = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    bad = [p for p in parts if p not in COMPONENTS]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {','.join(COMPONENTS)}, got {text!r}")
+    return parts
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # no usage wall: one line naming the flag
+        raise ConfigError(message)
+
+
+def add_tot_args(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--tot-*`` flags to ``parser``."""
+    d = SpexConfig()
+    g = parser.add_argument_group("sglang-spex (ToT speculation)")
+    g.add_argument("--tot-speculation", action="store_true", help="enable SPEX speculation")
+    g.add_argument("--tot-k-total", type=_k_total, default=d.k_total, help="global speculative budget or 'auto'")
+    g.add_argument("--tot-min-share", type=int, default=d.min_share)
+    g.add_argument("--tot-components", type=_components, default=d.components, help="subset of t1,t2,t3")
+    g.add_argument("--tot-lookahead", type=int, default=d.lookahead, help="DFS UCB simulation steps")
+    g.add_argument("--tot-budget-temperature", type=float, default=d.budget_temperature)
+    g.add_argument("--tot-early-stop", action="store_true", help="enable T3 early termination")
+    g.add_argument("--tot-early-stop-alpha", type=float, default=d.early_stop_alpha)
+    g.add_argument("--tot-early-stop-min-answers", type=int, default=d.early_stop_min_answers)
+    g.add_argument("--tot-max-concurrent-searches", type=int, default=d.max_concurrent_searches)
+    g.add_argument("--tot-reward-timeout", type=float, default=d.reward_timeout)
+
+
+def parse_tot_args(argv: Sequence[str]) -> Tuple[SpexConfig, List[str]]:
+    """Split ``argv`` into our config and the arguments meant for SGLang.
+
+    Raises :class:`ConfigError` naming the flag for an unknown ``--tot-*`` flag or a malformed value.
+    """
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    add_tot_args(parser)
+    ns, rest = parser.parse_known_args(list(argv))
+    unknown = [a.split("=")[0] for a in rest if a.startswith("--tot-")]
+    if unknown:
+        raise ConfigError(f"unknown flag {unknown[0]}")
+    cfg = SpexConfig(
+        enabled=ns.tot_speculation,
+        k_total=ns.tot_k_total,
+        min_share=ns.tot_min_share,
+        components=tuple(ns.tot_components),
+        lookahead=ns.tot_lookahead,
+        budget_temperature=ns.tot_budget_temperature,
+        early_stop=ns.tot_early_stop,
+        early_stop_alpha=ns.tot_early_stop_alpha,
+        early_stop_min_answers=ns.tot_early_stop_min_answers,
+        max_concurrent_searches=ns.tot_max_concurrent_searches,
+        reward_timeout=ns.tot_reward_timeout,
+    ).validate()
+    return cfg, rest
+
+
+def replace(cfg: SpexConfig, **changes) -> SpexConfig:
+    """A copy of ``cfg`` with ``changes`` applied and validated."""
+    return dataclasses.replace(cfg, **changes).validate()
+

@@ -1,0 +1,83 @@
+"""Start and stop a real SGLang server through our launcher (used by the demo, tests and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m sglang_spex.launch_server ARGS`` in its own process group; a context manager."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        port: Optional[int] = None,
+        env: Optional[dict] = None,
+        startup_timeout: float = 600.0,
+        log_path: Optional[str] = None,
+    ):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args: List[str] = list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = {**os.environ, **(env or {})}
+        self.startup_timeout = startup_timeout
+        self.log_path = log_path or tempfile.mkstemp(prefix="spex-server-", suffix=".log")[1]
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "sglang_spex.launch_server", *self.args]
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"server not ready after {self.startup_timeout}s; log tail:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+        finally:
+            self._log.close()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

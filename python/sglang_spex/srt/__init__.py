@@ -1,0 +1,1 @@
+"""Everything that touches SGLang internals (hooks, routes, the in-process engine port)."""

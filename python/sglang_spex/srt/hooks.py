@@ -1,0 +1,105 @@
+"""Every ``HookRegistry`` registration sglang-spex makes, each with its one-line reason.
+
+The list is mirrored in ``docs/upstream.md``; a hook must never raise into SGLang (that kills the
+scheduler), so each one guards its own body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any, Dict
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_spex import __version__
+from sglang_spex.config import SpexConfig
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+SAMPLING_INFO = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
+_registered = False
+_config = SpexConfig()
+
+
+def scheduler_report() -> Dict[str, Any]:
+    """What the scheduler process says about the plugin (pid and module prove where it ran)."""
+    import sglang
+
+    return {
+        "plugin_loaded": True,
+        "process": "scheduler",
+        "pid": os.getpid(),
+        "hooks_module": __name__,
+        "hooked_in": sorted(m for m in ("sglang.srt.managers.scheduler",) if m in sys.modules),
+        "sglang_version": sglang.__version__,
+        "spex_version": __version__,
+        "config": json.loads(_config.to_json()),
+    }
+
+
+def _h1_report_state(result, scheduler, *args, **kwargs):
+    """H1 (AFTER Scheduler.get_internal_state): add the plugin's scheduler-side report."""
+    try:
+        result.internal_state["spex"] = scheduler_report()
+    except Exception:  # never break the scheduler for a report
+        logger.exception("spex: H1 report failed")
+    return result
+
+
+def _random_seeds(n: int, device) -> "torch.Tensor":
+    import torch
+
+    return torch.randint(0, 2**62, (n,), dtype=torch.int64, device=device)
+
+
+def _h2_seeded_sampling(result, cls, batch, *args, **kwargs):
+    """H2 (AFTER SamplingBatchInfo.from_schedule_batch): honour ``sampling_seed`` per request.
+
+    SGLang 0.5.23 reads seeds only under ``--enable-deterministic-inference`` (which the CPU
+    torch_native path refuses). ToT trees need (seed, position)-determined samples so a speculative
+    node equals the one the search would generate later; rows without a seed get a fresh random one.
+    """
+    try:
+        if result.sampling_seed is not None:
+            return result
+        seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
+        if all(s is None for s in seeds):
+            return result
+        import torch
+
+        fill = _random_seeds(len(seeds), "cpu").tolist()
+        values = [s if s is not None else f for s, f in zip(seeds, fill)]
+        result.sampling_seed = torch.tensor(values, dtype=torch.int64).to(batch.device)
+    except Exception:
+        logger.exception("spex: H2 seeded sampling failed; falling back to unseeded sampling")
+    return result
+
+
+def _h2_merge_seeds(self, other, *args, **kwargs):
+    """H2b (BEFORE SamplingBatchInfo.merge_batch): give the unseeded side random seeds so lengths match."""
+    try:
+        a, b = self.sampling_seed, other.sampling_seed
+        if (a is None) != (b is None):
+            side = self if a is None else other
+            side.sampling_seed = _random_seeds(len(side), side.temperatures.device)
+    except Exception:
+        logger.exception("spex: H2b seed merge failed")
+    return None
+
+
+def register_all(cfg: SpexConfig) -> None:
+    """Register the hooks ``cfg`` needs (idempotent per process)."""
+    global _registered, _config
+    _config = cfg
+    if _registered:
+        return
+    _registered = True
+    HookRegistry.register(f"{SCHEDULER}.get_internal_state", _h1_report_state, HookType.AFTER)
+    if not cfg.enabled:
+        return  # without --tot-speculation the plugin only reports; SGLang runs unchanged
+    HookRegistry.register(f"{SAMPLING_INFO}.from_schedule_batch", _h2_seeded_sampling, HookType.AFTER)
+    HookRegistry.register(f"{SAMPLING_INFO}.merge_batch", _h2_merge_seeds, HookType.BEFORE)

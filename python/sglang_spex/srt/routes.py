@@ -1,0 +1,49 @@
+"""HTTP routes sglang-spex adds to SGLang's FastAPI app (``/spex/*``, ``/tot/*``)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from sglang_spex.config import SpexConfig
+
+_installed_on = set()
+
+
+def tokenizer_manager():
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    state = get_global_state()
+    if state is None:
+        raise RuntimeError("SGLang HTTP server state is not initialised yet")
+    return state.tokenizer_manager
+
+
+async def spex_info(cfg: SpexConfig) -> dict:
+    import sglang
+
+    states = await tokenizer_manager().get_internal_state()
+    reports = [s.get("spex") for s in states]
+    scheduler = reports[0] if reports else None
+    return {
+        "sglang_version": sglang.__version__,
+        "http_server_pid": os.getpid(),
+        "plugin_loaded_in_scheduler": bool(scheduler and scheduler.get("plugin_loaded")),
+        "scheduler": scheduler,
+        "speculation": cfg.enabled,
+        "config": json.loads(cfg.to_json()),
+    }
+
+
+def install(app: FastAPI, cfg: SpexConfig) -> None:
+    """Add our routes to ``app`` once."""
+    if id(app) in _installed_on:
+        return
+    _installed_on.add(id(app))
+
+    @app.get("/spex/info")
+    async def _info():
+        return JSONResponse(await spex_info(cfg))

@@ -1,0 +1,55 @@
+"""Bad flags and paths fail fast (before any model loads) with a message naming the problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sglang_spex.config import ConfigError, SpexConfig, parse_tot_args
+from sglang_spex.launch_server import CPU_DEFAULTS, build_sglang_args
+
+
+def run_launcher(*args):
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "sglang_spex.launch_server", *args], capture_output=True, text=True, timeout=120)
+    return p, time.monotonic() - t
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tot-speculaton"], "--tot-speculaton"),
+        (["--tot-k-total", "many"], "--tot-k-total"),
+        (["--tot-components", "t1,t9"], "--tot-components"),
+        (["--tot-early-stop-alpha", "3"], "--tot-early-stop-alpha"),
+        (["--model-path", "/nonexistent/model", "--tot-speculation"], "/nonexistent/model"),
+    ],
+)
+def test_bad_input_fails_fast_with_named_flag(args, needle):
+    p, took = run_launcher(*args)
+    assert p.returncode == 2
+    assert needle in p.stderr
+    assert "Traceback" not in p.stderr
+    assert took < 60
+
+
+def test_parse_splits_ours_from_sglang():
+    cfg, rest = parse_tot_args(["--tot-speculation", "--tot-k-total", "auto", "--tp", "1", "--tot-lookahead=3"])
+    assert cfg.enabled and cfg.k_total is None and cfg.lookahead == 3
+    assert rest == ["--tp", "1"]
+    assert SpexConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ConfigError, match="unknown config field"):
+        SpexConfig.from_json('{"bogus": 1}')
+
+
+def test_cpu_defaults_respect_user_flags(tiny_model):
+    cfg, rest = parse_tot_args(["--model-path", tiny_model, "--attention-backend", "triton", "--tot-speculation"])
+    args = build_sglang_args(cfg, rest, gpu=False)
+    assert args.count("--attention-backend") == 1 and "triton" in args
+    for flag in ("--device", "--sleep-on-idle", "--radix-eviction-policy"):
+        assert flag in args
+    plain = build_sglang_args(SpexConfig(), ["--model-path", tiny_model], gpu=True)
+    assert not any(f in plain for f in CPU_DEFAULTS) and "--radix-eviction-policy" not in plain
