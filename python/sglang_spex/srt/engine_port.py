@@ -1,0 +1,44 @@
+"""The in-process engine port: server-side searches submit through SGLang's TokenizerManager.
+
+Requests take SGLang's normal path (tokenize → scheduler → detokenize), exactly like ``/generate`` but
+without an HTTP round trip back to ourselves.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict
+
+from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
+
+
+class TokenizerManagerPort(EnginePort):
+    def __init__(self, tokenizer_manager):
+        self.tm = tokenizer_manager
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(
+            text=req.prompt,
+            sampling_params=req.sampling_params(),
+            rid=req.rid,
+            return_logprob=req.return_logprob,
+            priority=req.priority,
+        )
+        t0 = time.monotonic()
+        try:
+            out = await self.tm.generate_request(obj, None).__anext__()
+        except ValueError as e:  # SGLang raises on requests aborted before they produced output
+            if "abort" not in str(e).lower():
+                raise
+            out = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}
+        return GenResult.from_sglang(req.rid, out, time.monotonic() - t0)
+
+    async def abort(self, rid_or_prefix: str) -> None:
+        # TokenizerManager.abort_request only forwards rids it knows; expand a prefix to those rids.
+        for rid in [r for r in list(self.tm.rid_to_state) if r.startswith(rid_or_prefix)]:
+            self.tm.abort_request(rid)
+
+    async def stats(self) -> Dict[str, Any]:
+        return {"inflight": len(self.tm.rid_to_state)}

@@ -1,0 +1,42 @@
+"""The client-side engine port: any SGLang HTTP endpoint (``/generate``, ``/abort_request``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Set
+
+import httpx
+
+from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
+
+
+class HttpPort(EnginePort):
+    def __init__(self, base_url: str, timeout: float = 600.0, client: Optional[httpx.AsyncClient] = None):
+        self.base_url = base_url.rstrip("/")
+        self.client = client or httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=256))
+        self.inflight: Set[str] = set()
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        body: Dict[str, Any] = {"text": req.prompt, "sampling_params": req.sampling_params(), "rid": req.rid}
+        if req.return_logprob:
+            body["return_logprob"] = True
+        if req.priority is not None:
+            body["priority"] = req.priority
+        t0 = time.monotonic()
+        self.inflight.add(req.rid)
+        try:
+            r = await self.client.post(self.base_url + "/generate", json=body)
+        finally:
+            self.inflight.discard(req.rid)
+        if r.status_code >= 400 and "abort" in r.text.lower():
+            return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
+        r.raise_for_status()
+        return GenResult.from_sglang(req.rid, r.json(), time.monotonic() - t0)
+
+    async def abort(self, rid_or_prefix: str) -> None:
+        # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
+        for rid in [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]:
+            await self.client.post(self.base_url + "/abort_request", json={"rid": rid})
+
+    async def close(self) -> None:
+        await self.client.aclose()
