@@ -1,0 +1,1 @@
+"""SPEX: speculative execution for ToT search — one module per mechanism (T1 DFS/BFS, T2, T3)."""

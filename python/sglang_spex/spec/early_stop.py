@@ -1,0 +1,54 @@
+"""T3: adaptive early termination (paper §4.4, eqs. 3–4; the margin rule is our reading of the summary).
+
+Count finished answers n; accumulate the reward mass c(a) of each distinct answer. With c1 ≥ c2 the masses of
+the top-1 and top-2 answers, stop the whole search when n ≥ t and c1 − c2 ≥ α · Σ_a c(a), returning the
+top-1 (majority by mass) answer. α = 0.5 as in the paper. Rewards are shifted to be positive (a reward of
+-inf/NaN counts as 0 mass) so log-probability rewards work too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass
+class EarlyStop:
+    alpha: float = 0.5
+    min_answers: int = 4
+    enabled: bool = True
+    mass: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    n: int = 0
+    stopped_answer: Optional[str] = None
+
+    @staticmethod
+    def weight(reward: Optional[float]) -> float:
+        """Reward → non-negative mass: probabilities/scores in [0, 1] as is, log-probs via exp."""
+        if reward is None or (isinstance(reward, float) and math.isnan(reward)):
+            return 0.0
+        return math.exp(reward) if reward < 0 else float(reward)
+
+    def add(self, answer: Optional[str], reward: Optional[float]) -> bool:
+        """Record one finished answer; True when the search should stop now."""
+        if answer is None:
+            return False
+        self.n += 1
+        self.mass[answer] += self.weight(reward)
+        return self.should_stop()
+
+    def margin(self) -> tuple:
+        ranked = sorted(self.mass.values(), reverse=True) + [0.0, 0.0]
+        return ranked[0], ranked[1], sum(self.mass.values())
+
+    def should_stop(self) -> bool:
+        if not self.enabled or self.n < self.min_answers or not self.mass:
+            return False
+        c1, c2, total = self.margin()
+        if total <= 0:
+            return False
+        if c1 - c2 >= self.alpha * total:
+            self.stopped_answer = max(self.mass, key=lambda a: (self.mass[a], a))
+            return True
+        return False
