@@ -54,19 +54,30 @@ if [ "$(cat "$ENV_DIR/.light" 2>/dev/null || true)" != "$LIGHT_KEY" ]; then
   echo "$LIGHT_KEY" > "$ENV_DIR/.light"
 fi
 
-CURRENT_STEP="link .venv -> $ENV_DIR"
-if [ "$(readlink .venv 2>/dev/null || true)" != "$ENV_DIR" ]; then
-  rm -rf .venv && ln -s "$ENV_DIR" .venv
+# .venv is a small per-checkout venv layered on the shared heavy env (site.addsitedir in a .pth), so
+# several checkouts (CI's fresh clones included) share the heavy env without overwriting each other's
+# editable installs.
+HEAVY_SITE="$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ -L .venv ]; then rm -f .venv; fi
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.heavy 2>/dev/null || true)" != "$ENV_DIR" ]; then
+  CURRENT_STEP="create per-checkout .venv on $ENV_DIR"; step "$CURRENT_STEP"
+  rm -rf .venv
+  "$("$ENV_DIR/bin/python" -c 'import sys; print(sys._base_executable)')" -m venv .venv
+  LIGHT_SITE="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "import site; site.addsitedir('$HEAVY_SITE')" > "$LIGHT_SITE/zz-sglang-spex-heavy-env.pth"
+  echo "$ENV_DIR" > .venv/.heavy
 fi
 
-# Editable installs point at this checkout; redo them when the checkout or the package metadata moved.
-STAMP_KEY="$ROOT $(cat python/pyproject.toml sgl-kernel-ext/pyproject.toml | sha256sum | cut -c1-16)"
-STAMP="$ENV_DIR/.editable"
+# Editable installs live in the per-checkout .venv; redo them when the package metadata changed.
+STAMP_KEY="$(cat python/pyproject.toml sgl-kernel-ext/pyproject.toml | sha256sum | cut -c1-16)"
+STAMP=.venv/.editable
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$STAMP_KEY" ]; then
   CURRENT_STEP="install python/ and sgl-kernel-ext/ editable"; step "$CURRENT_STEP"
   .venv/bin/python -m pip install "${PIP_FLAGS[@]}" --no-deps --no-build-isolation -e python -e sgl-kernel-ext
   echo "$STAMP_KEY" > "$STAMP"
 fi
 CURRENT_STEP="install sgl_kernel stand-in finder (only used where no real sgl_kernel loads)"
-.venv/bin/python -c "from sgl_kernel_ext.finder import install; install()"
-step "ready: $(readlink .venv)"
+.venv/bin/python -c "from sgl_kernel_ext.finder import install; install()" > /dev/null
+CURRENT_STEP="check the environment"
+.venv/bin/python -c "import sglang, sglang_spex, sgl_kernel_ext, torch; assert sglang.__version__ == '0.5.23', sglang.__version__"
+step "ready: .venv on $ENV_DIR"
