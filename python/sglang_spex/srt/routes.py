@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.profile.routes import install_profile_routes
 
 _installed_on = set()
 
@@ -43,6 +44,7 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     if id(app) in _installed_on:
         return
     _installed_on.add(id(app))
+    install_profile_routes(app, cfg)  # /spex/profile (sglang_spex.profile.routes)
 
     @app.get("/spex/info")
     async def _info():

@@ -1,0 +1,303 @@
+"""Live roofline profile: decode step time vs running batch size, measured through an :class:`EnginePort`.
+
+Method (client-side timing, no SGLang internals needed): for each batch size B send B concurrent requests
+with tiny unique prompts and ``ignore_eos``, once with ``short`` and once with ``long`` new tokens; the
+wall-time difference divided by ``long − short`` is the decode step time at B (prefill, tokenisation and
+HTTP overheads cancel). SGLang 0.5.23 reports per-request latencies in ``meta_info`` only with
+``--enable-metrics`` and no per-step times in ``get_internal_state``, so this is the portable way.
+Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
+
+The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
+for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class:`~sglang_spex.tot.http_port.HttpPort`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import time
+import uuid
+import zlib
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sglang_spex.profile import cache
+from sglang_spex.profile.cache import Profile
+from sglang_spex.tot.engine import EnginePort, GenRequest
+
+PROFILE_RID_PREFIX = "spexprof:"
+_WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
+
+# Server flags that change step times; they (with the model and device) key the cache.
+KEY_FLAGS = (
+    "device",
+    "dtype",
+    "attention_backend",
+    "sampling_backend",
+    "tp_size",
+    "dp_size",
+    "quantization",
+    "kv_cache_dtype",
+    "disable_cuda_graph",
+    "disable_overlap_schedule",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "enable_deterministic_inference",
+)
+
+
+@dataclass
+class ProfileSpec:
+    """What to measure. Defaults keep SmolLM2-135M on a 2-core CPU under ~30 s."""
+
+    batch_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    short_tokens: int = 4
+    long_tokens: int = 20
+    ctx_prefix_words: int = 160  # long shared prefix for the context probe (0 = skip)
+    ctx_batch: int = 4
+    prefill_words: int = 160  # one long prompt for the prefill rate (0 = skip)
+    repeats: int = 1  # take the median of this many short/long pairs per batch size
+
+
+class _ProfileRequest(GenRequest):
+    """A request that never stops early (``ignore_eos``), so its length is exactly ``max_new_tokens``."""
+
+    def sampling_params(self) -> Dict[str, Any]:
+        sp = super().sampling_params()
+        sp["ignore_eos"] = True
+        sp.pop("custom_params", None)
+        return sp
+
+
+def _prompt(nonce: str, i: int, words: int = 0, prefix: str = "") -> str:
+    rng = np.random.default_rng(zlib.crc32(f"{nonce}:{i}".encode()))
+    filler = " ".join(rng.choice(_WORDS, size=words)) if words else ""
+    return f"{prefix}{filler} {nonce}{i}:".strip()
+
+
+async def _batch_wall(port: EnginePort, prompts: Sequence[str], new_tokens: int) -> Tuple[float, List[int]]:
+    tag = uuid.uuid4().hex[:8]
+    reqs = [
+        _ProfileRequest(prompt=p, rid=f"{PROFILE_RID_PREFIX}{tag}:{i}", max_new_tokens=new_tokens, temperature=0.0)
+        for i, p in enumerate(prompts)
+    ]
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(port.generate(r) for r in reqs))
+    wall = time.perf_counter() - t0
+    bad = [r for r in results if r.completion_tokens and r.completion_tokens != new_tokens]
+    if bad:
+        raise RuntimeError(f"profile request stopped early ({bad[0].completion_tokens} != {new_tokens} tokens)")
+    return wall, [r.prompt_tokens for r in results]
+
+
+async def _step_time(port: EnginePort, spec: ProfileSpec, batch: int, prefix: str = "") -> Tuple[float, float]:
+    """(seconds per decode step, mean prompt tokens) at ``batch``, by the short/long difference."""
+    steps, ptoks = [], []
+    for _ in range(spec.repeats):
+        nonce = uuid.uuid4().hex[:6]
+        short, pt = await _batch_wall(port, [_prompt(nonce + "s", i, prefix=prefix) for i in range(batch)], spec.short_tokens)
+        long, _ = await _batch_wall(port, [_prompt(nonce + "l", i, prefix=prefix) for i in range(batch)], spec.long_tokens)
+        steps.append((long - short) / (spec.long_tokens - spec.short_tokens))
+        ptoks.extend(pt)
+    return float(np.median(steps)), float(np.mean(ptoks)) if ptoks else 0.0
+
+
+async def measure_profile(
+    port: EnginePort, key: Dict[str, Any], spec: Optional[ProfileSpec] = None, progress: bool = True
+) -> Profile:
+    """Measure a :class:`Profile` on a live engine (nothing else should be running on it)."""
+    spec = spec or ProfileSpec()
+    if spec.long_tokens <= spec.short_tokens:
+        raise ValueError("long_tokens must exceed short_tokens")
+    total = len(spec.batch_sizes) + bool(spec.ctx_prefix_words) + bool(spec.prefill_words)
+    bar = _bar(total, progress)
+    t_start = time.perf_counter()
+    await _batch_wall(port, [_prompt("warm", 0)], 2)  # first request pays one-off costs
+    times, ptok = [], []
+    for b in spec.batch_sizes:
+        t, p = await _step_time(port, spec, int(b))
+        times.append(max(t, 1e-6))
+        ptok.append(p)
+        bar.set_postfix_str(f"B={b}: {t * 1e3:.1f} ms/step")
+        bar.update(1)
+    ctx_len = float(np.mean(ptok)) + (spec.short_tokens + spec.long_tokens) / 2.0
+    raw: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok}
+    kw: Dict[str, Any] = {}
+    if spec.ctx_prefix_words:
+        prefix = _prompt("ctx" + uuid.uuid4().hex[:6], 0, words=spec.ctx_prefix_words) + " "
+        await _batch_wall(port, [prefix], 1)  # prime the radix cache with the shared prefix
+        t_ctx, p_ctx = await _step_time(port, spec, spec.ctx_batch, prefix=prefix)
+        base = float(np.interp(spec.ctx_batch, spec.batch_sizes, times))
+        extra_ctx = spec.ctx_batch * max(p_ctx - float(np.mean(ptok)), 1.0)
+        kw["ctx_coef"] = max((t_ctx - base) / extra_ctx, 0.0)
+        raw["ctx_probe"] = {"batch": spec.ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
+        bar.update(1)
+    if spec.prefill_words:
+        nonce = uuid.uuid4().hex[:6]
+        t_small, (p_small,) = await _batch_wall(port, [_prompt(nonce + "a", 0)], 1)
+        t_big, (p_big,) = await _batch_wall(port, [_prompt(nonce + "b", 0, words=spec.prefill_words)], 1)
+        if t_big > t_small and p_big > p_small:
+            rate = (p_big - p_small) / (t_big - t_small)
+            kw["prefill_tok_s"] = rate
+            kw["prefill_overhead_s"] = max(t_small - p_small / rate, 0.0)
+        raw["prefill_probe"] = {"small": [p_small, t_small], "big": [p_big, t_big]}
+        bar.update(1)
+    bar.close()
+    return Profile.from_points(
+        key, spec.batch_sizes, times, int(round(ctx_len)), duration_s=time.perf_counter() - t_start, raw=raw, **kw
+    )
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="spex roofline profile", disable=not enabled, leave=True)
+
+
+def device_name() -> str:
+    """GPU name, or the CPU model plus the thread count torch uses."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu:{cpu}:{os.cpu_count()}c:omp{os.environ.get('OMP_NUM_THREADS', '?')}"
+
+
+def profile_key(server_args: Dict[str, Any], device: Optional[str] = None) -> Dict[str, Any]:
+    """Cache key from SGLang's server args (``/get_server_info`` or ``tokenizer_manager.server_args``)."""
+    return {
+        "model": str(server_args.get("model_path")),
+        "hardware": device or device_name(),
+        "flags": {k: server_args.get(k) for k in KEY_FLAGS},
+    }
+
+
+def server_args_dict(server_args) -> Dict[str, Any]:
+    if isinstance(server_args, dict):
+        return server_args
+    return {k: getattr(server_args, k, None) for k in ("model_path",) + KEY_FLAGS}
+
+
+async def ensure_profile(
+    port: EnginePort,
+    key: Dict[str, Any],
+    spec: Optional[ProfileSpec] = None,
+    force: bool = False,
+    max_age_s: float = cache.DEFAULT_MAX_AGE_S,
+    progress: bool = True,
+) -> Profile:
+    """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache)."""
+    if not force:
+        prof = cache.load(key, max_age_s=max_age_s)
+        if prof is not None:
+            return prof
+    prof = await measure_profile(port, key, spec, progress)
+    cache.save(prof)
+    return prof
+
+
+class DriftMonitor:
+    """Flags when observed decode step times drift from the profile by more than ``threshold``.
+
+    ``observe(batch, step_time)`` keeps a window of relative errors against the profile's prediction; drift
+    is their median (robust to one slow step), reported once ``min_samples`` are in.
+    """
+
+    def __init__(self, profile: Profile, threshold: float = 0.2, window: int = 32, min_samples: int = 8):
+        self.profile = profile
+        self.threshold = threshold
+        self.min_samples = min_samples
+        self._errors: Deque[float] = deque(maxlen=window)
+
+    def observe(self, batch: int, step_time: float) -> bool:
+        """Record one observation; True when the profile no longer describes the engine."""
+        if batch <= 0 or step_time <= 0:
+            return False
+        pred = self.profile.predict(batch)
+        self._errors.append((step_time - pred) / pred)
+        return self.drifted
+
+    @property
+    def drift(self) -> float:
+        return float(np.median(self._errors)) if self._errors else 0.0
+
+    @property
+    def drifted(self) -> bool:
+        return len(self._errors) >= self.min_samples and abs(self.drift) > self.threshold
+
+    def reset(self, profile: Optional[Profile] = None) -> None:
+        if profile is not None:
+            self.profile = profile
+        self._errors.clear()
+
+
+class ProfileManager:
+    """Holds a server's current profile; re-measures in the background when observations drift.
+
+    The SPEX runner calls :meth:`observe` with step times it sees (e.g. a request's decode latency divided
+    by its completion tokens, at the engine batch size it observed) and reads :attr:`k_total`.
+    """
+
+    def __init__(
+        self,
+        port: EnginePort,
+        key: Dict[str, Any],
+        spec: Optional[ProfileSpec] = None,
+        threshold: float = 0.2,
+        cooldown_s: float = 300.0,
+        on_update: Optional[Callable[[Profile], None]] = None,
+    ):
+        self.port, self.key, self.spec = port, key, spec
+        self.threshold, self.cooldown_s, self.on_update = threshold, cooldown_s, on_update
+        self.profile: Optional[Profile] = cache.load(key)
+        self.monitor: Optional[DriftMonitor] = DriftMonitor(self.profile, threshold) if self.profile else None
+        self._task: Optional[asyncio.Task] = None
+        self._lock = asyncio.Lock()
+        self._last_measure = 0.0
+        self.reprofiles = 0
+
+    @property
+    def k_total(self) -> Optional[int]:
+        return self.profile.k_total if self.profile else None
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def get(self, force: bool = False, progress: bool = True) -> Profile:
+        async with self._lock:
+            if self.profile is None or force or self.profile.is_stale():
+                self.profile = await ensure_profile(self.port, self.key, self.spec, force=force, progress=progress)
+                self._last_measure = time.monotonic()
+                self.monitor = DriftMonitor(self.profile, self.threshold)
+                if self.on_update:
+                    self.on_update(self.profile)
+            return self.profile
+
+    def observe(self, batch: int, step_time: float) -> bool:
+        """Feed one observed step time; starts a background re-profile on drift. True if one started."""
+        if self.monitor is None or not self.monitor.observe(batch, step_time):
+            return False
+        if self.busy or (self._task and not self._task.done()):
+            return False
+        if time.monotonic() - self._last_measure < self.cooldown_s and self._last_measure:
+            return False
+        self.monitor.reset()
+        self.reprofiles += 1
+        self._task = asyncio.ensure_future(self.get(force=True, progress=False))
+        return True

@@ -1,0 +1,54 @@
+"""The profiler against the real tiny-model server (short: batch sizes 1, 2, 4, 8; few tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import requests
+
+from sglang_spex.profile import cache
+from sglang_spex.profile.measure import ProfileSpec, ensure_profile, profile_key
+from sglang_spex.tot.http_port import HttpPort
+
+SMALL = {"batch_sizes": [1, 2, 4, 8], "short_tokens": 2, "long_tokens": 8, "ctx_prefix_words": 40, "prefill_words": 40}
+
+
+def _sane(d):
+    assert d["batch_sizes"] == [1, 2, 4, 8]
+    times = d["step_times"]
+    assert all(0 < t < 5.0 for t in times), times
+    assert times[-1] > 0.5 * times[0]  # a bigger batch is not wildly faster per step
+    assert d["k_total"] >= 1 and d["fit"]["knee"] > 0
+    assert d["duration_s"] < 60
+
+
+def test_post_and_get_profile(spex_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)  # only affects this process; the server has its own
+    r = requests.post(spex_server.url + "/spex/profile", json=SMALL, timeout=120)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    _sane(d)
+    assert "B=1" in d["summary"]
+    g = requests.get(spex_server.url + "/spex/profile", timeout=10)
+    assert g.status_code == 200 and g.json()["created_at"] == d["created_at"]
+
+
+def test_client_side_profile_is_cached(spex_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)
+    info = requests.get(spex_server.url + "/get_server_info", timeout=10).json()
+    key = profile_key(info, device="test-host")
+    spec = ProfileSpec(batch_sizes=(1, 2, 4, 8), short_tokens=2, long_tokens=8, ctx_prefix_words=0, prefill_words=0)
+
+    async def go():
+        port = HttpPort(spex_server.url)
+        try:
+            first = await ensure_profile(port, key, spec, progress=False)
+            second = await ensure_profile(port, key, spec, progress=False)
+        finally:
+            await port.close()
+        return first, second
+
+    first, second = asyncio.run(go())
+    _sane(first.to_dict())
+    assert second.created_at == first.created_at  # served from the cache, not re-measured
+    assert cache.load(key) is not None

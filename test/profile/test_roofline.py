@@ -1,0 +1,80 @@
+"""Knee detection on synthetic step-time curves with a known knee; cache and drift logic (no server)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from sglang_spex.profile import cache
+from sglang_spex.profile.cache import Profile
+from sglang_spex.profile.measure import DriftMonitor
+from sglang_spex.profile.roofline import find_knee, k_total_from_knee
+
+B = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], dtype=float)
+
+
+@pytest.mark.parametrize("knee", [12.0, 48.0, 100.0, 200.0])
+def test_ideal_roofline_knee(knee):
+    base = 0.010
+    t = np.maximum(base, base / knee * B)  # flat (memory-bound) then ∝ B (compute-bound)
+    fit = find_knee(B, t)
+    assert fit.bounded and fit.knee == pytest.approx(knee, rel=0.02)
+    assert k_total_from_knee(fit) == pytest.approx(knee, abs=1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_knee(seed):
+    rng = np.random.default_rng(seed)
+    t = np.maximum(0.02, 0.02 / 64 * B) + 0.0005 * B / 512  # slightly sloped memory-bound part
+    t = t * (1 + 0.03 * rng.standard_normal(B.size))
+    fit = find_knee(B, t)
+    assert fit.knee == pytest.approx(64, rel=0.25)
+
+
+def test_linear_cpu_curve_knee_is_a_over_b():
+    # the measured CPU shape: 50 ms + 4.2 ms × batch, no sharp knee → throughput at half its asymptote
+    b = np.array([1, 2, 4, 8, 16, 32], dtype=float)
+    fit = find_knee(b, 0.050 + 0.0042 * b)
+    assert fit.knee == pytest.approx(0.050 / 0.0042, rel=1e-6)
+    assert fit.b1 == pytest.approx(fit.b2)
+
+
+def test_memory_bound_everywhere_is_unbounded():
+    fit = find_knee(B[:5], 0.01 + 1e-6 * B[:5])
+    assert not fit.bounded and fit.knee == B[4]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError):
+        find_knee([1], [0.1])
+    with pytest.raises(ValueError):
+        find_knee([1, 2], [0.1, 0.2], threshold=1.5)
+
+
+def _profile(key=None, times=(0.05, 0.054, 0.067, 0.084)):
+    return Profile.from_points(key or {"model": "m", "hardware": "h", "flags": {}}, [1, 2, 4, 8], times, 20)
+
+
+def test_cache_roundtrip_and_staleness(tmp_path):
+    prof = _profile()
+    cache.save(prof, tmp_path)
+    again = cache.load(prof.key, tmp_path)
+    assert again is not None and again.step_times == prof.step_times and again.fit == prof.fit
+    assert cache.load({**prof.key, "model": "other"}, tmp_path) is None
+    old = _profile()
+    old.created_at = time.time() - 10 * 24 * 3600
+    cache.save(old, tmp_path)
+    assert cache.load(old.key, tmp_path) is None  # stale → re-measure
+    assert cache.latest_profile(tmp_path) is not None
+
+
+def test_drift_monitor():
+    prof = _profile()
+    mon = DriftMonitor(prof, threshold=0.2, min_samples=4)
+    for _ in range(10):
+        assert not mon.observe(4, prof.predict(4) * 1.1)  # 10% off: fine
+    mon.reset()
+    flags = [mon.observe(4, prof.predict(4) * 1.3) for _ in range(6)]
+    assert flags[:3] == [False] * 3 and flags[-1] and mon.drift == pytest.approx(0.3)
