@@ -1,0 +1,116 @@
+"""Answers: extraction from a step, normalisation, aggregation over terminal nodes, and checking.
+
+Aggregation (as in REBASE's evaluation): ``majority`` vote, ``weighted`` (reward-weighted majority: each
+answer's votes weighted by its path score), or ``best_of_n`` (the answer of the best-scoring path). A path
+score aggregates the step rewards by ``last``, ``min``, ``mean`` or ``prod``. Checking against a reference
+compares numbers directly and otherwise uses ``math-verify``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+from sglang_spex.tot.tree import Node
+
+Extractor = Union[str, Callable[[str], Optional[str]]]
+
+
+def extract_answer(text: str, pattern: Extractor) -> Optional[str]:
+    """The answer stated in ``text`` (regex group 1 or the whole match, or a callable), else None."""
+    if callable(pattern):
+        return pattern(text)
+    m = re.search(pattern, text)
+    if m is None:
+        return None
+    ans = (m.group(1) if m.groups() else m.group(0)).strip()
+    return clean_answer(ans)
+
+
+def clean_answer(ans: str) -> str:
+    ans = ans.strip().rstrip(".").strip()
+    if ans.endswith("}") and ans.count("}") > ans.count("{"):
+        ans = ans[:-1]
+    return ans.strip().strip("$").strip()
+
+
+def normalize(ans: str) -> str:
+    """Vote key: numbers by value (``"1,000.0"`` → ``"1000"``), other strings lower-cased without spaces."""
+    s = ans.strip().replace(",", "")
+    try:
+        v = float(s)
+        return str(int(v)) if v.is_integer() else repr(v)
+    except ValueError:
+        return re.sub(r"\s+", "", ans).lower()
+
+
+def path_score(rewards: Sequence[float], how: str = "last") -> float:
+    if not rewards:
+        return 0.0
+    if how == "last":
+        return float(rewards[-1])
+    if how == "min":
+        return float(min(rewards))
+    if how == "mean":
+        return float(sum(rewards) / len(rewards))
+    if how == "prod":
+        return float(math.prod(rewards))
+    raise ValueError(f"unknown score aggregation {how!r}")
+
+
+@dataclass
+class Candidate:
+    answer: str
+    path: str
+    score: float
+
+
+def candidates(nodes: Sequence[Node], score: str = "last") -> List[Candidate]:
+    return [Candidate(n.answer, n.path, path_score(n.step_rewards(), score)) for n in nodes if n.answer is not None]
+
+
+def aggregate(cands: Sequence[Candidate], how: str = "weighted") -> Optional[str]:
+    """The winning answer (ties go to the answer seen first), or None without candidates."""
+    if not cands:
+        return None
+    if how == "best_of_n":
+        return max(cands, key=lambda c: c.score).answer  # max keeps the first of equal scores
+    tally: "OrderedDict[str, float]" = OrderedDict()
+    first: Dict[str, str] = {}
+    for c in cands:
+        key = normalize(c.answer)
+        first.setdefault(key, c.answer)
+        tally[key] = tally.get(key, 0.0) + (1.0 if how == "majority" else c.score)
+    best = max(tally, key=lambda k: tally[k])
+    return first[best]
+
+
+def _as_number(s: str) -> Optional[float]:
+    try:
+        return float(s.strip().replace(",", "").rstrip("."))
+    except ValueError:
+        return None
+
+
+def check_answer(answer: Optional[str], reference: str) -> bool:
+    """Whether ``answer`` matches ``reference``: numerically when both are numbers, else by math-verify."""
+    if answer is None:
+        return False
+    a, r = _as_number(answer), _as_number(str(reference))
+    if a is not None and r is not None:
+        return math.isclose(a, r, rel_tol=1e-6, abs_tol=1e-9)
+    from math_verify import parse, verify
+
+    try:
+        return bool(
+            verify(
+                parse(f"${reference}$", parsing_timeout=None),
+                parse(f"${answer}$", parsing_timeout=None),
+                timeout_seconds=None,
+            )
+        )
+    except Exception:
+        return normalize(answer) == normalize(str(reference))

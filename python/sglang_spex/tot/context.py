@@ -1,0 +1,279 @@
+"""SearchContext: one search's tree, engine port, step config and reward — and the only place that generates.
+
+Policies never call the port: they call :meth:`SearchContext.expand` / :meth:`SearchContext.generate_node`
+and consult :meth:`SearchContext.should_stop` between steps. A subclass (SPEX) overrides ``generate_node``
+(e.g. to serve a node already produced speculatively) and the hooks ``on_children_scored``,
+``on_frontier_decided``, ``on_answer``, ``should_stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from sglang_spex.tot.answers import extract_answer
+from sglang_spex.tot.engine import ROLE_PRIMARY, EnginePort, GenRequest, GenResult, node_rid, search_rid_prefix
+from sglang_spex.tot.policies import mcts
+from sglang_spex.tot.rewards import Reward, build_reward
+from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.tree import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    GENERATING,
+    KIND_STEP,
+    PENDING,
+    Node,
+    Tree,
+    node_seed,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REWARD_TIMEOUT = 120.0
+ProgressFn = Callable[[Dict[str, Any]], None]
+
+
+class SearchContext:
+    """State and generation of one search (one question)."""
+
+    def __init__(
+        self,
+        spec: SearchSpec,
+        question: str,
+        port: EnginePort,
+        *,
+        reward: Optional[Reward] = None,
+        search_id: Optional[str] = None,
+        reference: Optional[str] = None,
+        progress: Optional[ProgressFn] = None,
+        reward_timeout: Optional[float] = None,
+    ):
+        self.spec = spec
+        self.policy_name, self.params = spec.policy.resolved()
+        self.question = question
+        self.reference = reference
+        self.port = port
+        self.reward = reward or build_reward(spec.reward)
+        self._own_reward = reward is None
+        self.search_id = search_id or uuid.uuid4().hex[:16]
+        self.tree = Tree(spec.seed)
+        self.stats: mcts.Stats = {self.tree.root.path: mcts.Stat(self.tree.root.path, None, 0)}
+        self.prompt_prefix = spec.step.prompt_template.format(question=question)
+        self.max_depth: Optional[int] = getattr(self.params, "max_depth", None)
+        self.reward_timeout = spec.reward_timeout or reward_timeout or DEFAULT_REWARD_TIMEOUT
+        self.progress = progress
+        self.num_requests = 0
+        self.tokens_generated = 0
+        self.cancelled = False
+        self.stop_reason: Optional[str] = None
+        self.inflight: Set[str] = set()
+        self.started = time.monotonic()
+        self._running: Dict[str, "asyncio.Future[Node]"] = {}
+
+    # ---- generation (the single path to the engine) -------------------------------------------------
+
+    def prompt_for(self, parent: Node) -> str:
+        return self.prompt_prefix + parent.trajectory_text()
+
+    def request_for(self, node: Node) -> GenRequest:
+        step = self.spec.step
+        return GenRequest(
+            prompt=self.prompt_for(node.parent),
+            rid=node.rid,
+            max_new_tokens=step.max_tokens,
+            temperature=step.temperature,
+            top_p=step.top_p,
+            stop=list(step.stop),
+            seed=node.seed,
+            return_logprob=self.reward.needs_logprobs,
+            role=ROLE_PRIMARY,
+            search_id=self.search_id,
+            node_path=node.path,
+            priority=self.spec.priority,
+        )
+
+    async def generate_node(self, parent: Node, index: int, kind: str = KIND_STEP) -> Node:
+        """Generate and score the ``index``-th child of ``parent`` (created if needed); idempotent per path."""
+        node = self.tree.child(parent, index, kind)
+        if node.path in self._running:
+            return await asyncio.shield(self._running[node.path])
+        if node.status in (DONE, FAILED) or (self.should_stop() and node.status == PENDING):
+            if node.status == PENDING:
+                node.status = CANCELLED
+            return node
+        fut: "asyncio.Future[Node]" = asyncio.get_running_loop().create_future()
+        self._running[node.path] = fut
+        try:
+            await self._generate(node)
+        finally:
+            del self._running[node.path]
+            fut.set_result(node)
+        return node
+
+    async def _generate(self, node: Node) -> None:
+        node.status, node.error = GENERATING, None
+        node.rid = node_rid(self.search_id, node.path)
+        if node.kind == KIND_STEP:
+            self.stats[node.path].generating = True
+        self.inflight.add(node.rid)
+        self.num_requests += 1
+        try:
+            res = await self.port.generate(self.request_for(node))
+        except asyncio.CancelledError:
+            node.status = CANCELLED
+            raise
+        except Exception as e:
+            self._fail(node, f"generate: {e!r}")
+            return
+        finally:
+            self.inflight.discard(node.rid)
+            if node.kind == KIND_STEP:
+                self.stats[node.path].generating = False
+        if res.aborted:
+            node.status = CANCELLED
+            self._emit_node(node)
+            return
+        self.apply_result(node, res)
+        await self.score_node(node)
+        self._update_stat(node)
+        self._emit_node(node)
+        if node.ok and node.answer is not None and node.kind == KIND_STEP:
+            self.on_answer(node)
+
+    def apply_result(self, node: Node, res: GenResult) -> None:
+        """Fill the node from the engine result; decide whether it is terminal and what it answers."""
+        stop = res.matched_stop if res.finish_reason == "stop" and isinstance(res.matched_stop, str) else ""
+        node.text = res.text + stop
+        node.num_tokens = res.completion_tokens or len(res.output_ids)
+        node.prompt_tokens, node.cached_tokens = res.prompt_tokens, res.cached_tokens
+        node.logprobs, node.finish_reason, node.latency = list(res.logprobs), res.finish_reason, res.latency
+        self.tokens_generated += node.num_tokens
+        node.answer = extract_answer(res.text, self.spec.answer.pattern)
+        eos = res.finish_reason == "stop" and res.matched_stop is None
+        node.is_terminal = (
+            node.answer is not None
+            or eos
+            or node.cum_tokens >= self.spec.step.max_total_tokens
+            or (self.max_depth is not None and node.depth >= self.max_depth)
+        )
+        node.status = DONE
+
+    async def score_node(self, node: Node) -> None:
+        """Reward the node; a reward that raises or times out marks the node failed."""
+        if node.status != DONE:
+            return
+        try:
+            node.reward = float(
+                await asyncio.wait_for(self.reward.score(node, self.question, self.search_id), self.reward_timeout)
+            )
+        except asyncio.TimeoutError:
+            self._fail(node, f"reward timed out after {self.reward_timeout:g}s")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._fail(node, f"reward: {e!r}")
+
+    def _fail(self, node: Node, error: str) -> None:
+        node.status, node.error, node.reward = FAILED, error, None
+        if node.kind == KIND_STEP:
+            self._update_stat(node)
+        logger.info("search %s node %s failed: %s", self.search_id, node.path, error)
+
+    def _update_stat(self, node: Node) -> None:
+        if node.kind != KIND_STEP:
+            return
+        st = self.stats[node.path]
+        st.terminal, st.failed = node.is_terminal, node.status == FAILED
+        if self.policy_name == "rest" and node.reward is not None:
+            st.value = node.reward  # REST: a new node's V is its step value; rSTAR's Q starts at 0
+
+    async def expand(self, parent: Node, n: int, kind: str = KIND_STEP) -> List[Node]:
+        """Create the next ``n`` children of ``parent`` and generate them concurrently (one batch)."""
+        siblings = parent.children if kind == KIND_STEP else parent.rollouts
+        start = len(siblings)
+        nodes = [self.tree.child(parent, start + i, kind) for i in range(n)]
+        if kind == KIND_STEP:
+            pst = self.stats[parent.path]
+            for c in nodes:
+                self.stats.setdefault(c.path, mcts.Stat(c.path, parent.path, c.depth))
+                if c.path not in pst.children:
+                    pst.children.append(c.path)
+        await asyncio.gather(*(self.generate_node(parent, start + i, kind) for i in range(n)))
+        if kind == KIND_STEP and not self.should_stop():
+            self.stats[parent.path].expanded = True
+        self.on_children_scored(parent, nodes)
+        return nodes
+
+    # ---- hooks --------------------------------------------------------------------------------------
+
+    def on_children_scored(self, parent: Node, children: List[Node]) -> None:
+        """A batch of siblings has been generated and scored."""
+
+    def on_frontier_decided(self, depth: int, chosen: List[Tuple[Node, int]]) -> None:
+        """BFS: the policy chose to expand these nodes of ``depth`` with these widths."""
+        self.emit({"event": "frontier", "depth": depth, "chosen": [[n.path, w] for n, w in chosen]})
+
+    def on_answer(self, node: Node) -> None:
+        """A step node stating an answer was produced."""
+        self.emit({"event": "answer", "path": node.path, "answer": node.answer, "reward": node.reward})
+
+    def should_stop(self) -> bool:
+        """Policies check this between steps; SPEX's early stop overrides it."""
+        return self.cancelled or self.stop_reason is not None
+
+    def request_stop(self, reason: str) -> None:
+        """Stop gracefully: the search returns what it has (not a cancel: running requests finish)."""
+        self.stop_reason = self.stop_reason or reason
+
+    # ---- helpers ------------------------------------------------------------------------------------
+
+    def rng(self, label: str) -> random.Random:
+        """A random stream that depends only on (search seed, label)."""
+        return random.Random(node_seed(self.spec.seed, label))
+
+    def sync_stats(self) -> None:
+        """Copy MCTS statistics onto the nodes (for results and progress)."""
+        for path, st in self.stats.items():
+            node = self.tree.nodes[path]
+            node.visits, node.value = st.visits, st.value
+
+    def emit(self, event: Dict[str, Any]) -> None:
+        if self.progress is not None:
+            try:
+                self.progress(event)
+            except Exception:  # a progress consumer never breaks the search
+                logger.exception("progress callback failed")
+
+    def _emit_node(self, node: Node) -> None:
+        self.emit(
+            {
+                "event": "node",
+                "path": node.path,
+                "kind": node.kind,
+                "status": node.status,
+                "reward": node.reward,
+                "terminal": node.is_terminal,
+                "tokens": node.num_tokens,
+            }
+        )
+
+    async def cancel(self, reason: str = "cancelled", timeout: float = 10.0) -> None:
+        """Stop the search and abort every request it has in the engine (one prefix abort, repeated until
+        nothing of this search is in flight: a request submitted during the abort is caught by the next)."""
+        self.cancelled = True
+        self.stop_reason = self.stop_reason or reason
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.port.abort(search_rid_prefix(self.search_id))
+            if not self.inflight or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        if self._own_reward:
+            await self.reward.close()

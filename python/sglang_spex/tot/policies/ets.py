@@ -1,0 +1,129 @@
+"""ETS (efficient tree search): REBASE plus an integer program that chooses which leaves to keep.
+
+For the candidate leaves of a depth, maximise
+  Σ O_i x_i − λc·Σ_j cost·y_j − λc·Σ_i cost·x_i + (λs / K)·Σ_k z_k
+with x_i (keep leaf i), y_j (keep ancestor j), z_k (semantic cluster k covered), subject to y_j ≥ x_i for each
+leaf i under j, y_j ≤ Σ x_i under j, z_k ≤ Σ x_i in cluster k, Σ x ≥ 1. O_i is the REBASE allocation of
+leaf i normalised to sum 1, cost = 1/(M+N) for every node (M ancestors, N leaves). Clusters: embeddings of
+the leaves' last steps, average linkage, cosine distance, cut at 0.05. Then REBASE's softmax allocation runs
+again over the kept leaves. Solver: CBC through PuLP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from sglang_spex.tot.policies.rebase import allocate_widths, bfs, node_score
+from sglang_spex.tot.tree import Node
+
+
+@dataclass
+class Params:
+    width: int = 16
+    softmax_temperature: float = 0.2
+    max_depth: int = 25
+    lambda_c: float = 1.0
+    lambda_s: float = 1.5
+    cluster_threshold: float = 0.05
+    embedder: str = "auto"  # auto | minilm | tfidf
+
+    def validate(self) -> None:
+        from sglang_spex.tot.policies.rebase import Params as RebaseParams
+        from sglang_spex.tot.spec import SpecError
+
+        RebaseParams(self.width, self.softmax_temperature, self.max_depth).validate()
+        if self.lambda_c < 0 or self.lambda_s < 0:
+            raise SpecError("policy.lambda_c" if self.lambda_c < 0 else "policy.lambda_s", "must be >= 0")
+        if not 0 < self.cluster_threshold < 2:
+            raise SpecError("policy.cluster_threshold", "must be in (0, 2)")
+        if self.embedder not in ("auto", "minilm", "tfidf"):
+            raise SpecError("policy.embedder", "must be auto, minilm or tfidf")
+
+
+def outcome_scores(scores: Sequence[float], width: int, temperature: float) -> List[float]:
+    """O_i: the REBASE allocation normalised to sum 1."""
+    alloc = allocate_widths(scores, width, temperature)
+    total = sum(alloc)
+    return [a / total if total else 0.0 for a in alloc]
+
+
+def ilp_select(
+    outcome: Sequence[float],
+    leaf_ancestors: Sequence[Sequence[str]],
+    clusters: Optional[Sequence[int]] = None,
+    lambda_c: float = 1.0,
+    lambda_s: float = 1.5,
+) -> List[bool]:
+    """Which leaves to keep. ``leaf_ancestors[i]``: ids of the nodes above leaf i (any hashable ids);
+    ``clusters[i]``: leaf i's semantic cluster, or None to drop the coverage term."""
+    from pulp import PULP_CBC_CMD, LpMaximize, LpProblem, LpVariable, lpSum
+
+    n = len(outcome)
+    branches: Dict[str, List[int]] = {}
+    for i, anc in enumerate(leaf_ancestors):
+        for a in anc:
+            branches.setdefault(a, []).append(i)
+    m = len(branches)
+    cost = 1.0 / (m + n)
+    prob = LpProblem("ets_leaf_selection", LpMaximize)
+    x = [LpVariable(f"x_{i}", cat="Binary") for i in range(n)]
+    y = {a: LpVariable(f"y_{j}", cat="Binary") for j, a in enumerate(branches)}
+    objective = lpSum(outcome[i] * x[i] for i in range(n))
+    objective -= lpSum(lambda_c * cost * v for v in y.values()) + lpSum(lambda_c * cost * xi for xi in x)
+    if clusters is not None and lambda_s > 0:
+        labels = sorted(set(clusters))
+        z = {k: LpVariable(f"z_{j}", cat="Binary") for j, k in enumerate(labels)}
+        for k in labels:
+            prob += lpSum(x[i] for i in range(n) if clusters[i] == k) >= z[k]
+        objective += lpSum((lambda_s / len(labels)) * zk for zk in z.values())
+    prob += objective
+    for a, leaves in branches.items():
+        prob += y[a] <= lpSum(x[i] for i in leaves)
+        for i in leaves:
+            prob += y[a] >= x[i]
+    prob += lpSum(x) >= 1
+    prob.solve(PULP_CBC_CMD(msg=0))
+    return [bool(round(v.value() or 0)) for v in x]
+
+
+def _ancestor_ids(node: Node) -> List[str]:
+    return [a.path for a in node.ancestors()]
+
+
+def select_widths(
+    cands: Sequence[Node], width: int, temperature: float, lambda_c: float, lambda_s: float, clusters
+) -> List[int]:
+    scores = [node_score(n) for n in cands]
+    keep = ilp_select(
+        outcome_scores(scores, width, temperature), [_ancestor_ids(n) for n in cands], clusters, lambda_c, lambda_s
+    )
+    kept = [i for i, k in enumerate(keep) if k]
+    sub = allocate_widths([scores[i] for i in kept], width, temperature)
+    out = [0] * len(cands)
+    for i, w in zip(kept, sub):
+        out[i] = w
+    return out
+
+
+def _clusters(cands: Sequence[Node], p: Params) -> Optional[List[int]]:
+    from sglang_spex.tot.embed import cluster_texts
+
+    texts = [n.text for n in cands]
+    if p.lambda_s <= 0 or len(cands) < 2 or len(set(texts)) < 2:
+        return None
+    return cluster_texts(texts, p.cluster_threshold, p.embedder)
+
+
+async def _choose(ctx, cands: List[Node], width: int, depth: int) -> List[int]:
+    p: Params = ctx.params
+
+    def work() -> List[int]:  # embeddings + CBC off the event loop
+        return select_widths(cands, width, p.softmax_temperature, p.lambda_c, p.lambda_s, _clusters(cands, p))
+
+    return await asyncio.to_thread(work)
+
+
+async def run(ctx) -> None:
+    await bfs(ctx, _choose)

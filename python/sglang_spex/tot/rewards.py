@@ -1,0 +1,191 @@
+"""Rewards behind one interface: ``await reward.score(node, question) -> float`` (higher is better).
+
+- ``logprob``: intrinsic; exp(mean log-probability of the step's tokens) from SGLang's ``return_logprob``,
+  in (0, 1].
+- ``prm``: a process reward model served by a second SGLang server. Mode ``token`` (default, the
+  math-shepherd convention): append the step tag after the steps and read the PRM's next-token
+  distribution; score = P(good) / (P(good) + P(bad)) over the top-20 logprobs (P(good) alone when the bad
+  token is absent, 0 when the good one is). Mode ``mean_logprob``: exp(mean log-probability the PRM
+  assigns to the last step's tokens).
+- ``verifier``: a rule-based checker registered by name on the server (:data:`VERIFIERS`); ``arith``
+  checks every ``a op b = c`` in the step.
+- ``callback``: POST the node as JSON to the client's URL; the reply is ``{"reward": number}``.
+
+A reward that raises or times out marks the node failed (done by the search context, not here).
+"""
+
+from __future__ import annotations
+
+import abc
+import ast
+import math
+import operator
+import re
+from typing import Any, Callable, Dict, List, Optional
+
+import httpx
+
+from sglang_spex.tot.spec import RewardConfig
+from sglang_spex.tot.tree import Node
+
+VerifierFn = Callable[[str, List[str]], float]
+VERIFIERS: Dict[str, VerifierFn] = {}
+
+
+def register_verifier(name: str) -> Callable[[VerifierFn], VerifierFn]:
+    """Register ``fn(question, steps) -> float`` (``steps``: the trajectory's step texts, last = the node)."""
+
+    def deco(fn: VerifierFn) -> VerifierFn:
+        VERIFIERS[name] = fn
+        return fn
+
+    return deco
+
+
+_NUM = r"-?\d+(?:\.\d+)?"
+_EQUATION = re.compile(rf"((?:{_NUM}\s*[-+*/x×]\s*)+{_NUM})\s*=\s*({_NUM})")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _eval_arith(expr: str) -> float:
+    def ev(n: ast.AST) -> float:
+        if isinstance(n, ast.BinOp) and type(n.op) in _OPS:
+            return _OPS[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
+            return float(n.value)
+        raise ValueError(f"not arithmetic: {expr!r}")
+
+    return ev(ast.parse(expr.replace("×", "*").replace("x", "*"), mode="eval").body)
+
+
+def check_arith_equations(text: str) -> List[bool]:
+    """Truth of each ``a op b [op c ...] = d`` in ``text``."""
+    out = []
+    for lhs, rhs in _EQUATION.findall(text):
+        try:
+            out.append(math.isclose(_eval_arith(lhs), float(rhs), rel_tol=1e-9, abs_tol=1e-9))
+        except (ValueError, ZeroDivisionError, SyntaxError):
+            out.append(False)
+    return out
+
+
+@register_verifier("arith")
+def arith_verifier(question: str, steps: List[str]) -> float:
+    """Fraction of correct arithmetic equations in the last step; 0.5 when it states none."""
+    checks = check_arith_equations(steps[-1] if steps else "")
+    return sum(checks) / len(checks) if checks else 0.5
+
+
+class Reward(abc.ABC):
+    needs_logprobs: bool = False
+
+    @abc.abstractmethod
+    async def score(self, node: Node, question: str, search_id: str = "") -> float:
+        """The node's reward (higher is better); raise on failure."""
+
+    async def close(self) -> None:
+        pass
+
+
+class LogprobReward(Reward):
+    needs_logprobs = True
+
+    async def score(self, node: Node, question: str, search_id: str = "") -> float:
+        if not node.logprobs:
+            return 0.0
+        return math.exp(sum(node.logprobs) / len(node.logprobs))
+
+
+class VerifierReward(Reward):
+    def __init__(self, name: str):
+        if name not in VERIFIERS:
+            raise KeyError(f"unknown verifier {name!r}")
+        self.fn = VERIFIERS[name]
+
+    async def score(self, node: Node, question: str, search_id: str = "") -> float:
+        return float(self.fn(question, [n.text for n in node.trajectory()]))
+
+
+class _HttpReward(Reward):
+    def __init__(self, url: str, client: Optional[httpx.AsyncClient] = None):
+        self.url = url.rstrip("/")
+        self._own = client is None
+        self.client = client or httpx.AsyncClient(timeout=None)
+
+    async def close(self) -> None:
+        if self._own:
+            await self.client.aclose()
+
+
+class PRMReward(_HttpReward):
+    def __init__(self, cfg: RewardConfig, client: Optional[httpx.AsyncClient] = None):
+        super().__init__(cfg.url, client)
+        self.cfg = cfg
+
+    def _prompt(self, question: str, steps: List[str]) -> str:
+        tag = self.cfg.step_tag
+        return self.cfg.prm_template.format(question=question, steps=tag.join(s.strip() for s in steps)) + tag
+
+    async def _generate(self, text: str, **extra: Any) -> Dict[str, Any]:
+        body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, **extra}
+        r = await self.client.post(self.url + "/generate", json=body)
+        r.raise_for_status()
+        return r.json()
+
+    async def score(self, node: Node, question: str, search_id: str = "") -> float:
+        steps = [n.text for n in node.trajectory()]
+        if self.cfg.mode == "mean_logprob":
+            prefix = await self._generate(self._prompt(question, steps[:-1]))
+            full = await self._generate(self._prompt(question, steps), return_logprob=True, logprob_start_len=0)
+            n_step = full["meta_info"]["prompt_tokens"] - prefix["meta_info"]["prompt_tokens"]
+            lps = [x[0] for x in full["meta_info"]["input_token_logprobs"] if x[0] is not None]
+            lps = lps[-n_step:] if n_step > 0 else []
+            return math.exp(sum(lps) / len(lps)) if lps else 0.0
+        out = await self._generate(
+            self._prompt(question, steps), return_logprob=True, top_logprobs_num=20, return_text_in_logprobs=True
+        )
+        top = out["meta_info"]["output_top_logprobs"][0]
+        by_text: Dict[str, float] = {}
+        for lp, _tid, text in top:
+            key = (text or "").strip()
+            by_text.setdefault(key, lp)
+        good, bad = by_text.get(self.cfg.good_token.strip()), by_text.get(self.cfg.bad_token.strip())
+        if good is None:
+            return 0.0
+        if bad is None:
+            return math.exp(good)
+        return 1.0 / (1.0 + math.exp(bad - good))
+
+
+class CallbackReward(_HttpReward):
+    async def score(self, node: Node, question: str, search_id: str = "") -> float:
+        body = {
+            "search_id": search_id,
+            "question": question,
+            "path": node.path,
+            "depth": node.depth,
+            "text": node.text,
+            "trajectory": [n.text for n in node.trajectory()],
+            "answer": node.answer,
+            "terminal": node.is_terminal,
+        }
+        r = await self.client.post(self.url, json=body)
+        r.raise_for_status()
+        value = r.json().get("reward")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"callback returned no finite 'reward': {r.text[:200]!r}")
+        return float(value)
+
+
+def build_reward(cfg: RewardConfig, client: Optional[httpx.AsyncClient] = None) -> Reward:
+    if cfg.type == "logprob":
+        return LogprobReward()
+    if cfg.type == "verifier":
+        return VerifierReward(cfg.name)
+    if cfg.type == "prm":
+        return PRMReward(cfg, client)
+    if cfg.type == "callback":
+        return CallbackReward(cfg.url, client)
+    raise ValueError(f"unknown reward type {cfg.type!r}")
