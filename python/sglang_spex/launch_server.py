@@ -36,6 +36,8 @@ CPU_ENV = {
 SPEX_DEFAULTS = {
     # Speculative requests carry low priorities: let SGLang order by them and evict their KV first.
     "--enable-priority-scheduling": None,
+    # Requests without a priority would otherwise rank *below* speculative ones (None = lowest).
+    "--default-priority-value": "0",
     "--schedule-policy": "fcfs",
     "--radix-eviction-policy": "priority",
 }
