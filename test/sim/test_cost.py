@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sglang_spex.profile.cache import Profile
 from sglang_spex.sim.cost import MeasuredCost, RooflineCost
 from sglang_spex.sim.hardware import MODELS, get_model
@@ -63,7 +62,9 @@ def test_a100_knee_near_ridge():
 
 
 def test_measured_cost_replays_profile():
-    prof = Profile.from_points({"model": "m"}, [1, 2, 4, 8, 16, 32], [0.05 + 0.0042 * b for b in (1, 2, 4, 8, 16, 32)], 20)
+    prof = Profile.from_points(
+        {"model": "m"}, [1, 2, 4, 8, 16, 32], [0.05 + 0.0042 * b for b in (1, 2, 4, 8, 16, 32)], 20
+    )
     prof.ctx_coef, prof.prefill_tok_s, prof.prefill_overhead_s = 1e-5, 640.0, 0.01
     c = MeasuredCost(prof)
     assert c.decode_time(8, 8 * 20) == pytest.approx(0.05 + 0.0042 * 8)

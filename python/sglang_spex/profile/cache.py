@@ -114,7 +114,9 @@ def save(profile: Profile, cache_dir: Optional[Path] = None) -> Path:
     return path
 
 
-def load(key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: float = DEFAULT_MAX_AGE_S) -> Optional[Profile]:
+def load(
+    key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: float = DEFAULT_MAX_AGE_S
+) -> Optional[Profile]:
     """The cached profile for ``key`` if present and fresh, else None."""
     path = path_for(key, cache_dir)
     try:

@@ -99,8 +99,12 @@ async def _step_time(port: EnginePort, spec: ProfileSpec, batch: int, prefix: st
     steps, ptoks = [], []
     for _ in range(spec.repeats):
         nonce = uuid.uuid4().hex[:6]
-        short, pt = await _batch_wall(port, [_prompt(nonce + "s", i, prefix=prefix) for i in range(batch)], spec.short_tokens)
-        long, _ = await _batch_wall(port, [_prompt(nonce + "l", i, prefix=prefix) for i in range(batch)], spec.long_tokens)
+        short, pt = await _batch_wall(
+            port, [_prompt(nonce + "s", i, prefix=prefix) for i in range(batch)], spec.short_tokens
+        )
+        long, _ = await _batch_wall(
+            port, [_prompt(nonce + "l", i, prefix=prefix) for i in range(batch)], spec.long_tokens
+        )
         steps.append((long - short) / (spec.long_tokens - spec.short_tokens))
         ptoks.extend(pt)
     return float(np.median(steps)), float(np.mean(ptoks)) if ptoks else 0.0

@@ -130,7 +130,14 @@ def find_knee(batch: Sequence[float], step_time: Sequence[float], threshold: flo
             knee = _segment_knee(a, b1, lo, k, threshold) or knee
     bounded = knee is not None
     return KneeFit(
-        a=a, b1=b1, b2=b2, breakpoint=k, knee=float(knee if bounded else hi), bounded=bounded, threshold=threshold, rmse=rmse
+        a=a,
+        b1=b1,
+        b2=b2,
+        breakpoint=k,
+        knee=float(knee if bounded else hi),
+        bounded=bounded,
+        threshold=threshold,
+        rmse=rmse,
     )
 
 

@@ -107,4 +107,3 @@ def install_profile_routes(app: FastAPI, cfg: SpexConfig) -> None:
 
     if cfg.enabled and cfg.k_total is None:
         threading.Thread(target=_auto_profile_when_ready, name="spex-auto-profile", daemon=True).start()
-

@@ -110,7 +110,15 @@ MODELS: Dict[str, Model] = {
     # head_dim 128; 8.03B parameters. (The paper's "R1-Distill 8B"; R1-0528-Qwen3-8B has 36 layers and the
     # same GQA shape, so its roofline is within ~10% of this one.)
     "DeepSeek-R1-Distill-8B": Model(
-        "DeepSeek-R1-Distill-8B", 8.03e9, 8.03e9, 32, 4096, 32, 8, 128, source="deepseek-ai/DeepSeek-R1-Distill-Llama-8B"
+        "DeepSeek-R1-Distill-8B",
+        8.03e9,
+        8.03e9,
+        32,
+        4096,
+        32,
+        8,
+        128,
+        source="deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
     ),
     # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 48 layers, hidden 2048, 32 heads, 4 KV heads, head_dim 128,
     # 128 experts, 8 per token, moe_intermediate 768 → one expert = 3·2048·768 = 4.72M params;

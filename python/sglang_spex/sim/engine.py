@@ -1,0 +1,362 @@
+"""SimPort: a simulated continuous-batching engine behind the same :class:`EnginePort` as the real ones.
+
+One engine task plays SGLang's scheduler loop on the event loop's clock (virtual under
+:func:`sglang_spex.sim.clock.run_virtual`):
+
+- **prefill first**: waiting requests are admitted (highest ``priority`` first, then arrival; at most
+  ``max_running`` running and ``kv_capacity`` KV tokens) and prefilled together in one pass costing
+  ``cost.prefill_time`` of their *uncached* prompt tokens; the pass also yields each one's first token;
+- otherwise **one decode step** for every running request, costing ``cost.decode_time(batch, context)``.
+  Runs of steps with no arrival/abort in between are taken in one sleep (exact per-step sums), so a long
+  simulation costs one event per request completion, not per token;
+- an arrival or abort during a decode step takes effect at the next step boundary (as in SGLang, where
+  an aborted running request finishes after one more step); an aborted request returns
+  ``finish_reason="abort"`` with the tokens it had;
+- a prefix cache at ``block``-token granularity (SGLang's radix cache, without eviction unless
+  ``cache_capacity`` is set): prompts reuse the longest cached prefix of earlier prompts + outputs;
+- ``preempt``: a waiting request of higher priority than a running one retracts it when full (SGLang's
+  ``--enable-priority-scheduling`` retraction); the retracted request later re-prefills its prompt and the
+  tokens it had (mostly from the cache) and continues to the same output.
+
+Tokens are the simulated text's whitespace-separated words (:mod:`sglang_spex.sim.workload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from sglang_spex.sim.cost import CostModel, default_attn_pairs
+from sglang_spex.sim.workload import SimOutput, Workload
+from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
+
+
+@dataclass(eq=False)
+class _Req:
+    req: GenRequest
+    fut: "asyncio.Future[GenResult]"
+    out: SimOutput
+    prompt_words: List[str]
+    arrival: float
+    seq: int
+    priority: int
+    done: int = 0  # tokens generated so far
+    cached: int = 0
+    aborted: bool = False
+
+    @property
+    def target(self) -> int:
+        return self.out.completion_tokens
+
+    @property
+    def ctx(self) -> int:
+        return len(self.prompt_words) + self.done
+
+    @property
+    def prefill_words(self) -> List[str]:
+        """What a (re-)prefill must cover: the prompt, plus the tokens so far for a retracted request."""
+        return self.prompt_words + self.out.text.split()[: self.done] if self.done else self.prompt_words
+
+
+@dataclass
+class EngineMetrics:
+    decode_steps: int = 0
+    decode_time: float = 0.0
+    prefill_passes: int = 0
+    prefill_time: float = 0.0
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    batch_time_integral: float = 0.0  # Σ batch · step time (mean batch = this / decode_time)
+    requests: int = 0
+    finished: int = 0
+    aborted: int = 0
+    aborted_tokens: int = 0
+    preempted: int = 0
+    batch_hist: Dict[int, float] = field(default_factory=dict)  # batch size → seconds spent decoding at it
+
+    @property
+    def mean_batch(self) -> float:
+        return self.batch_time_integral / self.decode_time if self.decode_time else 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "batch_hist"}
+        d["mean_batch"] = self.mean_batch
+        d["busy_time"] = self.decode_time + self.prefill_time
+        return d
+
+
+class PrefixCache:
+    """Block-granular prefix cache over word tokens (chained block hashes, optional LRU capacity)."""
+
+    def __init__(self, block: int = 16, capacity_tokens: Optional[int] = None):
+        self.block = block
+        self.capacity_blocks = None if capacity_tokens is None else max(capacity_tokens // block, 1)
+        self._blocks: "OrderedDict[int, None]" = OrderedDict()
+
+    def _hashes(self, words: List[str]) -> List[int]:
+        out, h, b = [], 0, self.block
+        for i in range(0, len(words) - b + 1, b):
+            h = hash((h, tuple(words[i : i + b])))
+            out.append(h)
+        return out
+
+    def match(self, words: List[str]) -> int:
+        n = 0
+        for h in self._hashes(words):
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            n += 1
+        return n * self.block
+
+    def insert(self, words: List[str]) -> None:
+        for h in self._hashes(words):
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        if self.capacity_blocks is not None:
+            while len(self._blocks) > self.capacity_blocks:
+                self._blocks.popitem(last=False)
+
+
+class SimPort(EnginePort):
+    """A simulated SGLang engine (see the module docstring). Create it inside the loop that will use it."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        workload: Workload,
+        *,
+        max_running: int = 256,
+        kv_capacity: Optional[int] = None,
+        prefill_chunk: int = 8192,
+        cache_block: int = 16,
+        cache_capacity: Optional[int] = None,
+        preempt: bool = True,
+    ):
+        self.cost, self.workload = cost, workload
+        self.max_running, self.kv_capacity, self.prefill_chunk = max_running, kv_capacity, prefill_chunk
+        self.preempt = preempt
+        self.cache = PrefixCache(cache_block, cache_capacity)
+        self.waiting: List[_Req] = []
+        self.running: List[_Req] = []
+        self.metrics = EngineMetrics()
+        self.last_step_time = 0.0
+        self._seq = itertools.count()
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+
+    # ---- EnginePort --------------------------------------------------------------------------------
+
+    async def generate(self, req: GenRequest) -> GenResult:
+        loop = asyncio.get_running_loop()
+        self._ensure_started()
+        r = _Req(
+            req=req,
+            fut=loop.create_future(),
+            out=self.workload.generate(req),
+            prompt_words=req.prompt.split(),
+            arrival=loop.time(),
+            seq=next(self._seq),
+            priority=req.priority if req.priority is not None else -(2**31),  # SGLang: none = lowest
+        )
+        self.metrics.requests += 1
+        self.waiting.append(r)
+        self._wake.set()
+        try:
+            return await r.fut
+        except asyncio.CancelledError:  # the caller went away: like a client disconnect, abort it
+            r.aborted = True
+            self._wake.set()
+            raise
+
+    async def abort(self, rid_or_prefix: str) -> None:
+        hit = False
+        for r in self.waiting + self.running:
+            if r.req.rid.startswith(rid_or_prefix) and not r.aborted:
+                r.aborted, hit = True, True
+        if hit and self._wake is not None:
+            self._wake.set()
+
+    async def stats(self) -> Dict[str, Any]:
+        return {
+            "inflight": len(self.waiting) + len(self.running),
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "last_step_time": self.last_step_time,
+            "time": asyncio.get_running_loop().time(),
+            **self.metrics.to_dict(),
+        }
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    # ---- the scheduler loop ------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="simport-engine")
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            self._reap_aborted()
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self._admit()
+            if batch:
+                await self._prefill(batch)
+            elif self.running:
+                await self._decode()
+            else:  # waiting but nothing admissible and nothing running: wait for a change
+                self._wake.clear()
+                await self._wake.wait()
+
+    def _finish(self, r: _Req, reason: Optional[str] = None) -> None:
+        now = asyncio.get_running_loop().time()
+        out = r.out
+        if reason == "abort":
+            text = " ".join(out.text.split()[: r.done])
+            res = GenResult(r.req.rid, text, [0] * r.done, "abort", None, [], len(r.prompt_words), r.done, r.cached)
+            self.metrics.aborted += 1
+            self.metrics.aborted_tokens += r.done
+        else:
+            lps = [math.log(max(out.reward, 1e-12))] * out.completion_tokens if r.req.return_logprob else []
+            res = GenResult(
+                r.req.rid,
+                out.text,
+                [0] * out.completion_tokens,
+                out.finish_reason,
+                out.matched_stop,
+                lps,
+                len(r.prompt_words),
+                out.completion_tokens,
+                r.cached,
+            )
+            self.cache.insert(r.prompt_words + out.text.split())
+            self.metrics.finished += 1
+        res.latency = now - r.arrival
+        if not r.fut.done():
+            r.fut.set_result(res)
+
+    def _reap_aborted(self) -> None:
+        for queue in (self.waiting, self.running):
+            for r in [r for r in queue if r.aborted]:
+                queue.remove(r)
+                self._finish(r, "abort")
+
+    def _kv_used(self) -> int:
+        return sum(r.ctx - r.cached for r in self.running)
+
+    def _admit(self) -> List[_Req]:
+        if not self.waiting:
+            return []
+        self.waiting.sort(key=lambda r: (-r.priority, r.seq))
+        batch: List[_Req] = []
+        budget = self.prefill_chunk
+        kv = self._kv_used()
+        for r in list(self.waiting):
+            if len(self.running) + len(batch) >= self.max_running and not self._preempt_for(r):
+                break
+            words = r.prefill_words
+            r.cached = min(self.cache.match(words), max(len(words) - 1, 0))
+            need = r.ctx - r.cached
+            if self.kv_capacity is not None and kv + need > self.kv_capacity and (self.running or batch):
+                break
+            new = len(words) - r.cached
+            if batch and new > budget:
+                break
+            batch.append(r)
+            self.waiting.remove(r)
+            budget -= new
+            kv += need
+        return batch
+
+    def _preempt_for(self, r: _Req) -> bool:
+        if not self.preempt or not self.running:
+            return False
+        victim = min(self.running, key=lambda x: (x.priority, -x.seq))
+        if victim.priority >= r.priority:
+            return False
+        self.running.remove(victim)  # retracted: re-prefills its prompt + tokens so far from the cache later
+        self.cache.insert(victim.prefill_words)
+        self.waiting.append(victim)
+        self.metrics.preempted += 1
+        return True
+
+    async def _prefill(self, batch: List[_Req]) -> None:
+        lens = [len(r.prompt_words) + r.done for r in batch]
+        new = sum(n - r.cached for n, r in zip(lens, batch))
+        cached = sum(r.cached for r in batch)
+        pairs = sum(default_attn_pairs(n - r.cached, r.cached) for n, r in zip(lens, batch))
+        dt = self.cost.prefill_time(new, cached, pairs)
+        await asyncio.sleep(dt)
+        m = self.metrics
+        m.prefill_passes += 1
+        m.prefill_time += dt
+        m.prefill_tokens += new
+        m.cached_tokens += cached
+        for r in batch:
+            if r.aborted:
+                self._finish(r, "abort")
+                continue
+            step = 1 if r.target > r.done else 0  # the prefill pass samples the next token
+            r.done += step
+            m.generated_tokens += step
+            if r.done >= r.target:
+                self._finish(r)
+            else:
+                self.running.append(r)
+
+    async def _decode(self) -> None:
+        loop = asyncio.get_running_loop()
+        batch = len(self.running)
+        n = min(r.target - r.done for r in self.running)
+        ctx0 = sum(r.ctx for r in self.running)
+        steps = self.cost.decode_time(batch, ctx0 + batch * np.arange(n, dtype=float))
+        cum = np.cumsum(np.atleast_1d(steps))
+        t0 = loop.time()
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), float(cum[-1]))
+        except asyncio.TimeoutError:
+            pass
+        elapsed = loop.time() - t0
+        k = int(np.searchsorted(cum, elapsed * (1 + 1e-12), side="right"))  # steps fully done
+        if k < n:  # interrupted mid-step: that step still completes
+            await asyncio.sleep(max(float(cum[k]) - (loop.time() - t0), 0.0))
+            k += 1
+        self._account(batch, cum[:k])
+        for r in list(self.running):
+            r.done += k
+            if r.done >= r.target:
+                self.running.remove(r)
+                self._finish(r)
+
+    def _account(self, batch: int, cum: np.ndarray) -> None:
+        if cum.size == 0:
+            return
+        dt = float(cum[-1])
+        m = self.metrics
+        m.decode_steps += int(cum.size)
+        m.decode_time += dt
+        m.batch_time_integral += batch * dt
+        m.generated_tokens += batch * int(cum.size)
+        m.batch_hist[batch] = m.batch_hist.get(batch, 0.0) + dt
+        self.last_step_time = dt / cum.size
