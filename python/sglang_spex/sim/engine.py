@@ -14,6 +14,8 @@ One engine task plays SGLang's scheduler loop on the event loop's clock (virtual
   ``finish_reason="abort"`` with the tokens it had;
 - a prefix cache at ``block``-token granularity (SGLang's radix cache, without eviction unless
   ``cache_capacity`` is set): prompts reuse the longest cached prefix of earlier prompts + outputs;
+- priorities: larger = more urgent; a request without one gets ``default_priority`` (0, as our launcher
+  sets ``--default-priority-value 0`` under ``--tot-speculation``, so primaries outrank speculative work);
 - ``preempt``: a waiting request of higher priority than a running one retracts it when full (SGLang's
   ``--enable-priority-scheduling`` retraction); the retracted request later re-prefills its prompt and the
   tokens it had (mostly from the cache) and continues to the same output.
@@ -139,10 +141,11 @@ class SimPort(EnginePort):
         cache_block: int = 16,
         cache_capacity: Optional[int] = None,
         preempt: bool = True,
+        default_priority: int = 0,
     ):
         self.cost, self.workload = cost, workload
         self.max_running, self.kv_capacity, self.prefill_chunk = max_running, kv_capacity, prefill_chunk
-        self.preempt = preempt
+        self.preempt, self.default_priority = preempt, default_priority
         self.cache = PrefixCache(cache_block, cache_capacity)
         self.waiting: List[_Req] = []
         self.running: List[_Req] = []
@@ -165,7 +168,7 @@ class SimPort(EnginePort):
             prompt_words=req.prompt.split(),
             arrival=loop.time(),
             seq=next(self._seq),
-            priority=req.priority if req.priority is not None else -(2**31),  # SGLang: none = lowest
+            priority=req.priority if req.priority is not None else self.default_priority,
         )
         self.metrics.requests += 1
         self.waiting.append(r)
