@@ -274,6 +274,10 @@ class SearchContext:
                 break
             await asyncio.sleep(0.05)
 
+    def extra_result(self) -> Optional[Dict[str, Any]]:
+        """Extra result section a subclass reports (SPEX: its speculation accounting)."""
+        return None
+
     async def close(self) -> None:
         if self._own_reward:
             await self.reward.close()

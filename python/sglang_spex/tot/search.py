@@ -39,6 +39,7 @@ class SearchResult:
     failures: List[Dict[str, str]] = field(default_factory=list)
     stop_reason: Optional[str] = None
     error: Optional[str] = None
+    speculation: Optional[Dict[str, Any]] = None  # SPEX accounting (None for a baseline search)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -78,6 +79,7 @@ def build_result(ctx: SearchContext, status: str, error: Optional[str] = None) -
         failures=[{"path": n.path, "error": n.error or ""} for n in ctx.tree if n.status == FAILED],
         stop_reason=ctx.stop_reason,
         error=error,
+        speculation=ctx.extra_result(),
     )
 
 
