@@ -1,0 +1,34 @@
+"""T1 BFS: expand early-finished branches of the current depth, strictly cancel the misses.
+
+When a node of the current depth has been generated and scored while its siblings are still running, the
+policy's own allocation (REBASE softmax over rewards; ETS uses the same as its predictor) over the scores
+known so far gives that node's predicted width; its children up to that width are generated at once. When
+the real frontier is decided, speculative children with index < the real width are kept (hits when the
+policy asks for them) and every other one is cancelled immediately.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from sglang_spex.tot.policies.rebase import allocate_widths, node_score
+from sglang_spex.tot.tree import DONE, Node
+
+
+def remaining_width(width: int, finished_before: int) -> int:
+    return max(0, width - finished_before)
+
+
+def predicted_widths(known: Sequence[Node], width_left: int, temperature: float) -> Dict[str, int]:
+    """Width per known, unfinished node of the current depth from the scores known so far."""
+    cands = [n for n in known if n.status == DONE and not n.is_terminal]
+    widths = allocate_widths([node_score(n) for n in cands], width_left, temperature)
+    return {n.path: w for n, w in zip(cands, widths)}
+
+
+def split_on_frontier(spec_children: Sequence[Tuple[str, str, int]], chosen: Dict[str, int]) -> Tuple[List[str], List[str]]:
+    """(keep, cancel) among speculative children given as (path, parent_path, index) once widths are final."""
+    keep, cancel = [], []
+    for path, parent, index in spec_children:
+        (keep if index < chosen.get(parent, 0) else cancel).append(path)
+    return keep, cancel

@@ -1,0 +1,320 @@
+"""The SPEX runner: a SearchContext that produces speculative nodes while the primary search waits.
+
+Producers are the requests in flight (primary expansions and speculative ones, both submitted through the same
+engine port); the consumer is this context: when the policy asks for a node (``generate_node``) it adopts a
+speculative node already made for that path (or awaits one in flight) instead of regenerating it, and every
+time a node finishes it refills the idle speculative slots its T2 share allows — preferring work whose prefix
+was just computed (children of the node that just finished), so SGLang's radix cache serves the prompt.
+
+With T3 off, speculation only computes earlier what the baseline computes anyway: a node's prompt, seed and
+rid are functions of its tree path, so the search returns exactly the baseline's tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from sglang_spex.config import SpexConfig
+from sglang_spex.spec import bfs_early, dfs_lookahead
+from sglang_spex.spec.accounting import SpecAccounting
+from sglang_spex.spec.budget import QueryDemand, effective_k_total, running_hit_rate, split_budget
+from sglang_spex.spec.early_stop import EarlyStop
+from sglang_spex.spec.settings import resolve
+from sglang_spex.spec.store import CANCELLED as SPEC_CANCELLED
+from sglang_spex.spec.store import READY, RUNNING, SpecEntry, SpecStore, adopt
+from sglang_spex.tot.context import SearchContext
+from sglang_spex.tot.engine import ROLE_SPEC, node_rid
+from sglang_spex.tot.policies import BFS_POLICIES, mcts
+from sglang_spex.tot.tree import CANCELLED, DONE, GENERATING, KIND_STEP, PENDING, Node, child_path, node_seed
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_K_TOTAL = 8
+ROLLOUT_LABELS = {"rstar": "rollout", "rest": "iteration"}
+
+
+class SpecBudget:
+    """T2 across the live searches of one server (or one client-side batch)."""
+
+    def __init__(self, k_total: Optional[int], temperature: float = 1.0, min_share: int = 1, use_t2: bool = True):
+        self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
+        self.temperature = temperature
+        self.min_share = min_share
+        self.use_t2 = use_t2
+        self.contexts: Set["SpexContext"] = set()
+
+    def register(self, ctx: "SpexContext") -> None:
+        self.contexts.add(ctx)
+
+    def unregister(self, ctx: "SpexContext") -> None:
+        self.contexts.discard(ctx)
+
+    def available(self) -> int:
+        """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
+        primary = sum(len(c.inflight) for c in self.contexts)
+        return effective_k_total(self.k_total, primary, knee=self.k_total)
+
+    def share(self, ctx: "SpexContext") -> int:
+        live = [c for c in self.contexts if not c.should_stop()]
+        if ctx not in live:
+            return 0
+        total = self.available() + sum(len(c.store.running()) for c in live)
+        total = min(total, self.k_total)
+        if not self.use_t2:  # T1 only: an even split
+            return total // len(live) + (1 if live.index(ctx) < total % len(live) else 0) if live else 0
+        demands = [c.demand() for c in live]
+        return split_budget(demands, total, self.temperature, self.min_share).get(ctx.search_id, 0)
+
+
+class SpexContext(SearchContext):
+    """SearchContext with T1 (DFS lookahead / BFS early expansion), T2 shares and T3 early stop."""
+
+    def __init__(self, *args: Any, settings: SpexConfig, budget: SpecBudget, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.settings = resolve(settings, self.spec.speculation)
+        self.budget = budget
+        self.store = SpecStore()
+        self.acc = SpecAccounting()
+        self.early = EarlyStop(
+            alpha=self.settings.early_stop_alpha,
+            min_answers=self.settings.early_stop_min_answers,
+            enabled=self.settings.has("t3") and self.settings.early_stop,
+        )
+        self.t1 = self.settings.has("t1")
+        self.is_bfs = self.policy_name in BFS_POLICIES
+        self.next_rollout = 0
+        self._bfs_targets: Dict[str, int] = {}  # BFS: node of the current depth -> predicted width
+        self._cancels: List["asyncio.Future"] = []
+        self._finalized = False
+        budget.register(self)
+
+    # ---- consumer: serve the policy's requests from the store ---------------------------------------
+
+    async def generate_node(self, parent: Node, index: int, kind: str = KIND_STEP) -> Node:
+        if not self.t1:
+            return await super().generate_node(parent, index, kind)
+        if kind != KIND_STEP:  # REST partial-rollout samples: never speculated, but the engine waits on them
+            self.pump()
+            node = await super().generate_node(parent, index, kind)
+            self.pump()
+            return node
+        node = self.tree.child(parent, index, kind)
+        entry = self.store.pop(node.path) if node.status == PENDING and node.path not in self._running else None
+        if entry is not None:
+            in_flight = entry.state == RUNNING
+            if entry.task is not None and not entry.task.done():
+                await asyncio.shield(entry.task)
+            if entry.node.status not in (CANCELLED, PENDING, GENERATING):
+                self._adopt(node, entry, in_flight)
+                self._after(node)
+                return node
+        self.pump()  # the primary is about to wait on the engine: fill idle producers
+        node = await super().generate_node(parent, index, kind)
+        self._after(node)
+        return node
+
+    def _adopt(self, node: Node, entry: SpecEntry, in_flight: bool) -> None:
+        adopt(node, entry.node)
+        self.acc.on_hit(entry.distance, in_flight)
+        self.tokens_generated += node.num_tokens
+        self.stats.setdefault(node.path, mcts.Stat(node.path, node.parent.path, node.depth))
+        self._update_stat(node)
+        self._emit_node(node)
+        if node.ok and node.answer is not None:
+            self.on_answer(node)
+
+    def _after(self, node: Node) -> None:
+        if node.status == DONE and not node.is_terminal and self.is_bfs and self.t1:
+            self._bfs_early(node)
+        self.pump()
+
+    # ---- producers: what to speculate ---------------------------------------------------------------
+
+    def demand(self) -> QueryDemand:
+        """T2 inputs: C_q (what could be issued now), P_q, shared vs total prompt KV of the branches."""
+        cands = self._candidates(limit=64)
+        prompt = sum(len(self.prompt_for(p)) for p, _, _ in cands[:8]) / max(1, min(8, len(cands)))
+        step = self.spec.step.max_tokens
+        return QueryDemand(
+            query_id=self.search_id,
+            candidates=len(cands) + len(self.store.running()),
+            hit_rate=running_hit_rate(self.acc.hits, self.acc.issued),
+            shared_kv=prompt,
+            total_kv=prompt + step,
+        )
+
+    def rng(self, label: str) -> random.Random:
+        name, _, idx = label.partition(":")
+        if name == ROLLOUT_LABELS.get(self.policy_name) and idx.isdigit():
+            self.next_rollout = max(self.next_rollout, int(idx) + 1)
+        return super().rng(label)
+
+    def _taken(self, path: str) -> bool:
+        return path in self.tree.nodes or path in self.store
+
+    def _expansion(self, parent: Node, width: int, distance: int) -> List[Tuple[Node, int, int]]:
+        start = len(parent.children) if parent.path in self.tree.nodes else 0
+        return [(parent, i, distance) for i in range(start, width) if not self._taken(child_path(parent.path, i))]
+
+    def _candidates(self, limit: int) -> List[Tuple[Node, int, int]]:
+        """(parent, child index, distance) to generate speculatively, best first."""
+        if not self.t1 or self.should_stop():
+            return []
+        out: List[Tuple[Node, int, int]] = []
+        if self.is_bfs:
+            for parent, width in self._bfs_targets.items():
+                out += self._expansion(self.tree.get(parent), width, 1)
+            return out[:limit]
+        branch = getattr(self.params, "branch", 3)
+        k = self.settings.lookahead
+        # 1) the next k expansions the policy will make (UCB simulation on a copy of the statistics)
+        busy = {p for p, st in self.stats.items() if st.generating} | {e.node.parent.path for e in self.store}
+        knobs = {"w": getattr(self.params, "exploration_weight", 2.0),
+                 "c": getattr(self.params, "exploration_constant", 0.7), "inf": getattr(self.params, "inf", 1.0)}
+        rngs = dfs_lookahead.rollout_rngs(super().rng, ROLLOUT_LABELS[self.policy_name], self.next_rollout, 2 * k)
+        for path, distance in dfs_lookahead.predict_expansions(
+            mcts.copy_stats(self.stats), self.tree.root.path, self.policy_name, rngs, k, busy, knobs
+        ):
+            out += self._expansion(self.tree.get(path), branch, distance)
+        # 2) below finished speculative nodes (rollouts descend into them), newest prefix first
+        for e in sorted(self.store, key=lambda e: (e.distance, -e.issued_at)):
+            n = e.node
+            if e.state == READY and n.status == DONE and not n.is_terminal and e.distance < k:
+                out += self._expansion(n, branch, e.distance + 1)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def _bfs_early(self, node: Node) -> None:
+        """A node of the current depth is scored: predict its width from the scores known so far."""
+        depth = node.depth
+        width = getattr(self.params, "width", 16)
+        finished = sum(1 for n in self.tree if 0 < n.depth <= depth and n.status == DONE and n.is_terminal)
+        temp = getattr(self.params, "softmax_temperature", 0.2)
+        known = self.tree.at_depth(depth)
+        predicted = bfs_early.predicted_widths(known, bfs_early.remaining_width(width, finished), temp)
+        self._bfs_targets = {p: w for p, w in predicted.items() if w > 0}
+
+    def pump(self) -> None:
+        """Refill idle speculative producers up to this search's T2 share."""
+        if not self.t1 or self.should_stop() or self._finalized:
+            return
+        share = self.budget.share(self)
+        self.acc.on_share(share)
+        room = share - len(self.store.running())
+        if room <= 0:
+            return
+        for parent, index, distance in self._candidates(limit=room):
+            path = child_path(parent.path, index)
+            if self._taken(path):
+                continue
+            node = Node(path=path, parent=parent, kind=KIND_STEP, seed=node_seed(self.tree.search_seed, path))
+            self.store.issue(node, distance, self._generate_spec)
+            self.acc.on_issue(distance)
+
+    async def _generate_spec(self, node: Node) -> None:
+        node.status, node.rid = GENERATING, node_rid(self.search_id, node.path)
+        req = self.request_for(node)
+        req.role, req.priority = ROLE_SPEC, self.settings.spec_priority
+        try:
+            res = await self.port.generate(req)
+        except Exception as e:
+            node.status, node.error = CANCELLED, f"speculative generate: {e!r}"
+            return
+        if res.aborted:
+            node.status = CANCELLED
+            self.acc.spec_tokens += res.completion_tokens
+            return
+        before = self.tokens_generated
+        self.apply_result(node, res)
+        self.tokens_generated = before  # counted when (if) the primary search adopts it
+        self.acc.spec_tokens += node.num_tokens
+        await self.score_node(node)
+        if self.t1:
+            asyncio.get_running_loop().call_soon(self.pump)
+
+    # ---- BFS strict cancel, T3, end of search -------------------------------------------------------
+
+    def on_frontier_decided(self, depth: int, chosen: List[Tuple[Node, int]]) -> None:
+        super().on_frontier_decided(depth, chosen)
+        if not self.t1:
+            return
+        widths = {n.path: w for n, w in chosen}
+        level = [e for e in self.store if e.node.parent is not None and e.node.parent.depth == depth]
+        keep, cancel = bfs_early.split_on_frontier(
+            [(e.path, e.node.parent.path, int(e.path.rsplit(".", 1)[1])) for e in level], widths
+        )
+        self._bfs_targets = {}
+        for path in cancel:
+            self._cancel(self.store.pop(path))
+
+    def _cancel(self, entry: Optional[SpecEntry]) -> None:
+        if entry is None:
+            return
+        t0 = time.monotonic()
+        if entry.state == RUNNING and entry.task is not None:
+            entry.cancel_requested_at = t0
+
+            async def _abort() -> None:
+                await self.port.abort(entry.node.rid or node_rid(self.search_id, entry.path))
+                await asyncio.wait([entry.task], timeout=30)
+                self.acc.on_cancel(entry.node.num_tokens, (time.monotonic() - t0) * 1000.0)
+
+            self._cancels.append(asyncio.ensure_future(_abort()))
+        else:
+            self.acc.on_cancel(entry.node.num_tokens, None)
+        entry.state = SPEC_CANCELLED
+
+    def on_answer(self, node: Node) -> None:
+        super().on_answer(node)
+        if self.early.add(node.answer, node.reward) and self.stop_reason is None:
+            self.acc.early_stopped = True
+            self.request_stop("early_stop")
+            for e in self.store:
+                if e.state == RUNNING:
+                    self._cancel(self.store.pop(e.path))
+
+    async def finalize(self) -> None:
+        """Cancel what still runs, wait for it, and count what was never used."""
+        if self._finalized:
+            return
+        self._finalized = True
+        for e in self.store:
+            if e.state == RUNNING:
+                self._cancel(self.store.pop(e.path))
+        if self._cancels:
+            await asyncio.gather(*self._cancels, return_exceptions=True)
+        for e in self.store:
+            self.acc.never_used += 1
+            self.acc.wasted_tokens += e.node.num_tokens
+        if self.acc.early_stopped:
+            self.acc.early_stop_skipped_nodes = sum(1 for n in self.tree if n.status == CANCELLED)
+        self.acc.primary_tokens = self.tokens_generated - sum(
+            n.num_tokens for n in self.tree if n.extra.get("speculative")
+        )
+        self.acc.primary_requests = self.num_requests
+        self.budget.unregister(self)
+
+    async def close(self) -> None:
+        try:
+            await self.finalize()
+        finally:
+            await super().close()
+
+    def extra_result(self) -> Optional[Dict[str, Any]]:
+        d = self.acc.to_dict()
+        d["settings"] = {"components": list(self.settings.components), "lookahead": self.settings.lookahead,
+                         "early_stop": self.early.enabled, "k_total": self.budget.k_total}
+        return d
+
+
+def context_factory(settings: SpexConfig, budget: Optional[SpecBudget] = None):
+    """A ``context_factory`` for ``run_search``/``run_batch``: SPEX contexts sharing one T2 budget."""
+    budget = budget or SpecBudget(settings.k_total, settings.budget_temperature, settings.min_share,
+                                  use_t2=settings.has("t2"))
+    return functools.partial(SpexContext, settings=settings, budget=budget)

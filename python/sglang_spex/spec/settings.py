@@ -1,0 +1,38 @@
+"""Per-search SPEX settings: the server's ``--tot-*`` config with the search spec's ``speculation`` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+from sglang_spex.config import COMPONENTS, ConfigError, SpexConfig
+from sglang_spex.tot.spec import SpecError
+
+# Fields a search may override (server-wide limits such as k_total and max searches stay the server's).
+OVERRIDABLE = ("enabled", "components", "lookahead", "early_stop", "early_stop_alpha", "early_stop_min_answers")
+
+
+def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConfig:
+    """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SpecError naming them."""
+    if not overrides:
+        return server
+    if not isinstance(overrides, dict):
+        raise SpecError("speculation", "must be an object")
+    changes: Dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE:
+            raise SpecError(f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}")
+        if key == "components":
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list) or any(v not in COMPONENTS for v in value):
+                raise SpecError("speculation.components", f"must be a subset of {list(COMPONENTS)}")
+            value = tuple(value)
+        elif key in ("enabled", "early_stop") and not isinstance(value, bool):
+            raise SpecError(f"speculation.{key}", "must be true or false")
+        changes[key] = value
+    try:
+        return dataclasses.replace(server, **changes).validate()
+    except (ConfigError, TypeError) as e:
+        field = next((k for k in changes if k.replace("_", "-") in str(e)), next(iter(changes)))
+        raise SpecError(f"speculation.{field}", str(e))

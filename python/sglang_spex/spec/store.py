@@ -1,0 +1,99 @@
+"""The speculative node store: nodes generated ahead of the search, keyed by their tree path.
+
+A speculative node is built exactly as the primary search would build it (same path → same prompt, seed and
+rid), but stays detached from the primary tree until the search asks for that path: then it is *adopted*
+(its result copied into the primary node) instead of regenerated. Entries still generating can be adopted
+too (the primary awaits the in-flight request) or cancelled (BFS strict cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Dict, Iterator, List, Optional
+
+from sglang_spex.tot.tree import Node
+
+RUNNING = "running"
+READY = "ready"
+CANCELLED = "cancelled"
+FAILED = "failed"
+
+# Result fields copied from a speculative node into the primary node on adoption.
+ADOPTED_FIELDS = (
+    "text", "status", "num_tokens", "prompt_tokens", "cached_tokens", "logprobs", "finish_reason", "reward",
+    "is_terminal", "answer", "error", "latency", "rid", "seed",
+)
+
+
+@dataclass(eq=False)
+class SpecEntry:
+    node: Node
+    distance: int  # how many steps ahead of the primary search it was predicted (1 = next)
+    task: Optional["asyncio.Task"] = None
+    state: str = RUNNING
+    issued_at: float = field(default_factory=time.monotonic)
+    cancel_requested_at: Optional[float] = None
+
+    @property
+    def path(self) -> str:
+        return self.node.path
+
+
+class SpecStore:
+    """Speculative entries by path; one per path at most."""
+
+    def __init__(self) -> None:
+        self.entries: Dict[str, SpecEntry] = {}
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.entries
+
+    def __iter__(self) -> Iterator[SpecEntry]:
+        return iter(list(self.entries.values()))
+
+    def get(self, path: str) -> Optional[SpecEntry]:
+        return self.entries.get(path)
+
+    def issue(self, node: Node, distance: int, run: Callable[[Node], Awaitable[None]]) -> SpecEntry:
+        """Start generating ``node`` speculatively; ``run(node)`` fills it in place."""
+        if node.path in self.entries:
+            raise KeyError(f"speculative node {node.path} already issued")
+        entry = SpecEntry(node=node, distance=distance)
+
+        async def _run() -> None:
+            try:
+                await run(node)
+                if entry.state == RUNNING:
+                    entry.state = READY if node.status == "done" else FAILED
+            except asyncio.CancelledError:
+                entry.state = CANCELLED
+                raise
+
+        entry.task = asyncio.ensure_future(_run())
+        self.entries[node.path] = entry
+        return entry
+
+    def pop(self, path: str) -> Optional[SpecEntry]:
+        return self.entries.pop(path, None)
+
+    def running(self) -> List[SpecEntry]:
+        return [e for e in self.entries.values() if e.state == RUNNING]
+
+    def children_of(self, parent_path: str) -> List[SpecEntry]:
+        prefix = parent_path + "."
+        return [e for p, e in self.entries.items() if p.startswith(prefix) and "." not in p[len(prefix):]]
+
+    def subtree(self, path: str) -> List[SpecEntry]:
+        prefix = path + "."
+        return [e for p, e in self.entries.items() if p == path or p.startswith(prefix)]
+
+
+def adopt(primary: Node, spec: Node) -> None:
+    """Copy a speculative node's result into the primary tree's node at the same path."""
+    if primary.path != spec.path:
+        raise ValueError(f"cannot adopt {spec.path} into {primary.path}")
+    for name in ADOPTED_FIELDS:
+        setattr(primary, name, getattr(spec, name))
+    primary.extra = {**spec.extra, **primary.extra, "speculative": True}

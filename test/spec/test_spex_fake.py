@@ -1,0 +1,102 @@
+"""SPEX runner logic on a deterministic in-memory port (pure logic; the real-server checks are in test_spex_server)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from sglang_spex.config import SpexConfig
+from sglang_spex.spec.runner import context_factory
+from sglang_spex.tot.search import run_batch, run_search
+from sglang_spex.tot.spec import SearchSpec, SpecError
+from unit.fake_port import FakePort
+
+POLICIES = {
+    "rebase": {"name": "rebase", "width": 6, "max_depth": 3},
+    "ets": {"name": "ets", "width": 4, "max_depth": 3, "embedder": "tfidf"},
+    "rstar": {"name": "rstar", "num_rollouts": 6, "max_depth": 3, "branch": 2},
+    "rest": {"name": "rest", "iterations": 6, "max_depth": 3, "branch": 2, "roll_forward_steps": 1, "end_gate": 2.0},
+}
+
+
+class JitterPort(FakePort):
+    """FakePort whose latency depends on the request (stragglers), deterministic per rid."""
+
+    async def generate(self, req):
+        await asyncio.sleep(random.Random(req.rid).uniform(0.001, 0.01))
+        return await super().generate(req)
+
+
+def make_spec(policy: dict, seed: int = 3, **spec_kw) -> SearchSpec:
+    return SearchSpec.from_dict(
+        {"policy": policy, "step": {"max_tokens": 8}, "reward": {"type": "verifier", "name": "arith"}, "seed": seed,
+         **spec_kw}
+    )
+
+
+def signature(res):
+    return [(n["path"], n["text"], n["reward"], n["status"]) for n in sorted(res.nodes, key=lambda n: n["path"])]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_spex_t3_off_returns_the_baseline_tree(policy):
+    spec = make_spec(POLICIES[policy])
+    q = "What is 2 + 3?"
+    base = asyncio.run(run_search(spec, q, JitterPort()))
+    cfg = SpexConfig(enabled=True, k_total=6, components=("t1", "t2"))
+    spx = asyncio.run(run_search(spec, q, JitterPort(), context_factory=context_factory(cfg)))
+    assert signature(spx) == signature(base)
+    assert spx.answer == base.answer and spx.tokens_generated == base.tokens_generated
+    acc = spx.speculation
+    assert acc["issued"] > 0
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
+    assert base.speculation is None
+
+
+def test_rstar_speculation_hits_and_saves_primary_requests():
+    spec = make_spec(POLICIES["rstar"])
+    base = asyncio.run(run_search(spec, "q", JitterPort()))
+    spx = asyncio.run(run_search(spec, "q", JitterPort(), context_factory=context_factory(
+        SpexConfig(enabled=True, k_total=8))))
+    assert spx.speculation["hits"] > 0
+    assert spx.num_requests == base.num_requests - spx.speculation["hits"]
+
+
+def test_rebase_misses_are_cancelled_strictly():
+    port = JitterPort()
+    spec = make_spec({"name": "rebase", "width": 8, "max_depth": 3, "softmax_temperature": 0.2})
+    res = asyncio.run(run_search(spec, "q", port, context_factory=context_factory(SpexConfig(enabled=True, k_total=16))))
+    acc = res.speculation
+    assert acc["issued"] > 0 and acc["hits"] > 0
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
+
+
+def test_t3_stops_early_and_reports_it():
+    spec = make_spec({"name": "rebase", "width": 12, "max_depth": 4})
+    base = asyncio.run(run_search(spec, "q", JitterPort(answer_from_depth=1)))
+    cfg = SpexConfig(enabled=True, k_total=8, early_stop=True, early_stop_min_answers=2, early_stop_alpha=0.3)
+    res = asyncio.run(run_search(spec, "q", JitterPort(answer_from_depth=1), context_factory=context_factory(cfg)))
+    assert res.speculation["early_stopped"] is True and res.stop_reason == "early_stop"
+    assert res.tokens_generated < base.tokens_generated
+
+
+def test_t2_budget_is_shared_across_queries():
+    cfg = SpexConfig(enabled=True, k_total=4)
+    factory = context_factory(cfg)
+    spec = make_spec(POLICIES["rstar"])
+    results = asyncio.run(run_batch(spec, ["a", "b", "c"], JitterPort(), concurrency=3, context_factory=factory))
+    assert all(r.speculation is not None for r in results)
+    peak = max(s for r in results for _, s in r.speculation["budget_shares"])
+    assert peak <= 4
+    assert not factory.keywords["budget"].contexts  # every search unregistered
+
+
+def test_bad_speculation_override_names_the_field():
+    with pytest.raises(SpecError, match="speculation.lookahead"):
+        asyncio.run(run_search(make_spec(POLICIES["rstar"], speculation={"lookahead": 0}), "q", FakePort(),
+                               context_factory=context_factory(SpexConfig(enabled=True))))
+    with pytest.raises(SpecError, match="speculation.bogus"):
+        asyncio.run(run_search(make_spec(POLICIES["rstar"], speculation={"bogus": 1}), "q", FakePort(),
+                               context_factory=context_factory(SpexConfig(enabled=True))))
