@@ -9,7 +9,14 @@ from sglang_spex.profile import cache
 from sglang_spex.profile.measure import ProfileSpec, ensure_profile, profile_key
 from sglang_spex.tot.http_port import HttpPort
 
-SMALL = {"batch_sizes": [1, 2, 4, 8], "short_tokens": 2, "long_tokens": 8, "ctx_prefix_words": 40, "prefill_words": 40}
+SMALL = {
+    "batch_sizes": [1, 2, 4, 8],
+    "short_tokens": 2,
+    "long_tokens": 8,
+    "ctx_prefix_words": 40,
+    "prefill_words": 40,
+    "repeats": 1,
+}
 
 
 def _sane(d):

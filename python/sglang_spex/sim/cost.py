@@ -134,12 +134,13 @@ class MeasuredCost(CostModel):
 
 
 def make_cost(spec: str, model: Optional[str] = None, profile=None) -> CostModel:
-    """``make_cost("A100-80G", "Llemma-7B")`` or ``make_cost("cpu-measured", profile=p)``."""
+    """``make_cost("A100-80G", "Llemma-7B")``, or ``make_cost("cpu-measured", profile=p)`` — without ``p``, the
+    newest cached profile whose model path contains ``model`` (default ``"SmolLM2"``)."""
     if spec == "cpu-measured":
         if profile is None:
             from sglang_spex.profile.cache import latest_profile
 
-            profile = latest_profile()
+            profile = latest_profile(model_contains=model or "SmolLM2")
             if profile is None:
                 raise FileNotFoundError("no cached profile: run the profiler first (POST /spex/profile)")
         return MeasuredCost(profile)
