@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import requests
+
 from sglang_spex.profile import cache
 from sglang_spex.profile.measure import ProfileSpec, ensure_profile, profile_key
 from sglang_spex.tot.http_port import HttpPort

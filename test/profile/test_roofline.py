@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+
 from sglang_spex.profile import cache
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.measure import DriftMonitor

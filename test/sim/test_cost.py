@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sglang_spex.profile.cache import Profile
 from sglang_spex.sim.cost import MeasuredCost, RooflineCost
 from sglang_spex.sim.hardware import MODELS, get_model

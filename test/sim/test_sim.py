@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+
 from sglang_spex.sim.clock import SimulationDeadlock, run_virtual
 from sglang_spex.sim.cost import RooflineCost
 from sglang_spex.sim.engine import SimPort

@@ -141,3 +141,22 @@ def simulate(
     results, elapsed, engine = run_virtual(main)
     config = {"cost": cost_model.name, "workload": wl.describe(), "concurrency": concurrency, "spec": spec.to_dict()}
     return SimRun(results, elapsed, engine, time.perf_counter() - w0, config)
+
+
+def spex_factory(cfg, cost: Optional[CostModel] = None) -> Callable[..., SearchContext]:
+    """SPEX contexts for :func:`simulate` (``cfg``: a :class:`~sglang_spex.config.SpexConfig`; ``k_total=None``
+    takes the knee of ``cost``, as ``--tot-k-total auto`` takes the live profile's)."""
+    from sglang_spex.config import replace
+    from sglang_spex.spec.runner import context_factory
+
+    if cfg.k_total is None and cost is not None:
+        cfg = replace(cfg, k_total=cost.k_total())
+    return context_factory(cfg)
+
+
+def compare(spec: SearchSpec, cfg, *, cost: CostSpec, **kw: Any) -> Tuple[SimRun, SimRun]:
+    """(baseline, SPEX) on the same simulated engine model, workload and questions."""
+    cost_model = resolve_cost(cost)
+    base = simulate(spec, cost=cost_model, **kw)
+    spex = simulate(spec, cost=cost_model, context_factory=spex_factory(cfg, cost_model), **kw)
+    return base, spex

@@ -1,0 +1,25 @@
+"""Baseline and SPEX on the simulator share every line of policy logic: same trees, same answers (T3 off)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_spex.config import SpexConfig
+from sglang_spex.sim.run import compare
+
+
+def _done_nodes(run):
+    return [[(n["path"], n["text"], n["reward"]) for n in r.nodes if n["status"] == "done"] for r in run.results]
+
+
+@pytest.mark.parametrize("policy,bs", [("rstar-5", 1), ("rebase-8", 2), ("rest-5", 1)])
+def test_spex_equals_baseline_with_t3_off(policy, bs):
+    from sglang_spex.tot.spec import PolicyConfig, SearchSpec
+
+    spec = SearchSpec(policy=PolicyConfig(policy), seed=5)
+    cfg = SpexConfig(enabled=True, k_total=None, early_stop=False)  # k_total from the simulated knee
+    base, spex = compare(spec, cfg, cost=("A100-80G", "Llemma-7B"), questions=4, concurrency=bs)
+    assert spex.answers == base.answers
+    assert _done_nodes(spex) == _done_nodes(base)
+    assert spex.engine["mean_batch"] > base.engine["mean_batch"]  # speculation filled the batch
+    assert spex.virtual_time < base.virtual_time  # and, memory-bound at batch 1-2, that paid off
