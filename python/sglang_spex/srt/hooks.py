@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SAMPLING_INFO = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+PREFILL_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+RADIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _registered = False
 _config = SpexConfig()
 
@@ -44,7 +47,12 @@ def scheduler_report() -> Dict[str, Any]:
 def _h1_report_state(result, scheduler, *args, **kwargs):
     """H1 (AFTER Scheduler.get_internal_state): add the plugin's scheduler-side report."""
     try:
-        result.internal_state["spex"] = scheduler_report()
+        report = scheduler_report()
+        if _config.enabled:
+            from sglang_spex.srt.control import sched_report
+
+            report["sched"] = sched_report(scheduler)
+        result.internal_state["spex"] = report
     except Exception:  # never break the scheduler for a report
         logger.exception("spex: H1 report failed")
     return result
@@ -103,3 +111,32 @@ def register_all(cfg: SpexConfig) -> None:
         return  # without --tot-speculation the plugin only reports; SGLang runs unchanged
     HookRegistry.register(f"{SAMPLING_INFO}.from_schedule_batch", _h2_seeded_sampling, HookType.AFTER)
     HookRegistry.register(f"{SAMPLING_INFO}.merge_batch", _h2_merge_seeds, HookType.BEFORE)
+    # H3-H13 (issue 6): ranking, admission cap, immediate cancel, prefix protection, batch stats.
+    from sglang_spex.srt import batch_stats, control, prefix_guard, scheduling
+
+    control.register_types()  # IPC decoder learns SpexControlReq (not a HookRegistry hook; see docs/upstream.md)
+    batch_stats.prepare_channel()  # stats file path, fixed before SGLang forks its subprocesses
+    scheduling.configure(cfg.k_total, cfg.spec_priority)
+    reg, B, A, R = HookRegistry.register, HookType.BEFORE, HookType.AFTER, HookType.AROUND
+    # H3: our control messages (budget, cancel, protect, release) reach the scheduler in order with requests.
+    reg(f"{SCHEDULER}.init_request_dispatcher", control.h_add_dispatch, A)
+    # H4: speculative requests get the lowest priority, unlabelled/primary ones a neutral one (not SGLang's lowest).
+    reg(f"{SCHEDULER}._add_request_to_queue", scheduling.h_assign_priority, B)
+    # H5: under KV pressure in decode, speculative requests are retracted before any primary one.
+    reg(f"{SCHEDULE_BATCH}._get_decode_retraction_order", scheduling.h_retraction_order, A)
+    # H6: a primary short of KV preempts running speculative work instead of waiting for it to finish.
+    reg(f"{PREFILL_ADDER}.add_one_req", scheduling.h_preempt_on_kv_short, R)
+    # H7: speculative admission never takes the running batch above the budget; a lowered budget retracts.
+    reg(f"{SCHEDULER}._get_new_batch_prefill_raw", scheduling.h_cap_prefill, R)
+    # H8: the same budget trim on the decode-only path.
+    reg(f"{SCHEDULER}.update_running_batch", scheduling.h_cap_decode, B)
+    # H9: remember cancelled running requests (for immediate finish and its measurement); end their searches.
+    reg(f"{SCHEDULER}.abort_request", scheduling.h_abort, R)
+    # H10: at the next scheduling point, finish cancelled running requests without another decode step.
+    reg(f"{SCHEDULER}.get_next_batch_to_run", scheduling.h_pre_step, B)
+    # H11: lock the cached prefixes of finished nodes of live searches before any allocation; expire leases.
+    reg(f"{SCHEDULER}.get_next_batch_to_run", prefix_guard.h_pre_step, B)
+    # H12: a node of a live search that finished normally is queued for protection once it is in the tree.
+    reg(f"{RADIX}.on_release", prefix_guard.h_on_release, A)
+    # H13: publish each step's batch size, role split, KV use and step time to shared memory.
+    reg(f"{SCHEDULER}.get_next_batch_to_run", batch_stats.h_publish, A)

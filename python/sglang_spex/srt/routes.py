@@ -49,3 +49,7 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     @app.get("/spex/info")
     async def _info():
         return JSONResponse(await spex_info(cfg))
+
+    from sglang_spex.srt import control_routes
+
+    control_routes.install(app, cfg)  # /spex/budget, /spex/cancel, /spex/protect, /spex/release, /spex/stats

@@ -1,0 +1,261 @@
+"""Per-step batch statistics, published by the scheduler through a shared-memory file any process can read.
+
+The scheduler writes one row per scheduled batch into a ring of ``RING`` rows (``FIELDS``) plus a few
+counters, in a file under ``/dev/shm`` named by the environment variable ``SGLANG_SPEX_STATS`` (set by
+the plugin in the launching process, inherited by SGLang's subprocesses). Reading costs one ``mmap``
+slice: no IPC round trip, no lock. The writer bumps ``seq`` after a row is complete; a reader that lags
+by more than ``RING`` rows sees overwritten rows (``history`` reports the gap).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import tempfile
+import time
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from sglang_spex.srt.guard import HookGuard
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "SGLANG_SPEX_STATS"
+MAGIC = 0x5350455853544154  # "SPEXSTAT"
+VERSION = 1
+RING = 8192
+FIELDS = (
+    "time",  # wall clock (time.time()) when the batch was chosen
+    "step",  # scheduler step counter (only steps that run a batch)
+    "mode",  # 1 prefill/extend, 2 decode, 3 mixed, 0 other
+    "batch_size",  # requests in the batch that runs this step
+    "n_primary",  # ... of which primary (or unlabelled)
+    "n_spec",  # ... of which speculative
+    "spec_total",  # speculative requests in the running batch and the batch to run together
+    "budget",  # speculative admission cap in force (-1 = none)
+    "kv_used",  # KV tokens held by requests and protected prefixes (total - available - evictable)
+    "kv_available",  # KV tokens free in the allocator
+    "kv_evictable",  # KV tokens cached and evictable in the radix cache
+    "kv_protected",  # KV tokens locked in the radix cache (running requests + spex protection)
+    "kv_total",  # KV pool size
+    "waiting",  # requests in the waiting queue
+    "waiting_spec",  # ... of which speculative
+    "step_s",  # wall time of this step (filled in when the next step is scheduled; NaN until then)
+)
+COUNTERS = (
+    "cancel_extra_immediate_0",
+    "cancel_extra_immediate_1",
+    "cancel_extra_immediate_2",
+    "cancel_extra_immediate_3",
+    "cancel_extra_immediate_4plus",
+    "cancel_extra_plain_0",
+    "cancel_extra_plain_1",
+    "cancel_extra_plain_2",
+    "cancel_extra_plain_3",
+    "cancel_extra_plain_4plus",
+    "preempt_for_primary",
+    "spec_retracted_for_budget",
+    "protect_locks",
+    "protect_locked_tokens",
+    "last_step_s",
+    "ema_step_s",
+)
+_HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, reserved
+_F = {name: i for i, name in enumerate(FIELDS)}
+_C = {name: i for i, name in enumerate(COUNTERS)}
+_NBYTES = 8 * (_HDR + len(COUNTERS) + RING * len(FIELDS))
+
+
+def default_path() -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, f"sglang-spex-stats-{os.getpid()}")
+
+
+def prepare_channel() -> str:
+    """Fix the stats path for this process tree (call in the launching process, before SGLang forks)."""
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        path = os.environ[ENV_VAR] = default_path()
+    return path
+
+
+def _views(mm: np.memmap):
+    header = np.ndarray((_HDR,), dtype=np.int64, buffer=mm, offset=0)
+    counters = np.ndarray((len(COUNTERS),), dtype=np.float64, buffer=mm, offset=8 * _HDR)
+    ring = np.ndarray((RING, len(FIELDS)), dtype=np.float64, buffer=mm, offset=8 * (_HDR + len(COUNTERS)))
+    return header, counters, ring
+
+
+class StatsWriter:
+    """The scheduler side: owns the file, writes rows."""
+
+    def __init__(self, path: str):
+        self.path = path
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.truncate(_NBYTES)
+        self.mm = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(_NBYTES,))
+        self.header, self.counters, self.ring = _views(self.mm)
+        self.ring[:] = np.nan
+        self.header[:] = [MAGIC, VERSION, len(FIELDS), RING, 0, os.getpid(), len(COUNTERS), 0]
+        os.replace(tmp, path)  # readers never see a half-initialised file
+        atexit.register(self.close)
+        self.seq = 0
+        self.last_t: Optional[float] = None
+        self.ema: Optional[float] = None
+
+    def write(self, row: Dict[str, float], counters: Dict[str, float]) -> None:
+        now = time.monotonic()
+        if self.last_t is not None and self.seq > 0:
+            dt = now - self.last_t
+            self.ring[(self.seq - 1) % RING, _F["step_s"]] = dt
+            self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
+            counters = {**counters, "last_step_s": dt, "ema_step_s": self.ema}
+        self.last_t = now
+        r = self.ring[self.seq % RING]
+        r[:] = np.nan
+        for k, v in row.items():
+            r[_F[k]] = v
+        for k, v in counters.items():
+            self.counters[_C[k]] = v
+        self.seq += 1
+        self.header[4] = self.seq
+
+    def idle(self) -> None:
+        self.last_t = None  # the gap to the next batch is idle time, not step time
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+class StatsReader:
+    """Any process: read the latest row, the counters and recent history without IPC."""
+
+    def __init__(self, path: Optional[str] = None):
+        self.path = path or os.environ.get(ENV_VAR) or ""
+        self.mm = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(_NBYTES,))
+        self.header, self.counters_arr, self.ring = _views(self.mm)
+        if int(self.header[0]) != MAGIC or int(self.header[1]) != VERSION:
+            raise ValueError(f"{self.path} is not a sglang-spex stats file of version {VERSION}")
+
+    @property
+    def seq(self) -> int:
+        return int(self.header[4])
+
+    def _row(self, i: int) -> Dict[str, float]:
+        vals = self.ring[i % RING].copy()
+        return {k: (None if np.isnan(v) else float(v)) for k, v in zip(FIELDS, vals)}
+
+    def latest(self) -> Optional[Dict[str, float]]:
+        seq = self.seq
+        return self._row(seq - 1) if seq > 0 else None
+
+    def counters(self) -> Dict[str, float]:
+        vals = self.counters_arr.copy()
+        return {k: float(v) for k, v in zip(COUNTERS, vals)}
+
+    def history(self, since: int = 0) -> Dict[str, Any]:
+        """Rows with sequence numbers in ``[since, seq)``; ``lost`` counts rows already overwritten."""
+        seq = self.seq
+        start = max(since, seq - RING)
+        rows = [self._row(i) for i in range(start, seq)]
+        return {"seq": seq, "start": start, "lost": start - since if since < start else 0, "rows": rows}
+
+
+_writer: Optional[StatsWriter] = None
+G_STATS = HookGuard("batch_stats")
+
+
+def _writer_for_process() -> StatsWriter:
+    global _writer
+    if _writer is None:
+        _writer = StatsWriter(os.environ.get(ENV_VAR) or prepare_channel())
+    return _writer
+
+
+def _mode(batch) -> int:
+    fm = batch.forward_mode
+    if fm.is_mixed():
+        return 3
+    if fm.is_decode():
+        return 2
+    if fm.is_extend():
+        return 1
+    return 0
+
+
+def _publish(plan, scheduler) -> None:
+    from sglang_spex.srt import prefix_guard, scheduling
+
+    writer = _writer_for_process()
+    batch = plan.batch_to_run
+    if batch is None or not batch.reqs:
+        writer.idle()
+        return
+    is_spec = scheduling.is_spec
+    n_spec = sum(1 for r in batch.reqs if is_spec(r))
+    seen = {id(r) for r in batch.reqs}
+    rb = plan.running_batch
+    spec_total = n_spec + sum(
+        1 for r in (rb.reqs if rb is not None else []) if id(r) not in seen and is_spec(r) and not r.finished()
+    )
+    tree = scheduler.tree_cache
+    total = int(scheduler.max_total_num_tokens)
+    available = int(scheduler.token_to_kv_pool_allocator.available_size())
+    evictable = int(tree.evictable_size())
+    waiting = scheduler.waiting_queue
+    budget = scheduling.STATE.budget
+    row = {
+        "time": time.time(),
+        "step": writer.seq,
+        "mode": _mode(batch),
+        "batch_size": len(batch.reqs),
+        "n_primary": len(batch.reqs) - n_spec,
+        "n_spec": n_spec,
+        "spec_total": spec_total,
+        "budget": -1 if budget is None else budget,
+        "kv_used": total - available - evictable,
+        "kv_available": available,
+        "kv_evictable": evictable,
+        "kv_protected": int(tree.protected_size()),
+        "kv_total": total,
+        "waiting": len(waiting),
+        "waiting_spec": sum(1 for r in waiting if is_spec(r)),
+    }
+    st, pg = scheduling.STATE, prefix_guard.GUARD
+    counters: Dict[str, float] = {
+        "preempt_for_primary": st.counters.get("preempt_for_primary", 0),
+        "spec_retracted_for_budget": st.counters.get("spec_retracted_for_budget", 0),
+        "protect_locks": pg.num_locks,
+        "protect_locked_tokens": pg.locked_tokens,
+    }
+    for mode, hist in st.extra_hist.items():
+        for i, n in enumerate(hist):
+            suffix = f"{i}" if i < len(hist) - 1 else f"{i}plus"
+            counters[f"cancel_extra_{mode}_{suffix}"] = n
+    writer.write(row, counters)
+
+
+def h_publish(plan, scheduler, *args, **kwargs):
+    """AFTER Scheduler.get_next_batch_to_run: publish this step's batch statistics."""
+    G_STATS.run(_publish, plan, scheduler)
+    return plan
+
+
+def read_stats(path: Optional[str] = None, history_since: Optional[int] = None) -> Dict[str, Any]:
+    """Latest row + counters (+ history) from the stats file; ``{"available": False}`` if there is none."""
+    try:
+        reader = StatsReader(path)
+    except (OSError, ValueError) as e:
+        return {"available": False, "error": str(e)}
+    out: Dict[str, Any] = {"available": True, "path": reader.path, "seq": reader.seq}
+    out["latest"] = reader.latest()
+    out["counters"] = reader.counters()
+    if history_since is not None:
+        out["history"] = reader.history(history_since)
+    return out

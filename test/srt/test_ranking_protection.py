@@ -1,0 +1,93 @@
+"""Ranking under a KV pool too small for the workload, and live-prefix protection under eviction pressure."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import pytest
+import requests
+from srt_hook_util import body, post, sched, wait_idle, wait_running, words
+
+pytestmark = pytest.mark.server
+
+PROMPT_WORDS = 20
+NEW_TOKENS = 200
+
+
+def _run(url: str, payload) -> tuple:
+    out = requests.post(url + "/generate", json=payload, timeout=300).json()
+    return time.monotonic(), out
+
+
+def test_primary_first_under_small_pool(small_pool_server):
+    """8 speculative requests fill the pool first; 4 primaries then arrive and must finish before any of them."""
+    url = small_pool_server.url
+    wait_idle(url)
+    post(url, "/spex/knobs", {"protect_max_fraction": 0.0})  # keep the whole pool for the ranking workload
+    spec = [body(words(PROMPT_WORDS, i), NEW_TOKENS, f"spex:rank{i}:r.{i}:", "spec") for i in range(8)]
+    prim = [body(words(PROMPT_WORDS, 100 + i), NEW_TOKENS, f"spex:rankp{i}:r:", "primary") for i in range(4)]
+    before = sched(url)["counters"]
+    seq0 = requests.get(url + "/spex/stats").json()["batch"]["seq"]
+    with cf.ThreadPoolExecutor(12) as ex:
+        spec_f = [ex.submit(_run, url, p) for p in spec]
+        wait_running(url, 2)
+        t_primary = time.monotonic()
+        prim_f = [ex.submit(_run, url, p) for p in prim]
+        spec_done = [f.result() for f in spec_f]
+        prim_done = [f.result() for f in prim_f]
+    for _, out in spec_done + prim_done:  # nobody starves or gets aborted
+        assert out["meta_info"]["finish_reason"]["type"] == "length", out["meta_info"]
+        assert len(out["output_ids"]) == NEW_TOKENS
+    prim_end = max(t for t, _ in prim_done)
+    spec_end = sorted(t for t, _ in spec_done)
+    print(
+        f"primaries done {prim_end - t_primary:.2f}s after arrival; spec done at "
+        f"{[round(t - t_primary, 2) for t in spec_end]}"
+    )
+    # Spec requests submitted first and already running: without ranking they would all finish first.
+    assert prim_end <= spec_end[len(spec_end) // 2], "primaries did not overtake the speculative backlog"
+    rows = requests.get(url + "/spex/stats", params={"history_since": seq0}).json()["batch"]["history"]["rows"]
+    blocked = [(r["waiting"] - r["waiting_spec"]) > 0 and r["spec_total"] > 0 for r in rows]
+    runs = [i for i in range(1, len(blocked)) if blocked[i] and blocked[i - 1]]
+    assert not runs, f"a primary waited more than one step while speculative work held the batch: steps {runs}"
+    after = sched(url)["counters"]
+    moved = after.get("preempt_for_primary", 0) - before.get("preempt_for_primary", 0)
+    assert moved > 0, "primaries never had to displace speculative work: the pool was not short"
+    post(url, "/spex/knobs", {"protect_max_fraction": 0.5})
+
+
+def _cached(url: str, text: str) -> int:
+    out = requests.post(url + "/generate", json=body(text, 4), timeout=120).json()
+    return out["meta_info"]["cached_tokens"]
+
+
+def _flood(url: str, seed: int) -> None:
+    with cf.ThreadPoolExecutor(4) as ex:
+        list(
+            ex.map(
+                lambda i: requests.post(url + "/generate", json=body(words(60, seed + i), 60), timeout=300), range(12)
+            )
+        )
+
+
+def test_protected_prefix_survives_eviction_and_is_released(small_pool_server):
+    url = small_pool_server.url
+    base = wait_idle(url)
+    post(url, "/spex/release", {})
+    base = wait_idle(url)
+    protected0 = base["pool"]["kv_protected"]
+    text = words(60, 7)
+    post(url, "/spex/protect", {"search_id": "keep"})
+    out = requests.post(url + "/generate", json=body(text, 40, "spex:keep:r:", "primary"), timeout=120).json()
+    n_prompt = out["meta_info"]["prompt_tokens"]
+    s = wait_idle(url)
+    assert s["protection"]["locks"] == 1
+    assert s["pool"]["kv_protected"] - protected0 >= n_prompt
+    _flood(url, 1000)  # about 12 x 140 tokens through a 1200-token pool: everything unprotected is evicted
+    assert _cached(url, text) >= n_prompt - 1, "protected prefix was evicted"
+    r = post(url, "/spex/release", {"search_id": "keep"})["scheduler"]
+    assert r["protection"]["locks"] == 0
+    assert r["pool"]["kv_protected"] == protected0
+    _flood(url, 2000)
+    assert _cached(url, text) < n_prompt // 2, "prefix survived a flood without protection: the test proves nothing"

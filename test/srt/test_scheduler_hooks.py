@@ -1,0 +1,183 @@
+"""Scheduler hooks on the shared --tot-speculation server: admission cap, cancel latency, KV leak, inertness."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import requests
+from srt_hook_util import body, post, sched, wait_idle, wait_running, words
+
+pytestmark = pytest.mark.server
+
+
+def _stats(url: str, since=None):
+    params = {} if since is None else {"history_since": since}
+    return requests.get(url + "/spex/stats", params=params).json()
+
+
+_TARGETS = """
+import json
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_spex.config import SpexConfig
+from sglang_spex.srt import hooks
+hooks.register_all(SpexConfig(enabled={enabled}))
+print(json.dumps(sorted(HookRegistry._hooks)))
+"""
+
+
+def _registered_targets(enabled: bool) -> list:
+    code = _TARGETS.format(enabled=enabled)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_hooks_registered_only_with_speculation(spex_server):
+    assert _registered_targets(False) == ["sglang.srt.managers.scheduler.Scheduler.get_internal_state"]
+    on = _registered_targets(True)
+    for name in ("abort_request", "get_next_batch_to_run", "_get_new_batch_prefill_raw", "on_release", "add_one_req"):
+        assert any(t.endswith(name) for t in on), name
+    hooks = sched(spex_server.url)["hooks"]  # and on the live server every hook is still enabled
+    assert hooks and all(h["enabled"] for h in hooks.values()), hooks
+
+
+def _spec_batch(url: str, tag: str, n: int, new_tokens: int):
+    reqs = [body(words(8, i), new_tokens, f"spex:{tag}{i}:r.{i}:", "spec") for i in range(n)]
+    reqs += [body(words(8, 50 + i), new_tokens, f"spex:{tag}p{i}:r:", "primary") for i in range(2)]
+    return reqs
+
+
+def test_cap_holds_every_step_and_follows_runtime_changes(spex_server):
+    url = spex_server.url
+    wait_idle(url)
+    try:
+        assert post(url, "/spex/budget", {"k": 3})["scheduler"]["budget"] == 3
+        seq0 = _stats(url)["batch"]["seq"]
+        reqs = _spec_batch(url, "cap", 12, 96)
+        with cf.ThreadPoolExecutor(14) as ex:
+            futs = [ex.submit(requests.post, url + "/generate", json=b, timeout=300) for b in reqs]
+            wait_running(url, 3)
+            time.sleep(0.2)
+            post(url, "/spex/budget", {"k": 1})  # lowered while speculative requests run: excess is retracted
+            time.sleep(0.3)
+            post(url, "/spex/budget", {"k": 5})
+            outs = [f.result().json() for f in futs]
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none starves
+        hist = _stats(url, seq0)["batch"]["history"]
+        assert hist["lost"] == 0
+        rows = hist["rows"]
+        assert [r["step"] for r in rows] == list(range(seq0, seq0 + len(rows)))  # every step sampled
+        over = [r for r in rows if r["budget"] >= 0 and r["spec_total"] > r["budget"]]
+        assert not over, over[:3]
+        by_budget = {b: max((r["spec_total"] for r in rows if r["budget"] == b), default=0) for b in (1, 3, 5)}
+        print("max speculative requests per budget:", by_budget, "steps:", len(rows))
+        assert by_budget[3] == 3 and by_budget[5] == 5  # the cap binds (the check is not vacuous)
+        assert sched(url)["counters"].get("spec_retracted_for_budget", 0) > 0
+    finally:
+        post(url, "/spex/budget", {"k": 8})
+
+
+def _cancel_round(url: str, immediate: bool, n: int, tag: str):
+    post(url, "/spex/knobs", {"immediate_cancel": immediate})
+    before = sched(url)["cancel_extra_tokens_hist"]["immediate" if immediate else "plain"]
+    reqs = [body(words(8, i), 1500, f"spex:{tag}{i}:r:", "primary") for i in range(n)]
+    with cf.ThreadPoolExecutor(n) as ex:
+        futs = [ex.submit(requests.post, url + "/generate", json=b, timeout=300) for b in reqs]
+        wait_running(url, n)
+        time.sleep(0.2)
+        for i in range(n):
+            if i % 2:
+                post(url, "/spex/cancel", {"search_id": f"{tag}{i}"})
+            else:
+                requests.post(url + "/abort_request", json={"rid": f"spex:{tag}{i}:r:"})
+            time.sleep(0.02)
+        outs = [f.result().json() for f in futs]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+    wait_idle(url)
+    after = sched(url)["cancel_extra_tokens_hist"]["immediate" if immediate else "plain"]
+    return [a - b for a, b in zip(after, before)]
+
+
+def test_cancel_latency_at_most_one_token(spex_server):
+    url = spex_server.url
+    wait_idle(url)
+    n = 12
+    try:
+        plain = _cancel_round(url, False, n, "cp")
+        ours = _cancel_round(url, True, n, "ci")
+    finally:
+        post(url, "/spex/knobs", {"immediate_cancel": True})
+    print(f"tokens decoded after cancel, histogram [0,1,2,3,>=4]: SGLang abort {plain}; immediate cancel {ours}")
+    assert sum(plain) == n and sum(ours) == n  # every cancel of a running request was measured
+    assert sum(ours[2:]) == 0  # <= 1 extra token
+    assert ours[0] >= plain[0]  # never worse than SGLang's own abort
+
+
+async def _cycle(client: httpx.AsyncClient, url: str, i: int, rng: random.Random, kinds: dict) -> None:
+    role = rng.choice(["primary", "spec"])
+    sid = f"leak{i}"
+    payload = body(words(rng.randint(2, 12), rng.randint(0, 3)), rng.randint(1, 24), f"spex:{sid}:r:", role)
+    kind = rng.choice(["complete", "cancel", "abort", "disconnect"])
+    kinds[kind] = kinds.get(kind, 0) + 1
+    if kind == "complete":
+        await client.post(url + "/generate", json=payload)
+        await client.post(url + "/spex/release", json={"search_id": sid})  # the search ends
+    elif kind == "disconnect":
+        payload["stream"] = True
+        payload["sampling_params"]["max_new_tokens"] = 400
+        async with client.stream("POST", url + "/generate", json=payload) as r:
+            async for _ in r.aiter_lines():
+                break  # client goes away after the first chunk
+    else:
+        payload["sampling_params"]["max_new_tokens"] = 400
+        task = asyncio.create_task(client.post(url + "/generate", json=payload))
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
+        if kind == "cancel":
+            await client.post(url + "/spex/cancel", json={"search_id": sid})
+        else:
+            await client.post(url + "/abort_request", json={"rid": f"spex:{sid}:r:"})
+            await client.post(url + "/spex/release", json={"search_id": sid})
+        await task
+
+
+def test_no_kv_leak_after_1000_cycles(spex_server):
+    url = spex_server.url
+    base = wait_idle(url)
+    post(url, "/spex/release", {})
+    base = wait_idle(url)
+    kinds: dict = {}
+
+    async def main():
+        rng = random.Random(6)
+        sem = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as client:
+
+            async def one(i):
+                async with sem:
+                    await _cycle(client, url, i, random.Random(rng.random()), kinds)
+
+            await asyncio.gather(*(one(i) for i in range(1000)))
+
+    t0 = time.monotonic()
+    asyncio.run(main())
+    end = wait_idle(url)
+    print(f"1000 cycles {kinds} in {time.monotonic() - t0:.1f}s; pool before {base['pool']} after {end['pool']}")
+    b, e = base["pool"], end["pool"]
+    assert e["kv_available"] + e["kv_evictable"] == b["kv_available"] + b["kv_evictable"]
+    assert e["kv_protected"] == b["kv_protected"]
+    assert e["req_slots_free"] == b["req_slots_free"]
+    assert end["protection"]["locks"] == 0 and end["protection"]["pending"] == 0
+    assert end["watched_cancels"] == 0
+    assert "memory leak detected" not in Path(spex_server.log_path).read_text()
+    c0, c1 = base["counters"], end["counters"]
+    p0, p1 = base["protection"]["counters"], end["protection"]["counters"]
+    assert c1.get("cancel_immediate", 0) > c0.get("cancel_immediate", 0)  # running requests were cancelled
+    assert p1.get("protected", 0) > p0.get("protected", 0)  # and finished nodes were protected, then released
