@@ -44,6 +44,9 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     if id(app) in _installed_on:
         return
     _installed_on.add(id(app))
+    from sglang_spex.srt import search_routes
+
+    search_routes.install(app, cfg)  # /tot/search* (sglang_spex.srt.search_routes)
     install_profile_routes(app, cfg)  # /spex/profile (sglang_spex.profile.routes)
 
     @app.get("/spex/info")

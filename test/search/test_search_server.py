@@ -1,0 +1,108 @@
+"""Each policy end-to-end through a real SGLang CPU server (tiny model): server-side (POST /tot/search, the
+loop inside the SGLang server) and client-side (HttpPort), reproducibility, rewards and failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_spex.tot.http_port import HttpPort
+from sglang_spex.tot.search import run_batch, run_search
+from sglang_spex.tot.spec import SearchSpec
+
+from .helpers import (
+    QUESTION,
+    SMALL_POLICIES,
+    CallbackServer,
+    check_well_formed,
+    engine_load,
+    post_search,
+    spec,
+    tree_signature,
+)
+
+pytestmark = pytest.mark.server
+
+
+@pytest.mark.parametrize("policy", list(SMALL_POLICIES))
+def test_policy_server_side(spex_server, policy):
+    r = post_search(spex_server.url, {"spec": spec(SMALL_POLICIES[policy]), "question": QUESTION, "reference": "19"})
+    assert r.status_code == 200, r.text
+    res = r.json()
+    check_well_formed(res, policy)
+    assert res["correct"] in (True, False)
+    if policy in ("rstar", "rest"):
+        assert any(n["visits"] > 0 for n in res["nodes"])
+
+
+@pytest.mark.parametrize("policy", list(SMALL_POLICIES))
+async def test_policy_client_side(spex_server, policy):
+    port = HttpPort(spex_server.url)
+    try:
+        res = await run_search(SearchSpec.from_dict(spec(SMALL_POLICIES[policy])), QUESTION, port, reference="19")
+    finally:
+        await port.close()
+    check_well_formed(res.to_dict(), policy)
+
+
+def test_same_seed_same_tree(spex_server):
+    """Node texts and rewards are a function of (seed, path): two runs, and the client-side run, agree."""
+    for policy in ("rebase", "rstar"):
+        body = {"spec": spec(SMALL_POLICIES[policy], seed=1234), "question": QUESTION}
+        a, b = (post_search(spex_server.url, body).json() for _ in range(2))
+        assert tree_signature(a) == tree_signature(b), policy
+        other = post_search(spex_server.url, {**body, "spec": spec(SMALL_POLICIES[policy], seed=99)}).json()
+        assert [n["text"] for n in other["nodes"]] != [n["text"] for n in a["nodes"]]
+
+
+async def test_client_side_matches_server_side_and_batches(spex_server):
+    body = spec(SMALL_POLICIES["rebase"], seed=7)
+    server = post_search(spex_server.url, {"spec": body, "question": QUESTION}).json()
+    port = HttpPort(spex_server.url)
+    try:
+        results = await run_batch(SearchSpec.from_dict(body), [QUESTION, "What is 3 + 4?"], port, concurrency=2)
+    finally:
+        await port.close()
+    assert tree_signature(results[0].to_dict()) == tree_signature(server)
+    assert results[1].question == "What is 3 + 4?" and results[1].status == "done"
+
+
+def test_failing_reward_marks_node_failed_and_search_completes(spex_server):
+    import time
+
+    def score(body):
+        if body["path"].endswith(".1"):
+            raise RuntimeError("reward model down")
+        if body["path"] == "r.2":
+            time.sleep(3)  # past reward_timeout
+        return 0.25
+
+    cb = CallbackServer(score)
+    try:
+        body = spec(
+            {"name": "rebase", "width": 3, "max_depth": 2},
+            reward={"type": "callback", "url": cb.url},
+            reward_timeout=1.0,
+        )
+        res = post_search(spex_server.url, {"spec": body, "question": QUESTION}).json()
+    finally:
+        cb.close()
+    assert res["status"] == "done"
+    failed = {f["path"]: f["error"] for f in res["failures"]}
+    assert "r.1" in failed and "500" in failed["r.1"]
+    assert "timed out" in failed["r.2"]
+    nodes = {n["path"]: n for n in res["nodes"]}
+    assert nodes["r.1"]["status"] == "failed" and nodes["r.0"]["status"] == "done"
+    assert nodes["r.0"]["reward"] == 0.25 and any(p.startswith("r.0.") for p in nodes)  # the search went on
+    assert not any(p.startswith("r.1.") or p.startswith("r.2.") for p in nodes)  # failed nodes are not expanded
+    assert engine_load(spex_server.url) == 0
+
+
+def test_prm_and_logprob_rewards(spex_server):
+    prm = {"type": "prm", "url": spex_server.url, "good_token": "a", "bad_token": "b"}
+    for reward in (prm, {"type": "logprob"}, {**prm, "mode": "mean_logprob"}):
+        res = post_search(
+            spex_server.url, {"spec": spec(SMALL_POLICIES["rebase"], reward=reward), "question": QUESTION}
+        ).json()
+        assert res["status"] == "done" and not res["failures"], res["failures"]
+        rewards = [n["reward"] for n in res["nodes"] if n["path"] != "r"]
+        assert all(0.0 <= r <= 1.0 for r in rewards), rewards
