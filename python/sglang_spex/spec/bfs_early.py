@@ -19,10 +19,19 @@ def remaining_width(width: int, finished_before: int) -> int:
     return max(0, width - finished_before)
 
 
-def predicted_widths(known: Sequence[Node], width_left: int, temperature: float) -> Dict[str, int]:
-    """Width per known, unfinished node of the current depth from the scores known so far."""
-    cands = [n for n in known if n.status == DONE and not n.is_terminal]
-    widths = allocate_widths([node_score(n) for n in cands], width_left, temperature)
+def predicted_widths(level: Sequence[Node], width_left: int, temperature: float) -> Dict[str, int]:
+    """Width per scored, unfinished node of the current depth, from the scores known so far.
+
+    Siblings still generating are counted with the mean known score (they will compete for the same width),
+    so an early finisher is not handed the whole width.
+    """
+    cands = [n for n in level if n.status == DONE and not n.is_terminal]
+    pending = sum(1 for n in level if n.status not in (DONE, "failed", "cancelled"))
+    if not cands:
+        return {}
+    scores = [node_score(n) for n in cands]
+    guess = float(sum(scores) / len(scores))
+    widths = allocate_widths(scores + [guess] * pending, width_left, temperature)
     return {n.path: w for n, w in zip(cands, widths)}
 
 

@@ -171,24 +171,41 @@ class SpexContext(SearchContext):
                 out += self._expansion(self.tree.get(parent), width, 1)
             return out[:limit]
         branch = getattr(self.params, "branch", 3)
-        k = self.settings.lookahead
-        # 1) the next k expansions the policy will make (UCB simulation on a copy of the statistics)
-        busy = {p for p, st in self.stats.items() if st.generating} | {e.node.parent.path for e in self.store}
+        busy = {st.parent for st in self.stats.values() if st.generating and st.parent is not None}
+        busy |= {e.node.parent.path for e in self.store if e.state == RUNNING}
         knobs = {"w": getattr(self.params, "exploration_weight", 2.0),
                  "c": getattr(self.params, "exploration_constant", 0.7), "inf": getattr(self.params, "inf", 1.0)}
-        rngs = dfs_lookahead.rollout_rngs(super().rng, ROLLOUT_LABELS[self.policy_name], self.next_rollout, 2 * k)
-        for path, distance in dfs_lookahead.predict_expansions(
-            mcts.copy_stats(self.stats), self.tree.root.path, self.policy_name, rngs, k, busy, knobs
+        # the current rollout (its simulation path is replayed exactly) and the next k-1
+        start = max(0, self.next_rollout - 1)
+        rngs = dfs_lookahead.rollout_rngs(super().rng, ROLLOUT_LABELS[self.policy_name], start, self.settings.lookahead)
+        for exp in dfs_lookahead.predict_expansions(
+            self.stats, self.tree.root.path, self.policy_name, rngs, busy, branch=branch,
+            max_depth=self.max_depth, lookup=self._facts, knobs=knobs, limit=4 * limit,
         ):
-            out += self._expansion(self.tree.get(path), branch, distance)
-        # 2) below finished speculative nodes (rollouts descend into them), newest prefix first
-        for e in sorted(self.store, key=lambda e: (e.distance, -e.issued_at)):
-            n = e.node
-            if e.state == READY and n.status == DONE and not n.is_terminal and e.distance < k:
-                out += self._expansion(n, branch, e.distance + 1)
+            node = self._available(exp.path)
+            if node is not None:
+                out += self._expansion(node, branch, exp.distance)
             if len(out) >= limit:
                 break
         return out[:limit]
+
+    def _facts(self, path: str) -> Optional[dfs_lookahead.NodeFacts]:
+        e = self.store.get(path)
+        if e is None or e.state == RUNNING:
+            return None
+        n = e.node
+        reward = (n.reward or 0.0) if n.status == DONE and n.answer is not None else None  # rSTAR terminal reward
+        return dfs_lookahead.NodeFacts(terminal=n.is_terminal, failed=n.status != DONE, reward=reward)
+
+    def _available(self, path: str) -> Optional[Node]:
+        """The finished, non-terminal node at ``path`` (primary tree or a ready speculative one), if any."""
+        node = self.tree.nodes.get(path)
+        if node is None:
+            e = self.store.get(path)
+            node = e.node if e is not None and e.state == READY else None
+        if node is None or node.status != DONE or node.is_terminal:
+            return None
+        return node
 
     def _bfs_early(self, node: Node) -> None:
         """A node of the current depth is scored: predict its width from the scores known so far."""
