@@ -31,7 +31,7 @@ def smollm2_model() -> str:
 @pytest.fixture(scope="session")
 def spex_server(tiny_model):
     """Tiny Llama served with --tot-speculation (the plugin's hooks active)."""
-    srv = _server(["--model-path", tiny_model, "--tot-speculation", "--tot-k-total", "8"])
+    srv = _server(["--model-path", tiny_model, "--tot-speculation", "--tot-k-total", "8", "--enable-metrics"])
     yield srv
     srv.stop()
 

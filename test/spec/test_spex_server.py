@@ -66,3 +66,30 @@ def test_bfs_misses_are_aborted_and_freed(spex_server):
     assert acc["issued"] > 0 and acc["hits"] > 0
     assert acc["cancelled"] + acc["never_used"] > 0  # REBASE's early widths over-predict: misses exist
     assert engine_idle(spex_server.url)  # nothing of the search is left running in SGLang
+
+
+def _server_search(url: str, policy: dict, speculation=None) -> dict:
+    body = {"question": "What is 12 + 7?", "spec": {**make_spec(policy).to_dict(), "speculation": speculation}}
+    r = requests.post(url + "/tot/search", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_server_side_search_runs_spex_and_reports(spex_server):
+    policy = POLICIES["rstar"]
+    base = _server_search(spex_server.url, policy, {"enabled": False})
+    spx = _server_search(spex_server.url, policy, {"components": ["t1", "t2"]})
+    sig = lambda res: [(n["path"], n["text"], n["reward"]) for n in sorted(res["nodes"], key=lambda n: n["path"])]
+    assert sig(spx) == sig(base)
+    assert base["speculation"]["issued"] == 0
+    acc = spx["speculation"]
+    assert acc["issued"] > 0 and acc["hits"] > 0 and acc["settings"]["k_total"] == 8
+    metrics = requests.get(spex_server.url + "/metrics", timeout=30).text
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("spex_spec_hits_total"))
+    assert float(line.split()[-1]) >= acc["hits"]
+
+
+def test_bad_speculation_override_is_a_400(spex_server):
+    body = {"question": "q", "spec": {**make_spec(POLICIES["rstar"]).to_dict(), "speculation": {"lookahead": -1}}}
+    r = requests.post(spex_server.url + "/tot/search", json=body, timeout=60)
+    assert r.status_code == 400 and "speculation.lookahead" in r.text

@@ -17,7 +17,7 @@ import functools
 import logging
 import random
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.spec import bfs_early, dfs_lookahead
@@ -74,8 +74,16 @@ class SpecBudget:
 class SpexContext(SearchContext):
     """SearchContext with T1 (DFS lookahead / BFS early expansion), T2 shares and T3 early stop."""
 
-    def __init__(self, *args: Any, settings: SpexConfig, budget: SpecBudget, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        settings: SpexConfig,
+        budget: SpecBudget,
+        on_finish: Optional[Callable[["SpexContext"], Awaitable[None]]] = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
+        self.on_finish = on_finish
         self.settings = resolve(settings, self.spec.speculation)
         self.budget = budget
         self.store = SpecStore()
@@ -316,6 +324,11 @@ class SpexContext(SearchContext):
         )
         self.acc.primary_requests = self.num_requests
         self.budget.unregister(self)
+        if self.on_finish is not None:
+            try:
+                await self.on_finish(self)
+            except Exception:  # reporting must never fail a search
+                logger.exception("spex: on_finish callback failed for search %s", self.search_id)
 
     async def close(self) -> None:
         try:
@@ -330,8 +343,10 @@ class SpexContext(SearchContext):
         return d
 
 
-def context_factory(settings: SpexConfig, budget: Optional[SpecBudget] = None):
+def make_budget(settings: SpexConfig) -> SpecBudget:
+    return SpecBudget(settings.k_total, settings.budget_temperature, settings.min_share, use_t2=settings.has("t2"))
+
+
+def context_factory(settings: SpexConfig, budget: Optional[SpecBudget] = None, on_finish=None):
     """A ``context_factory`` for ``run_search``/``run_batch``: SPEX contexts sharing one T2 budget."""
-    budget = budget or SpecBudget(settings.k_total, settings.budget_temperature, settings.min_share,
-                                  use_t2=settings.has("t2"))
-    return functools.partial(SpexContext, settings=settings, budget=budget)
+    return functools.partial(SpexContext, settings=settings, budget=budget or make_budget(settings), on_finish=on_finish)

@@ -48,6 +48,9 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
 
     search_routes.install(app, cfg)  # /tot/search* (sglang_spex.srt.search_routes)
     install_profile_routes(app, cfg)  # /spex/profile (sglang_spex.profile.routes)
+    from sglang_spex.srt import spex_service
+
+    spex_service.install(app, cfg)  # server-side searches run SPEX under --tot-speculation
 
     @app.get("/spex/info")
     async def _info():

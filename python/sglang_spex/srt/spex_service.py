@@ -1,0 +1,63 @@
+"""SPEX in the server: server-side searches run as SpexContexts sharing one T2 budget.
+
+Installed by ``routes.install`` under ``--tot-speculation``. ``--tot-k-total auto`` starts at the runner's
+default and takes the roofline knee once the profile is ready (cached, or measured when the first search
+arrives — the profiler also starts measuring in the background once the server is healthy). At the end of
+each search its accounting goes to ``/metrics`` and its radix-cache protection is released in the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Optional
+
+from sglang_spex.config import SpexConfig
+from sglang_spex.spec.runner import SpecBudget, SpexContext, context_factory, make_budget
+from sglang_spex.srt import metrics
+
+logger = logging.getLogger(__name__)
+
+_budget: Optional[SpecBudget] = None
+
+
+def budget() -> Optional[SpecBudget]:
+    return _budget
+
+
+async def _on_finish(ctx: SpexContext) -> None:
+    metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated)
+    from sglang_spex.srt import control
+    from sglang_spex.srt.routes import tokenizer_manager
+
+    await control.send(tokenizer_manager(), control.SpexControlReq(op="release", search_id=ctx.search_id))
+
+
+async def _resolve_auto_k_total(cfg: SpexConfig, b: SpecBudget) -> None:
+    from sglang_spex.profile.routes import server_k_total
+
+    try:
+        b.k_total = await server_k_total(cfg)
+        logger.info("spex: k_total=%d from the roofline profile", b.k_total)
+    except Exception:
+        logger.exception("spex: roofline profile failed; keeping k_total=%d", b.k_total)
+
+
+def install(app, cfg: SpexConfig) -> None:
+    """Make the search service run SPEX contexts (no-op without --tot-speculation)."""
+    global _budget
+    if not cfg.enabled:
+        return
+    from sglang_spex.srt import search_routes
+
+    _budget = b = make_budget(cfg)
+    factory = context_factory(cfg, b, on_finish=_on_finish)
+    pending = [cfg.k_total is None]
+
+    def make(*args, **kwargs) -> SpexContext:
+        if pending[0]:  # --tot-k-total auto: resolve once, in the background, on the first search
+            pending[0] = False
+            asyncio.ensure_future(_resolve_auto_k_total(cfg, b))
+        return factory(*args, **kwargs)
+
+    search_routes.service().context_factory = make
