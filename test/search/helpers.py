@@ -22,8 +22,14 @@ SMALL_POLICIES = {
 }
 
 
+# The shared test server runs --tot-speculation; these tests check the baseline core, so each search turns
+# SPEX off for itself (a per-search override the server passes to its SPEX context).
+BASELINE = {"enabled": False}
+
+
 def spec(policy: dict, reward: Optional[dict] = None, seed: int = 0, **kw) -> dict:
-    return {"policy": policy, "step": {**STEP, **kw.pop("step", {})}, "reward": reward or ARITH, "seed": seed, **kw}
+    step = {**STEP, **kw.pop("step", {})}
+    return {"policy": policy, "step": step, "reward": reward or ARITH, "seed": seed, "speculation": BASELINE, **kw}
 
 
 def post_search(url: str, body: dict, timeout: float = 300) -> requests.Response:

@@ -31,7 +31,10 @@ def extract_answer(text: str, pattern: Extractor) -> Optional[str]:
 
 
 def clean_answer(ans: str) -> str:
-    ans = ans.strip().rstrip(".").strip()
+    ans = ans.strip().rstrip(".").strip().strip("$").strip()
+    boxed = re.fullmatch(r"\\boxed\{(.*)\}", ans)
+    if boxed:
+        ans = boxed.group(1)
     if ans.endswith("}") and ans.count("}") > ans.count("{"):
         ans = ans[:-1]
     return ans.strip().strip("$").strip()

@@ -38,5 +38,11 @@ class HttpPort(EnginePort):
         for rid in [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]:
             await self.client.post(self.base_url + "/abort_request", json={"rid": rid})
 
+    async def promote(self, rid: str) -> None:
+        try:  # a sglang-spex server raises it to primary rank; any other server answers 404: ignore
+            await self.client.post(self.base_url + "/spex/promote", json={"rid": rid})
+        except httpx.HTTPError:
+            pass
+
     async def close(self) -> None:
         await self.client.aclose()
