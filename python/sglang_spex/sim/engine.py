@@ -188,6 +188,11 @@ class SimPort(EnginePort):
         if hit and self._wake is not None:
             self._wake.set()
 
+    async def promote(self, rid: str) -> None:
+        for r in self.waiting + self.running:
+            if r.req.rid == rid:
+                r.priority = max(r.priority, self.default_priority)
+
     async def stats(self) -> Dict[str, Any]:
         return {
             "inflight": len(self.waiting) + len(self.running),

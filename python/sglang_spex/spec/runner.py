@@ -116,6 +116,7 @@ class SpexContext(SearchContext):
         if entry is not None:
             in_flight = entry.state == RUNNING
             if entry.task is not None and not entry.task.done():
+                await self.port.promote(entry.node.rid)  # the search waits on it now: primary rank
                 await asyncio.shield(entry.task)
             if entry.node.status not in (CANCELLED, PENDING, GENERATING):
                 self._adopt(node, entry, in_flight)

@@ -21,7 +21,7 @@ from sglang_spex.srt.guard import HookGuard
 
 logger = logging.getLogger(__name__)
 
-OPS = ("budget", "cancel", "protect", "release", "set")
+OPS = ("budget", "cancel", "protect", "release", "set", "promote")
 KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction")
 
 
@@ -59,6 +59,8 @@ def apply(scheduler, req: SpexControlReq) -> None:
     elif req.op == "cancel":
         prefix = req.prefix or (f"spex:{req.search_id}:" if req.search_id else "")
         scheduling.cancel(scheduler, prefix, req.search_id)
+    elif req.op == "promote":
+        scheduling.promote(scheduler, req.prefix)
     elif req.op == "protect":
         guard.start_search(req.search_id)
     elif req.op == "release":

@@ -63,6 +63,13 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
         sid, prefix = str(body.get("search_id") or ""), str(body.get("rid_prefix") or "")
         return await _run(cfg, control.SpexControlReq(op="cancel", search_id=sid, prefix=prefix))
 
+    @app.post("/spex/promote")
+    async def _promote(request: Request):
+        rid = str((await _body(request)).get("rid") or "")
+        if not rid:
+            return JSONResponse({"error": "rid is required"}, status_code=400)
+        return await _run(cfg, control.SpexControlReq(op="promote", prefix=rid))
+
     @app.post("/spex/protect")
     async def _protect(request: Request):
         sid = str((await _body(request)).get("search_id") or "")

@@ -123,6 +123,17 @@ def _assign_priority(scheduler, req) -> None:
         req.priority = PRIMARY_DEFAULT_PRIORITY
 
 
+def promote(scheduler, rid: str) -> None:
+    """The search now waits on this speculative request: give it primary rank (waiting or running)."""
+    reqs = list(scheduler.waiting_queue) + list(getattr(scheduler.running_batch, "reqs", []) or [])
+    for req in reqs:
+        if getattr(req, "rid", None) == rid and is_spec(req):
+            _, search, node = classify(req)
+            req._spex_class = (ROLE_PRIMARY, search, node)
+            req.priority = PRIMARY_DEFAULT_PRIORITY
+            STATE.bump("promoted")
+
+
 def h_assign_priority(scheduler, req, *args, **kwargs):
     """BEFORE Scheduler._add_request_to_queue: speculative work ranks below every primary request."""
     G_RANK.run(_assign_priority, scheduler, req)
