@@ -50,8 +50,13 @@ def build_spec(preset: str, max_depth: int, step_tokens: int, seed: int) -> Sear
     return SearchSpec.from_dict(
         {
             "policy": policy,
-            "step": {"max_tokens": step_tokens, "stop": ["\n\n"], "temperature": 0.8, "prompt_template": PROMPT,
-                     "max_total_tokens": max_depth * step_tokens},
+            "step": {
+                "max_tokens": step_tokens,
+                "stop": ["\n\n"],
+                "temperature": 0.8,
+                "prompt_template": PROMPT,
+                "max_total_tokens": max_depth * step_tokens,
+            },
             "reward": {"type": "logprob"},
             "answer": {"aggregate": "weighted"},
             "task": "toy_add",
@@ -74,8 +79,14 @@ async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode
         kw["context_factory"] = context_factory(cfg, SpecBudget(k_total, cfg.budget_temperature, cfg.min_share))
     t0 = time.monotonic()
     try:
-        results = await run_batch(spec, [q.text for q in questions], port, concurrency=concurrency,
-                                  references=[q.reference for q in questions], **kw)
+        results = await run_batch(
+            spec,
+            [q.text for q in questions],
+            port,
+            concurrency=concurrency,
+            references=[q.reference for q in questions],
+            **kw,
+        )
     finally:
         await port.close()
     wall = time.monotonic() - t0
@@ -120,20 +131,28 @@ def main() -> None:
         runs = [(p, c, m) for p in policies for c in concs for m in MODES]
         for policy, conc, mode in tqdm(runs, desc="bench_tot"):
             spec = build_spec(policy, args.max_depth, args.step_tokens, args.seed)
-            row = {"policy": policy, "concurrency": conc, "mode": mode,
-                   **asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total))}
+            row = {
+                "policy": policy,
+                "concurrency": conc,
+                "mode": mode,
+                **asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total)),
+            }
             rows.append(row)
     finally:
         if server is not None:
             server.stop()
     base = {(r["policy"], r["concurrency"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
-    print(f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio':>6} {'acc':>5} {'tokens':>7} {'hits/issued':>12}")
+    print(
+        f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio':>6} {'acc':>5} {'tokens':>7} {'hits/issued':>12}"
+    )
     for r in rows:
         r["ratio"] = round(r["q_per_min"] / base[(r["policy"], r["concurrency"])], 3)
         s = r["speculation"] or {}
         hits = f"{s.get('hits', 0)}/{s.get('issued', 0)}" if s else "-"
-        print(f"{r['policy']:10} {r['concurrency']:>4} {r['mode']:12} {r['q_per_min']:>7.2f} {r['ratio']:>6.2f} "
-              f"{r['accuracy']:>5.2f} {r['tokens']:>7} {hits:>12}")
+        print(
+            f"{r['policy']:10} {r['concurrency']:>4} {r['mode']:12} {r['q_per_min']:>7.2f} {r['ratio']:>6.2f} "
+            f"{r['accuracy']:>5.2f} {r['tokens']:>7} {hits:>12}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"host_cpus": os.cpu_count(), "args": vars(args), "source": "real CPU SGLang server, SmolLM2-135M"}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

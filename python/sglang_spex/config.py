@@ -150,4 +150,3 @@ def parse_tot_args(argv: Sequence[str]) -> Tuple[SpexConfig, List[str]]:
 def replace(cfg: SpexConfig, **changes) -> SpexConfig:
     """A copy of ``cfg`` with ``changes`` applied and validated."""
     return dataclasses.replace(cfg, **changes).validate()
-

@@ -14,7 +14,9 @@ from sglang_spex.launch_server import CPU_DEFAULTS, build_sglang_args
 
 def run_launcher(*args):
     t = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "sglang_spex.launch_server", *args], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "sglang_spex.launch_server", *args], capture_output=True, text=True, timeout=120
+    )
     return p, time.monotonic() - t
 
 

@@ -8,7 +8,9 @@ PROMPTS = ["Step 1: add the numbers.", "Let us think step by step", "0 1 2 3"]
 
 
 def greedy(url: str, text: str, n: int = 16):
-    r = requests.post(url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0}})
+    r = requests.post(
+        url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
+    )
     r.raise_for_status()
     return r.json()["output_ids"]
 
@@ -37,7 +39,10 @@ def test_sampling_seed_is_batch_independent(spex_server):
     import concurrent.futures as cf
 
     def sample(seed):
-        body = {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": seed}}
+        body = {
+            "text": PROMPTS[1],
+            "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": seed},
+        }
         return requests.post(spex_server.url + "/generate", json=body).json()["output_ids"]
 
     alone = sample(11)

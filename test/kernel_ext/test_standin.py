@@ -72,13 +72,13 @@ def test_never_shadows_a_real_sgl_kernel(tmp_path):
     real = tmp_path / "sgl_kernel"
     real.mkdir()
     (real / "__init__.py").write_text("REAL = True\n")
-    code = textwrap.dedent(
-        """
+    code = textwrap.dedent("""
         import sgl_kernel
         print(getattr(sgl_kernel, "REAL", False), getattr(sgl_kernel, "__sgl_kernel_ext_standin__", False))
-        """
+        """)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True
     )
-    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True)
     assert out.stdout.split() == ["True", "False"], out.stderr
     off = subprocess.run(
         [sys.executable, "-c", "import sgl_kernel"], env={"SGL_KERNEL_EXT_DISABLE": "1"}, capture_output=True, text=True

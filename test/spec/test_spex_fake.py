@@ -6,12 +6,12 @@ import asyncio
 import random
 
 import pytest
+from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.spec.runner import context_factory
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.spec import SearchSpec, SpecError
-from unit.fake_port import FakePort
 
 POLICIES = {
     "rebase": {"name": "rebase", "width": 6, "max_depth": 3},
@@ -31,8 +31,13 @@ class JitterPort(FakePort):
 
 def make_spec(policy: dict, seed: int = 3, **spec_kw) -> SearchSpec:
     return SearchSpec.from_dict(
-        {"policy": policy, "step": {"max_tokens": 8}, "reward": {"type": "verifier", "name": "arith"}, "seed": seed,
-         **spec_kw}
+        {
+            "policy": policy,
+            "step": {"max_tokens": 8},
+            "reward": {"type": "verifier", "name": "arith"},
+            "seed": seed,
+            **spec_kw,
+        }
     )
 
 
@@ -58,8 +63,9 @@ def test_spex_t3_off_returns_the_baseline_tree(policy):
 def test_rstar_speculation_hits_and_saves_primary_requests():
     spec = make_spec(POLICIES["rstar"])
     base = asyncio.run(run_search(spec, "q", JitterPort()))
-    spx = asyncio.run(run_search(spec, "q", JitterPort(), context_factory=context_factory(
-        SpexConfig(enabled=True, k_total=8))))
+    spx = asyncio.run(
+        run_search(spec, "q", JitterPort(), context_factory=context_factory(SpexConfig(enabled=True, k_total=8)))
+    )
     assert spx.speculation["hits"] > 0
     assert spx.num_requests == base.num_requests - spx.speculation["hits"]
 
@@ -67,7 +73,9 @@ def test_rstar_speculation_hits_and_saves_primary_requests():
 def test_rebase_misses_are_cancelled_strictly():
     port = JitterPort()
     spec = make_spec({"name": "rebase", "width": 8, "max_depth": 3, "softmax_temperature": 0.2})
-    res = asyncio.run(run_search(spec, "q", port, context_factory=context_factory(SpexConfig(enabled=True, k_total=16))))
+    res = asyncio.run(
+        run_search(spec, "q", port, context_factory=context_factory(SpexConfig(enabled=True, k_total=16)))
+    )
     acc = res.speculation
     assert acc["issued"] > 0 and acc["hits"] > 0
     assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
@@ -95,8 +103,20 @@ def test_t2_budget_is_shared_across_queries():
 
 def test_bad_speculation_override_names_the_field():
     with pytest.raises(SpecError, match="speculation.lookahead"):
-        asyncio.run(run_search(make_spec(POLICIES["rstar"], speculation={"lookahead": 0}), "q", FakePort(),
-                               context_factory=context_factory(SpexConfig(enabled=True))))
+        asyncio.run(
+            run_search(
+                make_spec(POLICIES["rstar"], speculation={"lookahead": 0}),
+                "q",
+                FakePort(),
+                context_factory=context_factory(SpexConfig(enabled=True)),
+            )
+        )
     with pytest.raises(SpecError, match="speculation.bogus"):
-        asyncio.run(run_search(make_spec(POLICIES["rstar"], speculation={"bogus": 1}), "q", FakePort(),
-                               context_factory=context_factory(SpexConfig(enabled=True))))
+        asyncio.run(
+            run_search(
+                make_spec(POLICIES["rstar"], speculation={"bogus": 1}),
+                "q",
+                FakePort(),
+                context_factory=context_factory(SpexConfig(enabled=True)),
+            )
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sglang_spex.serve import ServerProcess
 
 SMALL_POOL_TOKENS = 1200  # room for about four 280-token requests: too small for the ranking workload

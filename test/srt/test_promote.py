@@ -13,8 +13,12 @@ def test_promote_running_speculative_request(spex_server):
     body = {
         "text": "Step 1: add the numbers.",
         "rid": rid,
-        "sampling_params": {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True,
-                            "custom_params": {"spex_role": "spec", "spex_search": "promo1", "spex_node": "r.0"}},
+        "sampling_params": {
+            "max_new_tokens": 1500,
+            "temperature": 0,
+            "ignore_eos": True,
+            "custom_params": {"spex_role": "spec", "spex_search": "promo1", "spex_node": "r.0"},
+        },
     }
     out = {}
     t = threading.Thread(target=lambda: out.update(requests.post(url + "/generate", json=body, timeout=300).json()))

@@ -64,8 +64,18 @@ class SpecAccounting:
         return d
 
     def merge(self, other: "SpecAccounting") -> None:
-        for name in ("issued", "hits", "cancelled", "never_used", "in_flight_adopted", "primary_tokens",
-                     "spec_tokens", "wasted_tokens", "primary_requests", "early_stop_skipped_nodes"):
+        for name in (
+            "issued",
+            "hits",
+            "cancelled",
+            "never_used",
+            "in_flight_adopted",
+            "primary_tokens",
+            "spec_tokens",
+            "wasted_tokens",
+            "primary_requests",
+            "early_stop_skipped_nodes",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cancel_latency_ms += other.cancel_latency_ms
         self.early_stopped = self.early_stopped or other.early_stopped

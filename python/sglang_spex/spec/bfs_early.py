@@ -35,7 +35,9 @@ def predicted_widths(level: Sequence[Node], width_left: int, temperature: float)
     return {n.path: w for n, w in zip(cands, widths)}
 
 
-def split_on_frontier(spec_children: Sequence[Tuple[str, str, int]], chosen: Dict[str, int]) -> Tuple[List[str], List[str]]:
+def split_on_frontier(
+    spec_children: Sequence[Tuple[str, str, int]], chosen: Dict[str, int]
+) -> Tuple[List[str], List[str]]:
     """(keep, cancel) among speculative children given as (path, parent_path, index) once widths are final."""
     keep, cancel = [], []
     for path, parent, index in spec_children:

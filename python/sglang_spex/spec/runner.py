@@ -182,14 +182,25 @@ class SpexContext(SearchContext):
         branch = getattr(self.params, "branch", 3)
         busy = {st.parent for st in self.stats.values() if st.generating and st.parent is not None}
         busy |= {e.node.parent.path for e in self.store if e.state == RUNNING}
-        knobs = {"w": getattr(self.params, "exploration_weight", 2.0),
-                 "c": getattr(self.params, "exploration_constant", 0.7), "inf": getattr(self.params, "inf", 1.0)}
+        knobs = {
+            "w": getattr(self.params, "exploration_weight", 2.0),
+            "c": getattr(self.params, "exploration_constant", 0.7),
+            "inf": getattr(self.params, "inf", 1.0),
+        }
         # the current rollout (its simulation path is replayed exactly) and the next k-1
         start = max(0, self.next_rollout - 1)
         rngs = dfs_lookahead.rollout_rngs(super().rng, ROLLOUT_LABELS[self.policy_name], start, self.settings.lookahead)
         for exp in dfs_lookahead.predict_expansions(
-            self.stats, self.tree.root.path, self.policy_name, rngs, busy, branch=branch,
-            max_depth=self.max_depth, lookup=self._facts, knobs=knobs, limit=4 * limit,
+            self.stats,
+            self.tree.root.path,
+            self.policy_name,
+            rngs,
+            busy,
+            branch=branch,
+            max_depth=self.max_depth,
+            lookup=self._facts,
+            knobs=knobs,
+            limit=4 * limit,
         ):
             node = self._available(exp.path)
             if node is not None:
@@ -339,8 +350,12 @@ class SpexContext(SearchContext):
 
     def extra_result(self) -> Optional[Dict[str, Any]]:
         d = self.acc.to_dict()
-        d["settings"] = {"components": list(self.settings.components), "lookahead": self.settings.lookahead,
-                         "early_stop": self.early.enabled, "k_total": self.budget.k_total}
+        d["settings"] = {
+            "components": list(self.settings.components),
+            "lookahead": self.settings.lookahead,
+            "early_stop": self.early.enabled,
+            "k_total": self.budget.k_total,
+        }
         return d
 
 
@@ -350,4 +365,6 @@ def make_budget(settings: SpexConfig) -> SpecBudget:
 
 def context_factory(settings: SpexConfig, budget: Optional[SpecBudget] = None, on_finish=None):
     """A ``context_factory`` for ``run_search``/``run_batch``: SPEX contexts sharing one T2 budget."""
-    return functools.partial(SpexContext, settings=settings, budget=budget or make_budget(settings), on_finish=on_finish)
+    return functools.partial(
+        SpexContext, settings=settings, budget=budget or make_budget(settings), on_finish=on_finish
+    )

@@ -22,8 +22,20 @@ FAILED = "failed"
 
 # Result fields copied from a speculative node into the primary node on adoption.
 ADOPTED_FIELDS = (
-    "text", "status", "num_tokens", "prompt_tokens", "cached_tokens", "logprobs", "finish_reason", "reward",
-    "is_terminal", "answer", "error", "latency", "rid", "seed",
+    "text",
+    "status",
+    "num_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "logprobs",
+    "finish_reason",
+    "reward",
+    "is_terminal",
+    "answer",
+    "error",
+    "latency",
+    "rid",
+    "seed",
 )
 
 
@@ -83,7 +95,7 @@ class SpecStore:
 
     def children_of(self, parent_path: str) -> List[SpecEntry]:
         prefix = parent_path + "."
-        return [e for p, e in self.entries.items() if p.startswith(prefix) and "." not in p[len(prefix):]]
+        return [e for p, e in self.entries.items() if p.startswith(prefix) and "." not in p[len(prefix) :]]
 
     def subtree(self, path: str) -> List[SpecEntry]:
         prefix = path + "."

@@ -58,7 +58,7 @@ def _h1_report_state(result, scheduler, *args, **kwargs):
     return result
 
 
-def _random_seeds(n: int, device) -> "torch.Tensor":
+def _random_seeds(n: int, device):
     import torch
 
     return torch.randint(0, 2**62, (n,), dtype=torch.int64, device=device)

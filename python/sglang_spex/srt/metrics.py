@@ -34,7 +34,8 @@ def _init() -> Optional[Dict[str, object]]:
 
             _metrics = {k: Counter(f"spex_{k}", doc) for k, doc in _COUNTERS.items()}
             _metrics["cancel_latency"] = Histogram(
-                "spex_cancel_latency_seconds", "decision-to-freed latency of speculative cancels",
+                "spex_cancel_latency_seconds",
+                "decision-to-freed latency of speculative cancels",
                 buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             )
         except Exception:  # metrics must never break a search
@@ -53,9 +54,14 @@ def record_search(accounting: Optional[dict], primary_requests: int, primary_tok
     m["tokens_primary"].inc(primary_tokens)
     if not accounting:
         return
-    for key, field in (("spec_issued", "issued"), ("spec_hits", "hits"), ("spec_cancelled", "cancelled"),
-                       ("spec_never_used", "never_used"), ("tokens_spec", "spec_tokens"),
-                       ("tokens_wasted", "wasted_tokens")):
+    for key, field in (
+        ("spec_issued", "issued"),
+        ("spec_hits", "hits"),
+        ("spec_cancelled", "cancelled"),
+        ("spec_never_used", "never_used"),
+        ("tokens_spec", "spec_tokens"),
+        ("tokens_wasted", "wasted_tokens"),
+    ):
         m[key].inc(accounting.get(field, 0))
     if accounting.get("early_stopped"):
         m["early_stops"].inc()
