@@ -41,8 +41,16 @@ ROLLOUT_LABELS = {"rstar": "rollout", "rest": "iteration"}
 class SpecBudget:
     """T2 across the live searches of one server (or one client-side batch)."""
 
-    def __init__(self, k_total: Optional[int], temperature: float = 1.0, min_share: int = 1, use_t2: bool = True):
+    def __init__(
+        self,
+        k_total: Optional[int],
+        temperature: float = 1.0,
+        min_share: int = 1,
+        use_t2: bool = True,
+        engine_primary: Optional[Callable[[], Optional[int]]] = None,
+    ):
         self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
+        self.engine_primary = engine_primary  # live primary load of the engine (other clients' traffic too)
         self.temperature = temperature
         self.min_share = min_share
         self.use_t2 = use_t2
@@ -57,6 +65,9 @@ class SpecBudget:
     def available(self) -> int:
         """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
         primary = sum(len(c.inflight) for c in self.contexts)
+        if self.engine_primary is not None:
+            live = self.engine_primary()
+            primary = max(primary, live) if live is not None else primary
         return effective_k_total(self.k_total, primary, knee=self.k_total)
 
     def share(self, ctx: "SpexContext") -> int:

@@ -19,6 +19,34 @@ from sglang_spex.srt import metrics
 logger = logging.getLogger(__name__)
 
 _budget: Optional[SpecBudget] = None
+_reader = None
+_last_step = [0.0]
+
+
+def engine_primary() -> Optional[int]:
+    """Primary requests running or waiting in the scheduler, from the batch-stats ring (H13); feeds the latest
+    step time to the profile's drift monitor (re-profiles in the background when it drifts > 20%)."""
+    global _reader
+    try:
+        if _reader is None:
+            from sglang_spex.srt.batch_stats import StatsReader
+
+            _reader = StatsReader()
+        row = _reader.latest()
+    except Exception:
+        return None
+    if not row or row.get("mode") != 2:  # decode rows hold the whole running batch
+        return None
+    step_s, batch = row.get("step_s", float("nan")), int(row.get("batch_size", 0))
+    if row.get("mode") == 2 and step_s == step_s and row.get("time", 0.0) != _last_step[0]:
+        _last_step[0] = row["time"]
+        try:
+            from sglang_spex.profile.routes import manager
+
+            manager().observe(batch, step_s)
+        except Exception:
+            pass
+    return int(row.get("n_primary", 0) + row.get("waiting", 0) - row.get("waiting_spec", 0))
 
 
 def budget() -> Optional[SpecBudget]:
@@ -51,6 +79,7 @@ def install(app, cfg: SpexConfig) -> None:
     from sglang_spex.srt import search_routes
 
     _budget = b = make_budget(cfg)
+    b.engine_primary = engine_primary
     factory = context_factory(cfg, b, on_finish=_on_finish)
     pending = [cfg.k_total is None]
 
