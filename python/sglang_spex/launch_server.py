@@ -20,7 +20,9 @@ CPU_DEFAULTS = {
     "--attention-backend": "torch_native",
     "--sampling-backend": "pytorch",
     "--max-total-tokens": "32768",
-    "--mem-fraction-static": "0.05",
+    # SGLang sizes KV as (available after load) - (1 - f) * (available before load): with a small f, memory
+    # other processes take meanwhile makes startup fail; --max-total-tokens caps the pool anyway.
+    "--mem-fraction-static": "0.5",
     "--dtype": "bfloat16",
     "--disable-overlap-schedule": None,
     "--sleep-on-idle": None,
