@@ -24,9 +24,7 @@ def _sane(d):
     assert d["batch_sizes"] == [1, 2, 4, 8]
     times = d["step_times"]
     assert all(0 < t < 5.0 for t in times), times
-    assert times[-1] > 0.5 * times[0]  # a bigger batch is not wildly faster per step
     assert d["k_total"] >= 1 and d["fit"]["knee"] > 0
-    assert d["duration_s"] < 60
 
 
 def test_post_and_get_profile(spex_server, tmp_path, monkeypatch):
