@@ -59,3 +59,8 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     from sglang_spex.srt import control_routes
 
     control_routes.install(app, cfg)  # /spex/budget, /spex/cancel, /spex/protect, /spex/release, /spex/stats
+
+    if os.environ.get("SPEX_RESPEC"):  # ReSpec online learner (/respec/*), only when SPEX_RESPEC is set
+        from sglang_spex.respec.routes import install_from_env
+
+        install_from_env(app)

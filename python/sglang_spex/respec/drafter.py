@@ -1,0 +1,379 @@
+"""EAGLE-3 draft model for a Llama-family target, in the checkpoint format SGLang's ``LlamaForCausalLMEagle3`` loads.
+
+Architecture (mirrors ``sglang/srt/models/llama_eagle3.py``):
+
+- ``fc``: Linear(k·H_target → H, no bias) fusing the target's hidden states captured at ``aux_layer_ids``
+  (SGLang capture indices = HF ``output_hidden_states`` indices = the *input* of that target layer; default
+  ``{2, N/2, N−3}``);
+- one decoder layer whose attention input is ``cat(input_layernorm(embed), hidden_norm(fused))`` (2H);
+- final ``norm``; its own ``lm_head`` over a reduced draft vocabulary with ``d2t`` (draft id → target id offset)
+  and ``t2d`` (bool mask over the target vocabulary).
+
+The embedding is the target's (frozen; SGLang replaces the draft's with the target's via ``set_embed``).
+Checkpoint names: ``embed_tokens.weight``, ``fc.weight``, ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
+``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}
+.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` — SGLang's ``load_weights`` prefixes ``model.``
+and stacks q/k/v and gate/up itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCH = "LlamaForCausalLMEagle3"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# Parameters never pushed by a hot-swap: the embedding is shared with the target inside SGLang, and the vocabulary
+# mapping (d2t/t2d) is read once when the draft worker starts.
+NOT_HOT_SWAPPED = ("embed_tokens.weight", "d2t", "t2d")
+
+
+def default_aux_layers(num_layers: int) -> List[int]:
+    """EAGLE-3's capture layers {2, N/2, N−3}; for very shallow targets, every layer input up to three."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if num_layers >= 6 and len(set(ids)) == 3:
+        return ids
+    return sorted(set(range(num_layers)))[:3]
+
+
+@dataclass
+class DrafterConfig:
+    """Shape of the draft model; ``from_target`` copies the attention/MLP shape from a target HF config."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: List[int] = field(default_factory=list)
+    target_num_layers: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    bos_token_id: Optional[int] = None
+    eos_token_id: Optional[int] = None
+    pad_token_id: Optional[int] = None
+
+    @classmethod
+    def from_target(cls, target_cfg, draft_vocab_size: int, aux_layer_ids: Optional[Sequence[int]] = None):
+        n = target_cfg.num_hidden_layers
+        head_dim = getattr(target_cfg, "head_dim", None) or target_cfg.hidden_size // target_cfg.num_attention_heads
+        rope = getattr(target_cfg, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(target_cfg, "rope_theta", 10000.0))
+        ids = list(aux_layer_ids) if aux_layer_ids is not None else default_aux_layers(n)
+        if any(not 0 <= i < n for i in ids):
+            raise ValueError(f"aux_layer_ids {ids} must lie in [0, {n}) for a {n}-layer target")
+        return cls(
+            hidden_size=target_cfg.hidden_size,
+            intermediate_size=target_cfg.intermediate_size,
+            num_attention_heads=target_cfg.num_attention_heads,
+            num_key_value_heads=target_cfg.num_key_value_heads,
+            head_dim=head_dim,
+            vocab_size=target_cfg.vocab_size,
+            draft_vocab_size=min(draft_vocab_size, target_cfg.vocab_size),
+            target_hidden_size=target_cfg.hidden_size,
+            aux_layer_ids=ids,
+            target_num_layers=n,
+            rms_norm_eps=target_cfg.rms_norm_eps,
+            rope_theta=float(theta),
+            max_position_embeddings=target_cfg.max_position_embeddings,
+            bos_token_id=getattr(target_cfg, "bos_token_id", None),
+            eos_token_id=getattr(target_cfg, "eos_token_id", None),
+            pad_token_id=getattr(target_cfg, "pad_token_id", None),
+        )
+
+    def to_hf_dict(self) -> dict:
+        """The config.json SGLang reads (a LlamaConfig plus the EAGLE-3 fields)."""
+        return {
+            "architectures": [ARCH],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "num_aux_hidden_states": len(self.aux_layer_ids),
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "bfloat16",
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            # SGLang adds 1 to each id (capture at the *input* of layer id+1), so store capture index − 1.
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layer_ids],
+                "use_aux_hidden_state": True,
+            },
+            "respec": {"aux_layer_ids": self.aux_layer_ids, "target_num_layers": self.target_num_layers},
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "DrafterConfig":
+        if d.get("architectures") != [ARCH]:
+            raise ValueError(f"not an EAGLE-3 drafter config (architectures={d.get('architectures')})")
+        aux = [i + 1 for i in d["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        return cls(
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d["num_key_value_heads"],
+            head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
+            vocab_size=d["vocab_size"],
+            draft_vocab_size=d["draft_vocab_size"],
+            target_hidden_size=d.get("target_hidden_size", d["hidden_size"]),
+            aux_layer_ids=aux,
+            target_num_layers=d.get("respec", {}).get("target_num_layers", 0),
+            rms_norm_eps=d["rms_norm_eps"],
+            rope_theta=d.get("rope_theta") or d.get("rope_parameters", {}).get("rope_theta", 10000.0),
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding (HF Llama's rotate_half) on x: [B, heads, T, D], positions: [B, T]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    ang = positions.float()[..., None] * inv  # [B, T, D/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Eagle3Attention(nn.Module):
+    """Attention over a 2H input. ``forward`` supports the training-time-test layout: step 0 is causal over the
+    sequence; at step i > 0 position t also sees the keys of steps 1..i at position t (its own draft chain)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: List[Tuple[torch.Tensor, torch.Tensor]]):
+        """x: [B, T, 2H]; positions: [B, T]; cache: (k, v) of earlier steps, appended to in place."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        q = self.q_proj(x).view(b, t, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        q, k = _rope(q, positions, cfg.rope_theta), _rope(k, positions, cfg.rope_theta)
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        cache.append((k, v))
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        k0, v0 = cache[0]
+        s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        s0 = s0.masked_fill(~causal, float("-inf"))
+        if len(cache) == 1:
+            out = torch.softmax(s0.float(), -1).to(q.dtype) @ v0
+        else:
+            kd = torch.stack([kk for kk, _ in cache[1:]], 3)  # [B, nh, T, i, D]
+            vd = torch.stack([vv for _, vv in cache[1:]], 3)
+            sd = (q.unsqueeze(3) * kd).sum(-1) * scale  # [B, nh, T, i]
+            p = torch.softmax(torch.cat([s0, sd], -1).float(), -1).to(q.dtype)
+            out = p[..., :t] @ v0 + (p[..., t:].unsqueeze(-1) * vd).sum(3)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = Eagle3MLP(cfg)
+
+    def forward(self, embeds, hidden, positions, cache):
+        """Returns the pre-norm residual stream (SGLang's aux output, fed to the next draft step)."""
+        residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+        h = self.self_attn(x, positions, cache) + residual
+        return self.mlp(self.post_attention_layernorm(h)) + h
+
+
+class Eagle3Drafter(nn.Module):
+    """The draft model. ``step`` runs one (unrolled) draft step; ``fuse`` maps captured target states to H."""
+
+    def __init__(self, cfg: DrafterConfig, t2d: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        if t2d is None:
+            t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+            t2d[: cfg.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d.bool().clone(), persistent=True)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long), persistent=True)
+        self.set_vocab(self.t2d)
+
+    # -- vocabulary -------------------------------------------------------------------------------------------
+    def set_vocab(self, t2d: torch.Tensor) -> None:
+        """Use the target ids where ``t2d`` is True (ascending) as the draft vocabulary."""
+        t2d = t2d.bool()
+        ids = torch.nonzero(t2d).flatten()
+        if ids.numel() != self.cfg.draft_vocab_size:
+            raise ValueError(f"t2d selects {ids.numel()} tokens, draft_vocab_size is {self.cfg.draft_vocab_size}")
+        self.t2d.copy_(t2d)
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """Target token id of each draft id (what SGLang calls ``hot_token_id``)."""
+        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+
+    @staticmethod
+    def select_vocab(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+        """t2d mask of the ``draft_vocab_size`` most frequent target tokens (ties → lower id)."""
+        order = sorted(range(counts.numel()), key=lambda i: (-float(counts[i]), i))[:draft_vocab_size]
+        mask = torch.zeros(counts.numel(), dtype=torch.bool)
+        mask[order] = True
+        return mask
+
+    # -- forward ----------------------------------------------------------------------------------------------
+    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        return self.fc(aux_hidden)
+
+    def step(self, input_ids, hidden, positions, cache) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One draft step. hidden: fused target states (step 0) or the previous step's output ([B, T, H]).
+        Returns (next hidden = pre-norm output, draft-vocab logits)."""
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        out = self.layers[0](embeds, hidden, positions, cache)
+        return out, self.lm_head(self.norm(out))
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def checkpoint_tensors(self, dtype: torch.dtype = torch.bfloat16) -> Dict[str, torch.Tensor]:
+        """All tensors in SGLang's checkpoint naming (d2t int64, t2d bool, weights in ``dtype``)."""
+        out = {}
+        for name, t in self.state_dict().items():
+            out[name] = t.detach().clone() if name in ("d2t", "t2d") else t.detach().to(dtype).contiguous()
+        return out
+
+    def hot_swap_tensors(self, dtype: torch.dtype = torch.bfloat16) -> List[Tuple[str, torch.Tensor]]:
+        """The trainable weights, as (name, tensor) for SGLang's ``update_weights_from_tensor``."""
+        return [(n, t) for n, t in self.checkpoint_tensors(dtype).items() if n not in NOT_HOT_SWAPPED]
+
+    def save_pretrained(self, out_dir, dtype: torch.dtype = torch.bfloat16) -> Path:
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(self.checkpoint_tensors(dtype), str(out / WEIGHTS_FILE))
+        (out / CONFIG_FILE).write_text(json.dumps(self.cfg.to_hf_dict(), indent=2) + "\n")
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path) -> "Eagle3Drafter":
+        from safetensors.torch import load_file
+
+        p = Path(path)
+        cfg = DrafterConfig.from_hf_dict(json.loads((p / CONFIG_FILE).read_text()))
+        tensors = load_file(str(p / WEIGHTS_FILE))
+        model = cls(cfg, t2d=tensors["t2d"])
+        model.load_named(tensors.items(), strict=True)
+        return model
+
+    def load_named(self, named: Iterable[Tuple[str, torch.Tensor]], strict: bool = False) -> None:
+        """Copy tensors by checkpoint name (also accepts SGLang's legacy ``midlayer.`` prefix)."""
+        state = self.state_dict()
+        seen = set()
+        for name, t in named:
+            name = name.replace("midlayer.", "layers.0.")
+            if name not in state:
+                raise KeyError(f"unknown drafter tensor {name!r}")
+            if tuple(t.shape) != tuple(state[name].shape):
+                raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(state[name].shape)}")
+            seen.add(name)
+            with torch.no_grad():
+                state[name].copy_(t.to(state[name].dtype))
+        missing = set(state) - seen
+        if strict and missing:
+            raise KeyError(f"checkpoint lacks {sorted(missing)}")
+
+    @classmethod
+    def for_target(
+        cls,
+        target_model,
+        draft_vocab_size: int,
+        token_counts: Optional[torch.Tensor] = None,
+        aux_layer_ids: Optional[Sequence[int]] = None,
+        seed: int = 0,
+    ) -> "Eagle3Drafter":
+        """A fresh drafter for an HF Llama target: its embedding copied, vocab = most frequent tokens."""
+        cfg = DrafterConfig.from_target(target_model.config, draft_vocab_size, aux_layer_ids)
+        counts = token_counts if token_counts is not None else torch.zeros(cfg.vocab_size)
+        torch.manual_seed(seed)
+        model = cls(cfg, t2d=cls.select_vocab(counts, cfg.draft_vocab_size))
+        for mod in model.modules():
+            if isinstance(mod, nn.Linear):
+                nn.init.normal_(mod.weight, std=0.02)
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight.float())
+            # Start the draft head from the target head's rows for the draft vocabulary (a good prior).
+            head = target_model.get_output_embeddings().weight.float()
+            model.lm_head.weight.copy_(head[model.t2d])
+        return model
+
+
+def drafter_summary(model: Eagle3Drafter) -> dict:
+    """Counts for logs and state endpoints."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"config": dataclasses.asdict(model.cfg), "trainable_params": trainable}

@@ -1,0 +1,89 @@
+"""Push a new drafter version into a running SGLang 0.5.23 server through its weight-update path.
+
+Sequence (``sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
+
+1. ``POST /begin_weight_update``  ``{"selector": "draft"}``
+2. ``POST /update_weights_from_tensor``  ``{"serialized_named_tensors": [b64 per TP rank], "selector": "draft",
+   "weight_version": "respec-<v>", "flush_cache": false, "load_format": null}`` — every tensor in *one* call:
+   the scheduler applies it between two forward passes, so no request sees a half-updated (torn) drafter;
+3. ``POST /end_weight_update``  ``{}`` — always sent once step 1 succeeded, even if step 2 failed.
+
+The payload is what ``MultiprocessingSerializer.deserialize`` (SGLang's ``SafeUnpickler``) reads, but pickled
+*by value* with the standard pickler (storages as ``torch.storage._load_from_bytes``, which SGLang maps to its
+safe loader) rather than with ``ForkingPickler``: a CPU tensor through ``ForkingPickler`` travels as a shared
+file descriptor that only processes with the sender's multiprocessing authkey can fetch. The draft model's
+``load_weights`` receives our checkpoint names. The embedding (shared with the target) and d2t/t2d are never sent.
+``flush_cache`` stays off: the target's KV/radix cache is unaffected by a draft update.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+WEIGHT_VERSION_PREFIX = "respec-"
+
+
+class HotSwapError(RuntimeError):
+    """A step of the weight-update session failed; ``step`` names it."""
+
+    def __init__(self, step: str, message: str):
+        super().__init__(f"{step}: {message}")
+        self.step = step
+
+
+def serialize_named_tensors(named: Sequence[Tuple[str, torch.Tensor]], tp_size: int = 1) -> List[str]:
+    """One base64 payload per TP rank (each rank gets the full draft weights: the drafter runs unsharded)."""
+    payload = [(n, t.detach().cpu().contiguous().clone()) for n, t in named]
+    data = base64.b64encode(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    return [data] * tp_size
+
+
+def _default_post(timeout: float) -> Callable[..., Any]:
+    import requests
+
+    def post(url: str, json: dict):
+        return requests.post(url, json=json, timeout=timeout)
+
+    return post
+
+
+class HotSwapClient:
+    """``push(version, named_tensors)`` runs the begin/update/end session against ``base_url``."""
+
+    def __init__(self, base_url: str, tp_size: int = 1, post: Optional[Callable[..., Any]] = None, timeout=120.0):
+        self.base_url = base_url.rstrip("/")
+        self.tp_size = tp_size
+        self._post = post or _default_post(timeout)
+        self.pushed_versions: List[int] = []
+
+    def _call(self, step: str, path: str, body: dict) -> dict:
+        resp = self._post(f"{self.base_url}{path}", json=body)
+        try:
+            data = resp.json()
+        except Exception:
+            data = {"success": False, "message": getattr(resp, "text", "")}
+        if resp.status_code != 200 or not data.get("success", False):
+            raise HotSwapError(step, f"HTTP {resp.status_code}: {data.get('message', data)}")
+        return data
+
+    def push(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        body = {
+            "serialized_named_tensors": serialize_named_tensors(named, self.tp_size),
+            "load_format": None,
+            "flush_cache": False,
+            "abort_all_requests": False,
+            "weight_version": f"{WEIGHT_VERSION_PREFIX}{version}",
+            "selector": "draft",
+        }
+        self._call("begin_weight_update", "/begin_weight_update", {"selector": "draft"})
+        try:
+            self._call("update_weights_from_tensor", "/update_weights_from_tensor", body)
+        finally:
+            self._call("end_weight_update", "/end_weight_update", {})
+        self.pushed_versions.append(version)
+
+    __call__ = push

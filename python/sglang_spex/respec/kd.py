@@ -1,0 +1,74 @@
+"""Reward-weighted knowledge distillation (ReSpec): L = Σ_b w(r_b) · Σ_t m_{b,t} · KL(p_target ‖ q_drafter) / N.
+
+Weighting (the exact choice, ``mode="zscore"``, the default):
+
+    w_b = clip(1 + (r_b − mean(r)) / std(r), 0, w_max)      (population std over the update batch; std ≤ eps → w = 1)
+
+so the batch-mean weight is 1 (same loss scale as unweighted KD), a rollout at the mean reward counts once,
+one standard deviation above counts twice (w_max = 2 by default), and low-reward rollouts go to 0 (never
+negative: the drafter is never pushed *away* from a rollout). Equal rewards give w = 1 for all (unweighted).
+``mode="max"``: w_b = clip(r_b / max_b |r_b|, 0, w_max). ``mode="none"``: w_b = 1 (unweighted KD).
+
+N is the number of trained tokens in the batch (a constant: it keeps the loss scale independent of length and
+does not change the relative weighting). Only q (the current drafter) carries gradient.
+With several draft steps the per-step KD terms are summed with the TTT decay 0.8^i.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.target import Batch
+from sglang_spex.respec.ttt import DEFAULT_DECAY, unroll
+
+WEIGHT_MODES = ("zscore", "max", "none")
+
+
+def reward_weights(rewards, mode: str = "zscore", w_max: float = 2.0, eps: float = 1e-6) -> torch.Tensor:
+    """Per-rollout weights w(r) (see the module docstring)."""
+    r = torch.as_tensor(rewards, dtype=torch.float32)
+    if mode == "none":
+        return torch.ones_like(r)
+    if mode == "zscore":
+        std = r.std(unbiased=False) if r.numel() > 1 else torch.zeros(())
+        w = 1.0 + (r - r.mean()) / std if float(std) > eps else torch.ones_like(r)
+    elif mode == "max":
+        top = r.abs().max()
+        w = r / top if float(top) > 0 else torch.ones_like(r)
+    else:
+        raise ValueError(f"unknown weight mode {mode!r}; choose from {WEIGHT_MODES}")
+    return w.clamp(0.0, w_max)
+
+
+def token_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) per token over the last axis."""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def kd_loss(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_b w_b Σ_t m_{b,t} KL(p_{b,t} ‖ q_{b,t}) / Σ m. Shapes: [B, T, V], [B, T, V], [B, T], [B]."""
+    kl = token_kl(log_p.float(), log_q) * mask
+    n = mask.sum().clamp(min=1)
+    return (weights.to(kl.dtype) * kl.sum(-1)).sum() / n
+
+
+def reward_weighted_kd(
+    drafter: Eagle3Drafter,
+    batch: Batch,
+    rewards: Sequence[float],
+    mode: str = "zscore",
+    steps: int = 1,
+    decay: float = DEFAULT_DECAY,
+    w_max: float = 2.0,
+    weights: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's KD loss on a batch of rollouts, unrolled ``steps`` draft steps. Returns (loss, weights).
+    ``weights`` overrides w(r) (e.g. weights normalised over a whole update batch, applied to a micro-batch)."""
+    w = reward_weights(rewards, mode, w_max) if weights is None else weights
+    loss = torch.zeros(())
+    for i, s in enumerate(unroll(drafter, batch, steps)):
+        loss = loss + (decay**i) * kd_loss(s.target_logp, s.log_q, s.mask, w)
+    return loss, w

@@ -1,0 +1,256 @@
+"""Online learner: rollouts go into a replay buffer; every ``update_interval`` posted batches (RL steps) the
+drafter is updated with (reward-weighted) KD on a copy, checked, and published as a new version.
+
+- variants: ``frozen`` (never update), ``unweighted`` (KD, w = 1), ``reward`` (reward-weighted KD, see kd.py);
+- modes: ``sync`` (the update runs inside ``submit``) or ``async`` (a background thread; ``submit`` returns at
+  once; updates due while one runs are coalesced into one follow-up update);
+- a candidate is rolled back (never published; the old version keeps serving) on a non-finite loss or weight,
+  on an acceptance collapse on the held-out probe (accepted draft tokens after < ``collapse_ratio`` × before),
+  or when publishing fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from sglang_spex.respec.buffer import ReplayBuffer, Rollout
+from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.kd import reward_weighted_kd, reward_weights
+from sglang_spex.respec.target import Batch
+from sglang_spex.respec.ttt import acceptance_length
+
+VARIANTS = ("frozen", "unweighted", "reward")
+MODES = ("sync", "async")
+
+Sequences = Sequence[Tuple[Sequence[int], Sequence[int]]]
+FeatureFn = Callable[[Sequences], Batch]
+PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], None]
+
+
+@dataclass
+class LearnerConfig:
+    variant: str = "reward"
+    mode: str = "async"
+    update_interval: int = 1  # I: update after every I posted rollout batches
+    train_steps: int = 4  # optimizer steps per update
+    micro_batch: int = 4
+    lr: float = 1e-4
+    grad_clip: float = 0.5
+    kd_steps: int = 3  # draft steps unrolled in the KD loss
+    weight_mode: str = "zscore"  # kd.reward_weights mode for the "reward" variant
+    w_max: float = 2.0
+    probe_steps: int = 5  # draft steps in the probe acceptance estimate
+    collapse_ratio: float = 0.5
+    buffer_capacity: int = 4096
+    seed: int = 0
+
+    def validate(self) -> "LearnerConfig":
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant {self.variant!r}: choose from {VARIANTS}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: choose from {MODES}")
+        if self.update_interval < 1 or self.train_steps < 1 or self.micro_batch < 1 or self.kd_steps < 1:
+            raise ValueError("update_interval, train_steps, micro_batch and kd_steps must be >= 1")
+        if not 0 <= self.collapse_ratio <= 1:
+            raise ValueError("collapse_ratio must be in [0, 1]")
+        return self
+
+
+@dataclass
+class UpdateRecord:
+    attempt: int
+    version_before: int
+    version_after: int
+    outcome: str  # "published" | "rolled_back"
+    reason: str  # "" | "nan_loss" | "nan_weights" | "acceptance_collapse" | "publish_failed: ..." | "error: ..."
+    rollouts: int
+    tokens: int
+    losses: List[float]
+    acceptance_before: Optional[float]
+    acceptance_after: Optional[float]
+    seconds: float
+
+
+class OnlineLearner:
+    """Owns the served drafter version; ``submit`` is what ``POST /respec/rollouts`` calls."""
+
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        features: FeatureFn,
+        config: Optional[LearnerConfig] = None,
+        probe: Optional[Sequences] = None,
+        publish: Optional[PublishFn] = None,
+    ):
+        self.config = (config or LearnerConfig()).validate()
+        self.features = features
+        self.probe = list(probe) if probe else []
+        self.publish = publish
+        self.buffer = ReplayBuffer(self.config.buffer_capacity, vocab_size=drafter.cfg.vocab_size)
+        self._drafter = drafter.eval()
+        self._version = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pending = False
+        self._thread: Optional[threading.Thread] = None
+        self._rng = torch.Generator().manual_seed(self.config.seed)
+        self.steps = 0
+        self.attempts = 0
+        self.history: List[UpdateRecord] = []
+        self.max_submit_seconds = 0.0
+
+    # -- serving side ---------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def current(self) -> Tuple[int, Eagle3Drafter]:
+        """(version, drafter) as one consistent pair; the drafter object is never mutated after publication."""
+        with self._lock:
+            return self._version, self._drafter
+
+    def submit(self, payloads: Sequence) -> dict:
+        """Validate and store one batch of rollouts (raises RolloutError, storing nothing, on a bad payload);
+        trigger an update when due. Async mode returns without waiting for the update."""
+        t0 = time.perf_counter()
+        n = self.buffer.add_batch(payloads)
+        due = False
+        with self._lock:
+            self.steps += 1
+            if self.config.variant != "frozen" and self.steps % self.config.update_interval == 0:
+                due = True
+        if due:
+            if self.config.mode == "sync":
+                self._update_once()
+            else:
+                self._start_async()
+        self.max_submit_seconds = max(self.max_submit_seconds, time.perf_counter() - t0)
+        return {"accepted": n, "buffer_size": len(self.buffer), "version": self.version, "update_due": due}
+
+    def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """Block until no update is running or queued (tests, shutdown)."""
+        return self._idle.wait(timeout)
+
+    def state(self) -> dict:
+        last = self.history[-1] if self.history else None
+        losses = [r.losses[-1] for r in self.history if r.losses and math.isfinite(r.losses[-1])]
+        return {
+            "version": self.version,
+            "variant": self.config.variant,
+            "mode": self.config.mode,
+            "update_interval": self.config.update_interval,
+            "steps": self.steps,
+            "buffer_size": len(self.buffer),
+            "rollouts_received": self.buffer.total_added,
+            "updating": not self._idle.is_set(),
+            "last_loss": losses[-1] if losses else None,
+            "last_update": asdict(last) if last else None,
+            "updates": [
+                {
+                    "attempt": r.attempt,
+                    "version": r.version_after,
+                    "outcome": r.outcome,
+                    "reason": r.reason,
+                    "acceptance_before": r.acceptance_before,
+                    "acceptance_after": r.acceptance_after,
+                    "seconds": r.seconds,
+                }
+                for r in self.history
+            ],
+            "max_submit_seconds": self.max_submit_seconds,
+        }
+
+    # -- updates --------------------------------------------------------------------------------------------------
+    def _start_async(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._pending = True
+                return
+            self._idle.clear()
+            self._thread = threading.Thread(target=self._worker, name="respec-learner", daemon=True)
+            self._thread.start()
+
+    def _worker(self) -> None:
+        while True:
+            self._update_once()
+            with self._lock:
+                if not self._pending:
+                    self._thread = None
+                    self._idle.set()
+                    return
+                self._pending = False
+
+    def _update_once(self) -> UpdateRecord:
+        rollouts = self.buffer.drain()
+        with self._lock:
+            self.attempts += 1
+            attempt, version, base = self.attempts, self._version, self._drafter
+        t0 = time.perf_counter()
+        record = UpdateRecord(attempt, version, version, "rolled_back", "", len(rollouts), 0, [], None, None, 0.0)
+        try:
+            if rollouts:
+                self._train_and_publish(rollouts, base, record)
+            else:
+                record.reason = "empty_buffer"
+        except Exception as e:  # a failed update never takes the server down; the old version keeps serving
+            record.outcome, record.reason = "rolled_back", f"error: {type(e).__name__}: {e}"
+        record.seconds = time.perf_counter() - t0
+        self.history.append(record)
+        return record
+
+    def _train_and_publish(self, rollouts: List[Rollout], base: Eagle3Drafter, record: UpdateRecord) -> None:
+        cfg = self.config
+        record.tokens = sum(r.num_tokens for r in rollouts)
+        batch = self.features([(r.prompt_ids, r.response_ids) for r in rollouts])
+        probe = self.features(self.probe) if self.probe else None
+        if probe is not None:
+            record.acceptance_before = acceptance_length(base, probe, cfg.probe_steps)
+        mode = "none" if cfg.variant == "unweighted" else cfg.weight_mode
+        weights = reward_weights([r.reward for r in rollouts], mode, cfg.w_max)
+
+        cand = copy.deepcopy(base).train()
+        params = [p for p in cand.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        for _ in range(cfg.train_steps):
+            idx = torch.randperm(len(batch), generator=self._rng)[: cfg.micro_batch]
+            loss, _ = reward_weighted_kd(cand, batch.select(idx.tolist()), [], steps=cfg.kd_steps, weights=weights[idx])
+            record.losses.append(float(loss.detach()))
+            if not torch.isfinite(loss):
+                record.reason = "nan_loss"
+                return
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+        cand.eval()
+        if not all(torch.isfinite(p).all() for p in params):
+            record.reason = "nan_weights"
+            return
+        if probe is not None:
+            record.acceptance_after = acceptance_length(cand, probe, cfg.probe_steps)
+            before, after = record.acceptance_before - 1.0, record.acceptance_after - 1.0
+            if not math.isfinite(after) or after < cfg.collapse_ratio * before:
+                record.reason = "acceptance_collapse"
+                return
+        new_version = record.version_before + 1
+        if self.publish is not None:
+            try:
+                self.publish(new_version, cand.hot_swap_tensors())
+            except Exception as e:
+                record.reason = f"publish_failed: {e}"
+                try:  # the server may hold part of the push: put the serving version back
+                    self.publish(record.version_before, base.hot_swap_tensors())
+                except Exception as e2:
+                    record.reason += f"; restore failed: {e2}"
+                return
+        with self._lock:
+            self._drafter, self._version = cand, new_version
+        record.outcome, record.version_after = "published", new_version

@@ -1,0 +1,111 @@
+"""``/respec/*`` routes for the online learner, installable on SGLang's FastAPI app.
+
+- ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?}]}``:
+  200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad payload → 400 ``{"error", "field"}`` and
+  the buffer is unchanged.
+- ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
+
+Inside the SGLang server these are installed by :func:`install_from_env` when ``SPEX_RESPEC`` is set (a JSON
+object or the path of a JSON file: ``drafter`` (checkpoint dir), ``target`` (HF model dir of the served model),
+optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, response_ids]), ``server_url``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from sglang_spex.respec.buffer import RolloutError
+from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
+
+logger = logging.getLogger(__name__)
+ENV_VAR = "SPEX_RESPEC"
+_installed_on = set()
+
+
+def install(app: FastAPI, learner: OnlineLearner) -> None:
+    """Add the routes to ``app`` once, bound to ``learner``."""
+    if id(app) in _installed_on:
+        return
+    _installed_on.add(id(app))
+    app.state.respec_learner = learner
+
+    @app.post("/respec/rollouts")
+    async def _rollouts(request: Request):
+        try:
+            body: Any = await request.json()
+        except Exception:
+            return JSONResponse({"error": "body must be JSON", "field": "body"}, status_code=400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "body must be an object", "field": "body"}, status_code=400)
+        unknown = sorted(set(body) - {"rollouts"})
+        if unknown:
+            return JSONResponse({"error": f"unknown field {unknown[0]!r}", "field": unknown[0]}, status_code=400)
+        if "rollouts" not in body:
+            return JSONResponse({"error": "missing field 'rollouts'", "field": "rollouts"}, status_code=400)
+        try:
+            # sync mode trains here; run it off the event loop so other requests keep flowing
+            from starlette.concurrency import run_in_threadpool
+
+            result = await run_in_threadpool(learner.submit, body["rollouts"])
+        except RolloutError as e:
+            return JSONResponse({"error": str(e), "field": e.field}, status_code=400)
+        return JSONResponse(result)
+
+    @app.get("/respec/state")
+    async def _state():
+        return JSONResponse(learner.state())
+
+
+def _load_spec(text: str) -> dict:
+    text = text.strip()
+    if text.startswith("{"):
+        return json.loads(text)
+    return json.loads(Path(text).read_text())
+
+
+def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner:
+    """A learner from an ``SPEX_RESPEC`` spec: HF target copy for features, hot-swap into ``server_url``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sglang_spex.respec.drafter import Eagle3Drafter
+    from sglang_spex.respec.hotswap import HotSwapClient
+    from sglang_spex.respec.target import TargetFeatures
+
+    unknown = sorted(set(spec) - {"drafter", "target", "learner", "probe", "server_url"})
+    if unknown:
+        raise ValueError(f"{ENV_VAR}: unknown field(s) {unknown}")
+    drafter = Eagle3Drafter.from_pretrained(spec["drafter"]).float()
+    target = AutoModelForCausalLM.from_pretrained(spec["target"], torch_dtype=torch.float32)
+    feats = TargetFeatures(target, drafter.cfg.aux_layer_ids, drafter.t2d)
+    url = spec.get("server_url") or server_url
+    publish = HotSwapClient(url) if url else None
+    probe = [(p, r) for p, r in spec.get("probe", [])]
+    return OnlineLearner(drafter, feats.batch, LearnerConfig(**spec.get("learner", {})), probe, publish)
+
+
+def install_from_env(app: FastAPI) -> Optional[OnlineLearner]:
+    """Install the routes when ``SPEX_RESPEC`` is set (called from ``sglang_spex.srt.routes.install``)."""
+    text = os.environ.get(ENV_VAR)
+    if not text:
+        return None
+    spec = _load_spec(text)
+    url = spec.get("server_url")
+    if url is None:
+        try:
+            from sglang_spex.srt.routes import tokenizer_manager
+
+            url = f"http://127.0.0.1:{tokenizer_manager().server_args.port}"
+        except Exception:
+            url = None
+    learner = build_learner(spec, url)
+    install(app, learner)
+    logger.info("respec: online learner installed (variant=%s)", learner.config.variant)
+    return learner

@@ -1,0 +1,55 @@
+"""Tiny CPU fixtures for the ReSpec tests: the tiny Llama target (float32), a drafter for it, fixed sequences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.target import TargetFeatures
+
+DRAFT_VOCAB = 64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_seqs():
+    g = torch.Generator().manual_seed(0)
+    return [
+        (torch.randint(3, 344, (5,), generator=g).tolist(), torch.randint(3, 344, (9,), generator=g).tolist())
+        for _ in range(6)
+    ]
+
+
+def make_drafter(target, seqs, seed: int = 0) -> Eagle3Drafter:
+    counts = torch.zeros(target.config.vocab_size)
+    for p, r in seqs:
+        for x in list(p) + list(r):
+            counts[x] += 1
+    return Eagle3Drafter.for_target(target, DRAFT_VOCAB, counts, seed=seed)
+
+
+@pytest.fixture
+def tiny_drafter(tiny_target, tiny_seqs) -> Eagle3Drafter:
+    return make_drafter(tiny_target, tiny_seqs)
+
+
+@pytest.fixture
+def tiny_features(tiny_target, tiny_drafter) -> TargetFeatures:
+    return TargetFeatures(tiny_target, tiny_drafter.cfg.aux_layer_ids, tiny_drafter.t2d)
+
+
+@pytest.fixture
+def tiny_batch(tiny_features, tiny_seqs):
+    return tiny_features.batch(tiny_seqs)

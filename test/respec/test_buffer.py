@@ -1,0 +1,55 @@
+"""Rollout validation: bad payloads raise naming the field, and a bad batch stores nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sglang_spex.respec.buffer import ReplayBuffer, RolloutError, validate_rollout
+
+GOOD = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "reward": 1.0, "target_logprobs": [-0.1, -2.0]}
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"extra": 1}, "extra"),
+        ({"prompt_ids": []}, "prompt_ids"),
+        ({"prompt_ids": "abc"}, "prompt_ids"),
+        ({"response_ids": [1, 2.5]}, "response_ids[1]"),
+        ({"response_ids": [1, True]}, "response_ids[1]"),
+        ({"response_ids": [1, 400]}, "response_ids[1]"),
+        ({"response_ids": [-1, 2]}, "response_ids[0]"),
+        ({"reward": float("nan")}, "reward"),
+        ({"reward": math.inf}, "reward"),
+        ({"reward": "1"}, "reward"),
+        ({"target_logprobs": [-0.1]}, "target_logprobs"),
+        ({"target_logprobs": [-0.1, float("nan")]}, "target_logprobs[1]"),
+        ({"target_logprobs": [-0.1, 0.5]}, "target_logprobs[1]"),
+    ],
+)
+def test_bad_fields_are_named(patch, field):
+    with pytest.raises(RolloutError) as e:
+        validate_rollout({**GOOD, **patch}, vocab_size=344)
+    assert e.value.field == field
+
+
+def test_missing_field():
+    with pytest.raises(RolloutError) as e:
+        validate_rollout({"prompt_ids": [1], "response_ids": [2]})
+    assert e.value.field == "reward"
+
+
+def test_batch_is_atomic_and_capacity():
+    buf = ReplayBuffer(capacity=3, vocab_size=344)
+    assert buf.add_batch([GOOD, {**GOOD, "target_logprobs": None}]) == 2
+    with pytest.raises(RolloutError) as e:
+        buf.add_batch([GOOD, {**GOOD, "reward": float("nan")}])
+    assert e.value.field == "rollouts[1].reward"
+    assert len(buf) == 2 and buf.total_added == 2
+    buf.add_batch([GOOD, GOOD])
+    assert len(buf) == 3 and buf.dropped == 1
+    assert len(buf.drain()) == 3 and len(buf) == 0
+    with pytest.raises(RolloutError):
+        buf.add_batch([])

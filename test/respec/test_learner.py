@@ -1,0 +1,100 @@
+"""Online learner: variants, sync/async updates, versioning, rollback on NaN and on acceptance collapse."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_spex.respec import learner as learner_mod
+from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
+
+
+def _rollouts(seqs, rewards=(1.0, 0.0, 0.5)):
+    return [{"prompt_ids": list(p), "response_ids": list(r), "reward": w} for (p, r), w in zip(seqs, rewards)]
+
+
+def _learner(drafter, features, seqs, **kw):
+    published = []
+    cfg = LearnerConfig(**{"train_steps": 2, "micro_batch": 2, "kd_steps": 2, "probe_steps": 2, "lr": 1e-3, **kw})
+    lrn = OnlineLearner(drafter, features.batch, cfg, probe=seqs[4:6], publish=lambda v, t: published.append((v, t)))
+    return lrn, published
+
+
+def test_sync_update_publishes_new_version(tiny_drafter, tiny_features, tiny_seqs):
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync", update_interval=2)
+    first = lrn.submit(_rollouts(tiny_seqs[:3]))
+    assert first["update_due"] is False and lrn.version == 0 and first["buffer_size"] == 3
+    lrn.submit(_rollouts(tiny_seqs[1:4]))
+    assert lrn.version == 1 and len(lrn.buffer) == 0
+    ((version, tensors),) = published
+    assert version == 1 and [n for n, _ in tensors] == [n for n, _ in tiny_drafter.hot_swap_tensors()]
+    state = lrn.state()
+    assert state["version"] == 1 and state["last_loss"] is not None
+    upd = state["updates"][0]
+    assert upd["outcome"] == "published" and upd["acceptance_before"] >= 1.0 and upd["acceptance_after"] >= 1.0
+    assert lrn.current()[1] is not tiny_drafter  # a new object; the old version was never mutated
+
+
+def test_frozen_never_updates(tiny_drafter, tiny_features, tiny_seqs):
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, variant="frozen", mode="sync")
+    for _ in range(3):
+        lrn.submit(_rollouts(tiny_seqs[:3]))
+    assert lrn.version == 0 and not published and lrn.history == [] and len(lrn.buffer) == 9
+
+
+def test_nan_update_is_rolled_back(tiny_drafter, tiny_features, tiny_seqs):
+    def poisoned(seqs):
+        b = tiny_features.batch(seqs)
+        b.aux_hidden = torch.full_like(b.aux_hidden, float("nan"))
+        return b
+
+    published = []
+    lrn = OnlineLearner(
+        tiny_drafter,
+        poisoned,
+        LearnerConfig(mode="sync", train_steps=2, micro_batch=2, kd_steps=1),
+        publish=lambda v, t: published.append(v),
+    )
+    before = {n: t.clone() for n, t in tiny_drafter.state_dict().items()}
+    lrn.submit(_rollouts(tiny_seqs[:3]))
+    rec = lrn.history[-1]
+    assert rec.outcome == "rolled_back" and rec.reason == "nan_loss"
+    version, serving = lrn.current()
+    assert version == 0 and serving is tiny_drafter and not published
+    for n, t in serving.state_dict().items():  # the old version keeps serving, untouched
+        assert torch.equal(t, before[n]), n
+    assert lrn.state()["last_loss"] is None
+
+
+def test_acceptance_collapse_is_rolled_back(tiny_drafter, tiny_features, tiny_seqs, monkeypatch):
+    values = iter([3.0, 1.5])  # before: 2 accepted draft tokens, after: 0.5 < 0.5 * 2
+    monkeypatch.setattr(learner_mod, "acceptance_length", lambda *a, **k: next(values))
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync")
+    lrn.submit(_rollouts(tiny_seqs[:3]))
+    rec = lrn.history[-1]
+    assert rec.reason == "acceptance_collapse" and lrn.version == 0 and not published
+
+
+def test_publish_failure_rolls_back_and_restores(tiny_drafter, tiny_features, tiny_seqs):
+    calls = []
+
+    def publish(version, tensors):
+        calls.append(version)
+        if version == 1:
+            raise RuntimeError("server said no")
+
+    lrn = OnlineLearner(tiny_drafter, tiny_features.batch, LearnerConfig(mode="sync", train_steps=1), publish=publish)
+    lrn.submit(_rollouts(tiny_seqs[:3]))
+    assert lrn.version == 0 and calls == [1, 0] and lrn.history[-1].reason.startswith("publish_failed")
+
+
+def test_async_updates_overlap_and_drain(tiny_drafter, tiny_features, tiny_seqs):
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="async", update_interval=1)
+    for i in range(3):
+        res = lrn.submit(_rollouts(tiny_seqs[i : i + 3]))
+        assert res["update_due"] is True
+    assert lrn.wait_idle(timeout=120)
+    assert len(lrn.buffer) == 0 and lrn.buffer.total_added == 9
+    assert all(r.outcome == "published" for r in lrn.history)
+    assert lrn.version == len(lrn.history) >= 1
+    assert [v for v, _ in published] == list(range(1, lrn.version + 1))
+    assert sum(r.rollouts for r in lrn.history) == 9
