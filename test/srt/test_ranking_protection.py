@@ -25,6 +25,13 @@ def test_primary_first_under_small_pool(small_pool_server):
     url = small_pool_server.url
     wait_idle(url)
     post(url, "/spex/knobs", {"protect_max_fraction": 0.0})  # keep the whole pool for the ranking workload
+    try:
+        _ranking(url)
+    finally:
+        post(url, "/spex/knobs", {"protect_max_fraction": 0.5})
+
+
+def _ranking(url: str) -> None:
     spec = [body(words(PROMPT_WORDS, i), NEW_TOKENS, f"spex:rank{i}:r.{i}:", "spec") for i in range(8)]
     prim = [body(words(PROMPT_WORDS, 100 + i), NEW_TOKENS, f"spex:rankp{i}:r:", "primary") for i in range(4)]
     before = sched(url)["counters"]
@@ -48,13 +55,17 @@ def test_primary_first_under_small_pool(small_pool_server):
     # Spec requests submitted first and already running: without ranking they would all finish first.
     assert prim_end <= spec_end[len(spec_end) // 2], "primaries did not overtake the speculative backlog"
     rows = requests.get(url + "/spex/stats", params={"history_since": seq0}).json()["batch"]["history"]["rows"]
-    blocked = [(r["waiting"] - r["waiting_spec"]) > 0 and r["spec_total"] > 0 for r in rows]
-    runs = [i for i in range(1, len(blocked)) if blocked[i] and blocked[i - 1]]
-    assert not runs, f"a primary waited more than one step while speculative work held the batch: steps {runs}"
+    # Ranking invariant, per scheduler step: no speculative request is admitted (prefilled) while a primary is
+    # still waiting. (A primary may wait behind *other primaries* while a speculative request keeps decoding when
+    # retracting it would not make room; that is not a ranking violation, and how often it happens depends on
+    # arrival timing, so it is not asserted.)
+    jumped = [
+        r["step"] for r in rows if r["mode"] in (1, 3) and r["n_spec"] > 0 and r["waiting"] - r["waiting_spec"] > 0
+    ]
+    assert not jumped, f"speculative work was admitted ahead of a waiting primary at steps {jumped}"
     after = sched(url)["counters"]
     moved = after.get("preempt_for_primary", 0) - before.get("preempt_for_primary", 0)
     assert moved > 0, "primaries never had to displace speculative work: the pool was not short"
-    post(url, "/spex/knobs", {"protect_max_fraction": 0.5})
 
 
 def _cached(url: str, text: str) -> int:
