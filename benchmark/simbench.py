@@ -1,0 +1,216 @@
+"""Shared helpers for the simulator benchmarks (bench_fig10/11/14, bench_calibration).
+
+Runs the real search + SPEX code on :mod:`sglang_spex.sim` (virtual time) and condenses each run into one JSON
+row: questions/min, accuracy, engine batch statistics and the summed speculation accounting, including hit rates
+by prediction distance and by tree depth (:class:`DepthSpexContext` counts the latter; the core accounting
+only keys hits by distance).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from sglang_spex.config import SpexConfig, replace
+from sglang_spex.sim.cost import CostModel
+from sglang_spex.sim.run import SimRun, resolve_cost, simulate
+from sglang_spex.sim.workload import Workload
+from sglang_spex.spec.runner import SpexContext, make_budget
+from sglang_spex.tot.policies import BFS_POLICIES, PRESETS
+from sglang_spex.tot.spec import PolicyConfig, SearchSpec
+
+FIG10_POLICIES = ("rest-5", "rest-10", "rstar-5", "rstar-10", "rebase-8", "rebase-16", "ets-8", "ets-16")
+# mode name -> SpexConfig overrides (None = baseline)
+SPEX_MODES: Dict[str, Optional[Dict[str, Any]]] = {
+    "baseline": None,
+    "spex_sched": dict(components=("t1", "t2", "t3"), early_stop=False),  # pure scheduling: identical search
+    "spex_t3": dict(components=("t1", "t2", "t3"), early_stop=True),  # + early stop (changes the search)
+}
+ABLATION_MODES: Dict[str, Optional[Dict[str, Any]]] = {
+    "baseline": None,
+    "T1": dict(components=("t1",), early_stop=False),
+    "T1+T2": dict(components=("t1", "t2"), early_stop=False),
+    "T1+T2+T3": dict(components=("t1", "t2", "t3"), early_stop=True),
+}
+
+
+def is_bfs(preset: str) -> bool:
+    return PRESETS[preset][0] in BFS_POLICIES
+
+
+def sim_spec(preset: str, seed: int = 0, **params: Any) -> SearchSpec:
+    """The preset's search spec for the simulator (ETS clusters with TF-IDF: no embedding model to load)."""
+    if PRESETS[preset][0] == "ets":
+        params.setdefault("embedder", "tfidf")
+    return SearchSpec(policy=PolicyConfig(preset, params), seed=seed)
+
+
+class DepthSpexContext(SpexContext):
+    """SpexContext that also counts speculative nodes issued / adopted per tree depth (Fig 14, BFS)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.depth_counts: Dict[int, List[int]] = defaultdict(lambda: [0, 0])  # depth -> [hits, issued]
+
+    async def _generate_spec(self, node) -> None:  # every issued node runs this exactly once
+        self.depth_counts[node.depth][1] += 1
+        await super()._generate_spec(node)
+
+    def _adopt(self, node, entry, in_flight: bool) -> None:
+        self.depth_counts[node.depth][0] += 1
+        super()._adopt(node, entry, in_flight)
+
+    def extra_result(self) -> Optional[Dict[str, Any]]:
+        d = super().extra_result() or {}
+        d["hit_depth"] = {str(k): {"hits": h, "issued": i} for k, (h, i) in sorted(self.depth_counts.items())}
+        return d
+
+
+def spex_context_factory(cfg: SpexConfig, cost: CostModel):
+    """Like :func:`sglang_spex.sim.run.spex_factory`, with per-depth counting; k_total=None takes the knee."""
+    if cfg.k_total is None:
+        cfg = replace(cfg, k_total=cost.k_total())
+    return functools.partial(DepthSpexContext, settings=cfg, budget=make_budget(cfg))
+
+
+def merge_counts(dicts: Sequence[Dict[str, Dict[str, int]]]) -> Dict[str, Dict[str, Any]]:
+    """Sum ``{key: {hits, issued}}`` dicts and add the hit rate."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for d in dicts:
+        for k, v in (d or {}).items():
+            o = out.setdefault(k, {"hits": 0, "issued": 0})
+            o["hits"] += v["hits"]
+            o["issued"] += v["issued"]
+    for v in out.values():
+        v["hit_rate"] = round(v["hits"] / v["issued"], 4) if v["issued"] else None
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def sum_speculation(accs: Sequence[Optional[Dict[str, Any]]]) -> Optional[Dict[str, Any]]:
+    """Sum the numeric fields of per-search accounting dicts; merge hit_distance / hit_depth."""
+    accs = [a for a in accs if a]
+    if not accs:
+        return None
+    out: Dict[str, Any] = {}
+    for a in accs:
+        for key, value in a.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "hit_rate":
+                out[key] = out.get(key, 0) + value
+    out["early_stops"] = sum(bool(a.get("early_stopped")) for a in accs)
+    out["hit_rate"] = round(out["hits"] / out["issued"], 4) if out.get("issued") else None
+    out["hit_distance"] = merge_counts([a.get("hit_distance") for a in accs])
+    out["hit_depth"] = merge_counts([a.get("hit_depth") for a in accs])
+    return out
+
+
+def run_row(run: SimRun) -> Dict[str, Any]:
+    """One JSON row for a simulated run."""
+    res = run.results
+    n = max(len(res), 1)
+    return {
+        "virtual_time_s": round(run.virtual_time, 3),
+        "q_per_min": round(run.questions_per_min, 3),
+        "accuracy": round(run.accuracy, 4),
+        "answers": run.answers,
+        "tokens": sum(r.tokens_generated for r in res),
+        "requests_per_q": round(sum(r.num_requests for r in res) / n, 2),
+        "max_depth_per_q": round(sum(max((nd["depth"] for nd in r.nodes), default=0) for r in res) / n, 2),
+        # the longest root-to-node chain: tokens no scheduler that keeps the tree can generate in parallel
+        "crit_path_tokens_per_q": round(
+            sum(max((nd["cum_tokens"] or 0 for nd in r.nodes), default=0) for r in res) / n, 1
+        ),
+        "mean_batch": round(run.engine.get("mean_batch", 0.0), 2),
+        "decode_steps": run.engine.get("decode_steps"),
+        "wall_s": round(run.wall_time, 2),
+        "speculation": sum_speculation([r.speculation for r in res]),
+    }
+
+
+def run_mode(
+    preset: str,
+    mode: Optional[Dict[str, Any]],
+    *,
+    cost: Any,
+    questions: int,
+    concurrency: int,
+    seed: int = 0,
+    k_total: Optional[int] = None,
+    lookahead: Optional[int] = None,
+    reward_latency_s: float = 0.0,
+    workload: Optional[Workload] = None,
+    spec: Optional[SearchSpec] = None,
+    keep_results: bool = False,
+    **sim_kwargs: Any,
+) -> Dict[str, Any]:
+    """Simulate ``questions`` searches of ``preset`` in one mode (None = baseline) and return its row
+    (``keep_results``: the SearchResults too, under ``"_results"``; ``sim_kwargs`` go to ``simulate``)."""
+    cost_model = resolve_cost(cost)
+    spec = spec or sim_spec(preset, seed)
+    kw: Dict[str, Any] = {}
+    if mode is not None:
+        cfg = SpexConfig(enabled=True, k_total=k_total, **mode)
+        if lookahead is not None:
+            cfg = replace(cfg, lookahead=lookahead)
+        kw["context_factory"] = spex_context_factory(cfg, cost_model)
+    run = simulate(
+        spec,
+        cost=cost_model,
+        workload=workload,
+        questions=questions,
+        concurrency=concurrency,
+        reward_latency_s=reward_latency_s,
+        **kw,
+        **sim_kwargs,
+    )
+    row = run_row(run)
+    if keep_results:
+        row["_results"] = run.results
+    return row
+
+
+def add_ratios(rows: List[Dict[str, Any]], keys: Tuple[str, ...] = ("policy", "concurrency")) -> None:
+    """Add ``speedup`` (q/min over the same key's baseline) to every row, in place."""
+    base = {tuple(r[k] for k in keys): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
+    for r in rows:
+        b = base.get(tuple(r[k] for k in keys))
+        r["speedup"] = round(r["q_per_min"] / b, 3) if b else None
+
+
+def why_row(base: Dict[str, Any], spex: Dict[str, Any], step_s: float) -> Dict[str, Any]:
+    """Why a speedup is what it is (batch 1, pure scheduling).
+
+    ``hit_share``: adopted speculative nodes / the baseline's requests; ``amdahl_bound``: the speedup if every
+    adopted node had cost the primary search nothing (1 / (1 − hit_share)). ``crit_bound``: baseline time per
+    question / the critical path — the longest root-to-node chain decoded at ``step_s`` per token (a child's
+    prompt holds its parent's text, so no tree-preserving schedule beats it)."""
+    s = spex.get("speculation") or {}
+    base_req = base["requests_per_q"] * max(len(base["answers"]), 1)
+    hits = s.get("hits", 0)
+    share = hits / base_req if base_req else 0.0
+    per_q = base["virtual_time_s"] / max(len(base["answers"]), 1)
+    crit_s = base["crit_path_tokens_per_q"] * step_s
+    return {
+        "base_s_per_q": round(per_q, 2),
+        "crit_path_s": round(crit_s, 2),
+        "crit_bound": round(per_q / crit_s, 2) if crit_s else None,
+        "requests_per_q": base["requests_per_q"],
+        "max_depth_per_q": base["max_depth_per_q"],
+        "hits": hits,
+        "issued": s.get("issued", 0),
+        "hit_rate": s.get("hit_rate"),
+        "in_flight_share": round(s.get("in_flight_adopted", 0) / hits, 3) if hits else None,
+        "hit_share": round(share, 3),
+        "amdahl_bound": round(1.0 / (1.0 - share), 2) if share < 1 else None,
+        "mean_batch": (base["mean_batch"], spex["mean_batch"]),
+    }
+
+
+def meta(source: str, args: Any) -> Dict[str, Any]:
+    return {"source": source, "host_cpus": os.cpu_count(), "python": platform.python_version(), "args": vars(args)}
+
+
+def parse_list(text: str, cast=str) -> List[Any]:
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
