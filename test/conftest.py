@@ -12,6 +12,11 @@ from sglang_spex.serve import ServerProcess
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# float32: the identity tests compare trees generated in different batch compositions; bf16 logits of one
+# request shift with its batch neighbours (see docs/architecture.md), float32 keeps those shifts negligible.
+TINY = ["--dtype", "float32", "--model-path"]
+
+
 def _server(args):
     srv = ServerProcess(args)
     srv.start()
@@ -31,7 +36,7 @@ def smollm2_model() -> str:
 @pytest.fixture(scope="session")
 def spex_server(tiny_model):
     """Tiny Llama served with --tot-speculation (the plugin's hooks active)."""
-    srv = _server(["--model-path", tiny_model, "--tot-speculation", "--tot-k-total", "8", "--enable-metrics"])
+    srv = _server([*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "8", "--enable-metrics"])
     yield srv
     srv.stop()
 
@@ -39,7 +44,7 @@ def spex_server(tiny_model):
 @pytest.fixture(scope="session")
 def plain_server(tiny_model):
     """The same launcher without --tot-speculation: plain SGLang, plugin inert."""
-    srv = _server(["--model-path", tiny_model])
+    srv = _server([*TINY, tiny_model])
     yield srv
     srv.stop()
 
