@@ -59,13 +59,23 @@ def test_spex_equals_baseline_on_real_sglang(spex_server, policy):
     assert spx.num_requests == base.num_requests - acc["hits"]
 
 
+def pool(url: str) -> dict:
+    return requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]["pool"]
+
+
 def test_bfs_misses_are_aborted_and_freed(spex_server):
+    url = spex_server.url
+    before = pool(url)
     spec = make_spec({"name": "rebase", "width": 6, "max_depth": 3, "softmax_temperature": 0.1}, seed=11)
-    res = asyncio.run(_run(spex_server.url, spec, SpexConfig(enabled=True, k_total=12)))
+    res = asyncio.run(_run(url, spec, SpexConfig(enabled=True, k_total=12)))
     acc = res.speculation
     assert acc["issued"] > 0 and acc["hits"] > 0
-    assert acc["cancelled"] + acc["never_used"] > 0  # REBASE's early widths over-predict: misses exist
-    assert engine_idle(spex_server.url)  # nothing of the search is left running in SGLang
+    assert acc["cancelled"] > 0  # REBASE's early widths over-predict: misses exist and are cancelled
+    assert res.num_requests == sum(1 for n in res.nodes if n["path"] != "r") - acc["hits"]  # hits not regenerated
+    assert engine_idle(url)  # nothing of the search is left running in SGLang
+    after = pool(url)  # KV: nothing held by requests or by the search's (released) protection
+    assert after["kv_available"] + after["kv_evictable"] == before["kv_available"] + before["kv_evictable"]
+    assert after["kv_protected"] == before["kv_protected"]
 
 
 def _server_search(url: str, policy: dict, speculation=None) -> dict:

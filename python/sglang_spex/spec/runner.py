@@ -347,6 +347,10 @@ class SpexContext(SearchContext):
         )
         self.acc.primary_requests = self.num_requests
         self.budget.unregister(self)
+        try:
+            await self.port.release(self.search_id)  # the scheduler stops protecting this search's prefixes
+        except Exception:
+            logger.exception("spex: releasing search %s failed", self.search_id)
         if self.on_finish is not None:
             try:
                 await self.on_finish(self)

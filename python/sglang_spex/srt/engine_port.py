@@ -40,14 +40,20 @@ class TokenizerManagerPort(EnginePort):
         for rid in [r for r in list(self.tm.rid_to_state) if r.startswith(rid_or_prefix)]:
             self.tm.abort_request(rid)
 
-    async def promote(self, rid: str) -> None:
+    async def _control(self, **fields) -> None:
         from sglang_spex.config import SpexConfig
 
         if not SpexConfig.from_env().enabled:  # the scheduler only knows our control message under SPEX
             return
         from sglang_spex.srt import control
 
-        await control.send(self.tm, control.SpexControlReq(op="promote", prefix=rid))
+        await control.send(self.tm, control.SpexControlReq(**fields))
+
+    async def promote(self, rid: str) -> None:
+        await self._control(op="promote", prefix=rid)
+
+    async def release(self, search_id: str) -> None:
+        await self._control(op="release", search_id=search_id)
 
     async def stats(self) -> Dict[str, Any]:
         return {"inflight": len(self.tm.rid_to_state)}

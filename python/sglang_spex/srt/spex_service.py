@@ -3,7 +3,7 @@
 Installed by ``routes.install`` under ``--tot-speculation``. ``--tot-k-total auto`` starts at the runner's
 default and takes the roofline knee once the profile is ready (cached, or measured when the first search
 arrives — the profiler also starts measuring in the background once the server is healthy). At the end of
-each search its accounting goes to ``/metrics`` and its radix-cache protection is released in the scheduler.
+each search its accounting goes to ``/metrics`` (the runner itself releases its radix-cache protection).
 """
 
 from __future__ import annotations
@@ -55,10 +55,6 @@ def budget() -> Optional[SpecBudget]:
 
 async def _on_finish(ctx: SpexContext) -> None:
     metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated)
-    from sglang_spex.srt import control
-    from sglang_spex.srt.routes import tokenizer_manager
-
-    await control.send(tokenizer_manager(), control.SpexControlReq(op="release", search_id=ctx.search_id))
 
 
 async def _resolve_auto_k_total(cfg: SpexConfig, b: SpecBudget) -> None:

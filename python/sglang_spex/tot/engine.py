@@ -121,6 +121,9 @@ class EnginePort(abc.ABC):
     async def abort(self, rid_or_prefix: str) -> None:
         """Abort a request, or every request whose rid starts with the prefix."""
 
+    async def release(self, search_id: str) -> None:
+        """The search ended: drop the engine-side protection of its cached prefixes; no-op where unsupported."""
+
     async def promote(self, rid: str) -> None:
         """Raise a speculative request to primary rank (the search now waits on it); no-op where unsupported."""
 

@@ -38,11 +38,17 @@ class HttpPort(EnginePort):
         for rid in [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]:
             await self.client.post(self.base_url + "/abort_request", json={"rid": rid})
 
-    async def promote(self, rid: str) -> None:
-        try:  # a sglang-spex server raises it to primary rank; any other server answers 404: ignore
-            await self.client.post(self.base_url + "/spex/promote", json={"rid": rid})
+    async def _spex_control(self, route: str, body: Dict[str, Any]) -> None:
+        try:  # a sglang-spex server acts on it; any other server answers 404 (or 409 without SPEX): ignore
+            await self.client.post(self.base_url + route, json=body)
         except httpx.HTTPError:
             pass
+
+    async def promote(self, rid: str) -> None:
+        await self._spex_control("/spex/promote", {"rid": rid})
+
+    async def release(self, search_id: str) -> None:
+        await self._spex_control("/spex/release", {"search_id": search_id})
 
     async def close(self) -> None:
         await self.client.aclose()
