@@ -71,5 +71,11 @@ def register_torch_ops() -> None:
     globals()["_lib"] = lib  # keep the registration alive
 
 
+def _implemented() -> Dict[str, Callable[..., Any]]:
+    from sgl_kernel_ext import spec_ops
+
+    return dict(spec_ops.IMPLEMENTED)
+
+
 # Python-level names served by the stand-in module (module.attr -> implementation).
-IMPLEMENTED: Dict[str, Callable[..., Any]] = {}
+IMPLEMENTED: Dict[str, Callable[..., Any]] = _implemented()

@@ -47,10 +47,55 @@ class StandinFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _StandinLoader(), is_package=True)
 
 
+# SGLang's CLI choices module: when it is imported, ``--attention-backend spex_cpu`` becomes a valid choice.
+# This must happen before argument parsing, which in our launcher's process precedes plugin loading.
+CHOICES_MODULE = "sglang.srt.arg_groups.choices"
+
+
+class _AfterExecLoader(importlib.abc.Loader):
+    def __init__(self, inner, after):
+        self._inner, self._after = inner, after
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        try:
+            self._after(module)
+        except Exception:  # never break SGLang's import for an optional extra choice
+            pass
+
+
+class ChoicesHookFinder(importlib.abc.MetaPathFinder):
+    """Runs :func:`_add_backend_choice` right after SGLang's choices module executes."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != CHOICES_MODULE or os.environ.get("SGL_KERNEL_EXT_DISABLE") == "1":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _AfterExecLoader(spec.loader, _add_backend_choice)
+                return spec
+        return None
+
+
+def _add_backend_choice(module) -> None:
+    from sgl_kernel_ext.attention import BACKEND_NAME
+
+    if BACKEND_NAME not in module.ATTENTION_BACKEND_CHOICES:
+        module.add_attention_backend_choices([BACKEND_NAME])
+
+
 def activate() -> None:
-    """Append the finder to ``sys.meta_path`` (idempotent)."""
+    """Append the stand-in finder to ``sys.meta_path``, prepend the choices hook (idempotent)."""
     if not any(isinstance(f, StandinFinder) for f in sys.meta_path):
         sys.meta_path.append(StandinFinder())
+    if not any(isinstance(f, ChoicesHookFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, ChoicesHookFinder())
 
 
 def is_standin(module) -> bool:

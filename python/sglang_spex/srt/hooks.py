@@ -99,6 +99,18 @@ def _h2_merge_seeds(self, other, *args, **kwargs):
     return None
 
 
+def _register_cpu_attention() -> None:
+    """The ``spex_cpu`` attention backend (sgl-kernel-ext) in SGLang's registry, if that package is installed."""
+    try:
+        from sgl_kernel_ext.attention import register
+    except ImportError:
+        return
+    try:
+        register()
+    except Exception:
+        logger.exception("spex: registering the spex_cpu attention backend failed")
+
+
 def register_all(cfg: SpexConfig) -> None:
     """Register the hooks ``cfg`` needs (idempotent per process)."""
     global _registered, _config
@@ -107,6 +119,7 @@ def register_all(cfg: SpexConfig) -> None:
         return
     _registered = True
     HookRegistry.register(f"{SCHEDULER}.get_internal_state", _h1_report_state, HookType.AFTER)
+    _register_cpu_attention()  # selectable with or without --tot-speculation
     if not cfg.enabled:
         return  # without --tot-speculation the plugin only reports; SGLang runs unchanged
     HookRegistry.register(f"{SAMPLING_INFO}.from_schedule_batch", _h2_seeded_sampling, HookType.AFTER)

@@ -1,0 +1,154 @@
+"""Torch implementations of the ``sgl_kernel`` CPU ops SGLang's speculative paths call (NGRAM, EAGLE, STANDALONE).
+
+Each mirrors the contract of the C++/CUDA op of the same name (in-place outputs where SGLang passes them),
+vectorised over the batch; loops run only over tree depth / siblings, never over requests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Dict
+
+import torch
+
+
+def _ranges(start: torch.Tensor, end: torch.Tensor):
+    """(row, column) pairs of the concatenated ranges [start[b], end[b]) in request order."""
+    start = start.to(torch.int64)
+    lens = (end.to(torch.int64) - start).clamp(min=0)
+    rows = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)
+    first = torch.cumsum(lens, 0) - lens
+    cols = torch.arange(int(lens.sum()), device=lens.device) - first[rows] + start[rows]
+    return rows, cols
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+    """out_cache_loc = concat_b req_to_token[req_pool_indices[b], start[b]:end[b]]."""
+    rows, cols = _ranges(start_offset, end_offset)
+    vals = req_to_token[req_pool_indices.to(torch.int64)[rows], cols]
+    out_cache_loc[: vals.numel()] = vals.to(out_cache_loc.dtype)
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+    """req_to_token[req_pool_indices[b], start[b]:end[b]] = the b-th run of out_cache_loc."""
+    rows, cols = _ranges(start_offset, end_offset)
+    req_to_token[req_pool_indices.to(torch.int64)[rows], cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+
+
+def reconstruct_indices_from_tree_mask(
+    tree_mask, verified_seq_len, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling, batch_size, n
+):
+    """NGRAM verify metadata from a per-request [n, n] ancestor mask (see SGLang's reconstruct_tree.py contract)."""
+    bs = int(batch_size)
+    dev = verified_seq_len.device
+    m = tree_mask.reshape(-1)[: bs * n * n].view(bs, n, n).to(torch.bool)
+    idx = torch.arange(n, device=dev)
+    anc = m & (idx[None, None, :] < idx[None, :, None])  # anc[b, i, j]: j is a strict ancestor of i
+    pos = anc.sum(-1) + verified_seq_len.to(torch.int64)[:, None]
+    positions.view(-1)[: bs * n] = pos.reshape(-1).to(positions.dtype)
+    ri = torch.arange(bs, device=dev)[:, None] * n + idx[None, :]
+    retrieve_index.view(-1)[: bs * n] = ri.reshape(-1).to(retrieve_index.dtype)
+    big = torch.full((), n, device=dev, dtype=torch.int64)
+    parent = torch.where(anc, idx[None, None, :], -1).amax(-1)  # [b, i]
+    # first child: min k > i with anc[b, k, i]
+    desc = anc.transpose(1, 2)  # desc[b, i, k] = i is an ancestor of k
+    child = torch.where(desc, idx[None, None, :], big).amin(-1)
+    child = torch.where(child >= n, -1, child)
+    later = idx[None, None, :] > idx[None, :, None]
+    same = (parent[:, :, None] == parent[:, None, :]) & later
+    sib = torch.where(same, idx[None, None, :], big).amin(-1)
+    sib = torch.where((sib >= n) | (parent < 0), -1, sib)
+    retrieve_next_token.view(-1)[: bs * n] = child.reshape(-1).to(retrieve_next_token.dtype)
+    retrieve_next_sibling.view(-1)[: bs * n] = sib.reshape(-1).to(retrieve_next_sibling.dtype)
+
+
+def verify_tree_greedy_cpu(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+):
+    """Greedy tree verification: walk each request's draft tree, accepting the child equal to the target's token."""
+    bs, n = candidates.shape
+    num_spec = accept_index.shape[1]
+    dev = candidates.device
+    rows = torch.arange(bs, device=dev)
+    ri = retrive_index.reshape(bs, n).to(torch.int64)
+    nxt = retrive_next_token.reshape(bs, n).to(torch.int64)
+    sib = retrive_next_sibling.reshape(bs, n).to(torch.int64)
+    cand = candidates.to(torch.int64)
+    tgt = target_predict.reshape(-1).to(torch.int64)
+    last = ri[:, 0].clone()
+    accept_index[:, 0] = last.to(accept_index.dtype)
+    num = torch.zeros(bs, dtype=torch.int64, device=dev)
+    cur = torch.zeros(bs, dtype=torch.int64, device=dev)
+    alive = torch.ones(bs, dtype=torch.bool, device=dev)
+    for _ in range(1, num_spec):
+        cur = torch.where(alive, nxt[rows, cur.clamp(min=0)], cur)
+        target = tgt[last]
+        found = torch.zeros(bs, dtype=torch.bool, device=dev)
+        for _ in range(n):  # sibling search, all requests at once
+            searching = alive & ~found & (cur >= 0)
+            if not bool(searching.any()):
+                break
+            safe = cur.clamp(min=0)
+            hit = searching & (cand[rows, safe] == target)
+            draft = ri[rows, safe]
+            predicts.view(-1)[last[hit]] = target[hit].to(predicts.dtype)
+            num = num + hit.to(torch.int64)
+            accept_index[rows[hit], num[hit]] = draft[hit].to(accept_index.dtype)
+            last = torch.where(hit, draft, last)
+            found |= hit
+            cur = torch.where(searching & ~hit, sib[rows, safe], cur)
+        alive &= found
+        if not bool(alive.any()):
+            break
+    accept_token_num.view(-1)[:bs] = num.to(accept_token_num.dtype)
+    predicts.view(-1)[last] = tgt[last].to(predicts.dtype)
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
+    """Compact the cache slots of accepted draft tokens: out[k] = out_cache_loc[k-th index != -1]."""
+    idx = accept_index.reshape(-1).to(torch.int64)
+    src = idx[idx != -1]
+    accept_out_cache_loc[: src.numel()] = out_cache_loc[src].to(accept_out_cache_loc.dtype)
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride):
+    """bonus[b] = the last accepted token of request b (``accept_lens`` includes the bonus token)."""
+    bs = accept_lens.numel()
+    pos = torch.arange(bs, device=accept_lens.device) * int(accept_stride) + accept_lens.to(torch.int64) - 1
+    bonus_tokens[:bs] = accept_tokens.reshape(-1)[pos].to(bonus_tokens.dtype)
+
+
+def _raw_rows(ptr: int, stride: int, rows: int) -> torch.Tensor:
+    """A [rows, stride] uint8 view of memory SGLang owns (a KV buffer addressed by its data pointer)."""
+    buf = (ctypes.c_uint8 * (rows * stride)).from_address(ptr)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(rows, stride)
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
+    """For every buffer (all layers' K and V): row tgt_loc[i] = row src_loc[i] (byte rows of ``strides[j]``)."""
+    if tgt_loc.numel() == 0:
+        return
+    tgt = tgt_loc.to(torch.int64)
+    src = src_loc.to(torch.int64)
+    rows = int(torch.maximum(tgt.max(), src.max())) + 1
+    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
+        view = _raw_rows(int(ptr), int(stride), rows)
+        view[tgt] = view[src]
+
+
+IMPLEMENTED: Dict[str, Callable[..., Any]] = {
+    "sgl_kernel.assign_extend_cache_locs_cpu": assign_extend_cache_locs_cpu,
+    "sgl_kernel.assign_req_to_token_pool_cpu": assign_req_to_token_pool_cpu,
+    "sgl_kernel.speculative.reconstruct_indices_from_tree_mask": reconstruct_indices_from_tree_mask,
+    "sgl_kernel.verify_tree_greedy_cpu": verify_tree_greedy_cpu,
+    "sgl_kernel.copy_all_layer_kv_cache_cpu": copy_all_layer_kv_cache_cpu,
+    "sgl_kernel.fill_accept_out_cache_loc_cpu": fill_accept_out_cache_loc_cpu,
+    "sgl_kernel.fill_bonus_tokens_cpu": fill_bonus_tokens_cpu,
+}
