@@ -1,0 +1,120 @@
+"""ReSpec Adaptive Server, online part: a state machine over the active decode batch size with hysteresis.
+
+States are "no speculation" (``None``) and "speculate with config k" (a profile key such as ``NGRAM:s4t1n4``);
+the solver's :class:`~sglang_spex.respec.solver.Plan` says which one each batch size wants. Three guards keep a
+batch size that oscillates around a threshold from switching every step:
+
+* **band** (``margin`` batch sizes): a batch size B votes for a new state only if the plan picks that state for
+  every size in ``[B - margin, B + margin]``; near a boundary it votes to stay. For a single spec→plain boundary
+  at T this gives ``exit_threshold = T + margin`` and ``enter_threshold = T - 1 - margin``;
+* **confirm** (steps): the same new state must be voted for this many consecutive steps;
+* **min dwell** (steps): no switch until the current state has lasted this many steps.
+
+Steps with no decode batch (B = 0) are ignored. The machine is pure Python and knows nothing about SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+from sglang_spex.respec.solver import Plan
+
+State = Optional[str]  # None = plain decode
+
+
+@dataclass(frozen=True)
+class Hysteresis:
+    """The three guards (see module doc); ``parse("margin,dwell[,confirm]")`` reads ``--respec-hysteresis``."""
+
+    margin: int = 1
+    min_dwell: int = 8
+    confirm: int = 2
+
+    def __post_init__(self) -> None:
+        if self.margin < 0 or self.min_dwell < 0 or self.confirm < 1:
+            raise ValueError(f"bad hysteresis {self}: margin >= 0, min_dwell >= 0, confirm >= 1")
+
+    @classmethod
+    def parse(cls, text: str) -> "Hysteresis":
+        try:
+            parts = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise ValueError(f"bad hysteresis {text!r}: expected MARGIN,MIN_DWELL[,CONFIRM] integers") from None
+        if not 2 <= len(parts) <= 3:
+            raise ValueError(f"bad hysteresis {text!r}: expected MARGIN,MIN_DWELL[,CONFIRM]")
+        return cls(*parts)
+
+
+class AdaptiveFSM:
+    """Observe the active decode batch size once per step; :attr:`state` is what the next step should run."""
+
+    def __init__(
+        self,
+        plan: Union[Plan, Callable[[int], State]],
+        hysteresis: Hysteresis = Hysteresis(),
+        initial: State = None,
+        max_batch: int = 1024,
+    ):
+        self._choose = plan.choose if isinstance(plan, Plan) else plan
+        self.hyst = hysteresis
+        self.max_batch = max_batch
+        self.state: State = initial
+        self.dwell = 0  # steps in the current state
+        self._pending: Tuple[State, int] = (initial, 0)  # candidate state, consecutive votes
+        self.steps = 0
+        self.switches = 0
+        self.steps_per_state: Dict[str, int] = {}
+        self.transitions: List[Tuple[int, State, State, int]] = []  # (step, from, to, batch size), last 64
+
+    def vote(self, batch: int) -> State:
+        """The state batch size ``batch`` asks for under the band rule (the current state near a boundary)."""
+        lo, hi = max(1, batch - self.hyst.margin), min(self.max_batch, batch + self.hyst.margin)
+        want = self._choose(batch)
+        if any(self._choose(b) != want for b in range(lo, max(hi, lo) + 1)):
+            return self.state
+        return want
+
+    def observe(self, batch: int) -> State:
+        """Record one step of ``batch`` active decode sequences; return the state for the next step."""
+        if batch <= 0:
+            return self.state
+        self.steps += 1
+        self.dwell += 1
+        label = self.state or "none"
+        self.steps_per_state[label] = self.steps_per_state.get(label, 0) + 1
+        want = self.vote(batch)
+        if want == self.state:
+            self._pending = (self.state, 0)
+            return self.state
+        cand, n = self._pending
+        self._pending = (want, n + 1 if cand == want else 1)
+        if self._pending[1] >= self.hyst.confirm and self.dwell >= self.hyst.min_dwell:
+            self.transitions = (self.transitions + [(self.steps, self.state, want, batch)])[-64:]
+            self.state, self.dwell, self._pending = want, 0, (want, 0)
+            self.switches += 1
+        return self.state
+
+    @property
+    def speculating(self) -> bool:
+        return self.state is not None
+
+    def info(self) -> dict:
+        """Current state, switch count and per-state step counts (for ``/spex/info`` and ``/metrics``)."""
+        return {
+            "state": self.state or "none",
+            "switches": self.switches,
+            "steps": self.steps,
+            "steps_per_state": dict(self.steps_per_state),
+            "hysteresis": {"margin": self.hyst.margin, "min_dwell": self.hyst.min_dwell, "confirm": self.hyst.confirm},
+            "recent_transitions": [
+                {"step": s, "from": a or "none", "to": b or "none", "batch": bs}
+                for s, a, b, bs in self.transitions[-8:]
+            ],
+        }
+
+
+def two_state_thresholds(plan: Plan, hysteresis: Hysteresis) -> Tuple[int, int]:
+    """(enter_threshold, exit_threshold) of the two-state view: speculate when B <= enter, stop when B >= exit."""
+    t = plan.spec_max_batch() + 1  # first batch size that does not speculate
+    return max(0, t - 1 - hysteresis.margin), t + hysteresis.margin

@@ -1,0 +1,235 @@
+"""ReSpec Adaptive Server, offline part 1: profile speculative (s, t, n) configs against real SGLang servers.
+
+For every candidate config (and the no-speculation baseline) one server is started; for each batch size a batch
+of calibration prompts is decoded greedily twice, with ``n_short`` and ``n_long`` new tokens, after a priming
+request that puts the prompts in the radix cache. The difference of the two wall times removes prefill and
+request overhead, so a :class:`Point` holds pure decode numbers:
+
+* ``step_s``: seconds per decode step of the whole batch (draft + verify for a speculative config);
+* ``tokens_per_step``: tokens each sequence gains per step (the accept length incl. the bonus token; 1 plain);
+* ``throughput``: output tokens per second of the batch.
+
+Acceptance comes from SGLang itself: ``meta_info.spec_accept_length`` / ``spec_verify_ct`` per request and
+``/get_server_info`` ``avg_spec_accept_length``. Profiles are JSON, one per (model, drafter, device).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import requests
+
+logger = logging.getLogger(__name__)
+
+PROFILE_DIR = Path.home() / ".cache" / "sglang-spex" / "profiles" / "respec"
+PLAIN = "none"  # key of the no-speculation baseline
+
+# Calibration prompts: free text (drafts rarely accepted) mixed with repetitive text (n-gram friendly), like a
+# rollout where some answers repeat structure.
+CALIBRATION_PROMPTS: List[str] = [
+    "The history of the old harbour town begins with a small settlement near the river, where farmers",
+    "Step 1: add 3 and 4 to get 7. Step 2: add 7 and 4 to get 11. Step 3: add 11 and 4 to get",
+    "a b c a b c a b c a b c a b c a b c",
+    "Question: what is the capital of France? Answer: Paris. Question: what is the capital of Spain? Answer:",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Once upon a time there was a little fox who lived in a forest full of tall trees and",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,",
+    "The list of colours is red, green, blue, red, green, blue, red, green,",
+]
+
+_KEY = re.compile(r"^(?P<alg>[A-Z0-9_]+):s(?P<s>\d+)t(?P<t>\d+)n(?P<n>\d+)$")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """A speculative config: algorithm and (s = num_steps, t = topk / branching, n = num_draft_tokens)."""
+
+    algorithm: str
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.algorithm}:s{self.num_steps}t{self.topk}n{self.num_draft_tokens}"
+
+    @classmethod
+    def parse(cls, key: str) -> "SpecConfig":
+        m = _KEY.match(key.strip())
+        if not m:
+            raise ValueError(f"bad config key {key!r} (expected e.g. NGRAM:s4t1n4)")
+        return cls(m["alg"], int(m["s"]), int(m["t"]), int(m["n"]))
+
+    def server_args(self) -> List[str]:
+        """SGLang's flags for this config (NGRAM derives s = n // t; its branching flag is the BFS breadth)."""
+        args = ["--speculative-algorithm", self.algorithm, "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+        if self.algorithm == "NGRAM":
+            return args + ["--speculative-ngram-max-bfs-breadth", str(self.topk)]
+        return args + ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk)]
+
+
+def ngram(n: int, t: int = 1) -> SpecConfig:
+    return SpecConfig("NGRAM", max(1, n // t), t, n)
+
+
+@dataclass
+class Point:
+    """Decode measurements of one config at one batch size."""
+
+    batch_size: int
+    step_s: float
+    tokens_per_step: float
+    throughput: float
+    accept_length: Optional[float] = None  # SGLang's mean spec_accept_length over the batch (None: plain)
+    verify_ct: Optional[int] = None  # steps of the long run (max over the batch)
+
+
+@dataclass
+class Profile:
+    """Measured points of the baseline (``PLAIN``) and every config, keyed by config key then batch size."""
+
+    model: str
+    drafter: str
+    device: str
+    points: Dict[str, Dict[int, Point]] = field(default_factory=dict)
+    meta: Dict[str, object] = field(default_factory=dict)
+
+    def add(self, key: str, point: Point) -> None:
+        self.points.setdefault(key, {})[point.batch_size] = point
+
+    @property
+    def configs(self) -> List[str]:
+        return [k for k in self.points if k != PLAIN]
+
+    def to_json(self) -> str:
+        pts = {k: {str(b): asdict(p) for b, p in sorted(v.items())} for k, v in self.points.items()}
+        body = {"model": self.model, "drafter": self.drafter, "device": self.device, "points": pts, "meta": self.meta}
+        return json.dumps(body, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Profile":
+        d = json.loads(text)
+        prof = cls(d["model"], d["drafter"], d["device"], meta=d.get("meta", {}))
+        for key, pts in d["points"].items():
+            for p in pts.values():
+                prof.add(key, Point(**p))
+        return prof
+
+    def save(self, path: Optional[Path] = None) -> Path:
+        path = Path(path) if path else default_profile_path(self.model, self.drafter, self.device)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "Profile":
+        return cls.from_json(Path(path).read_text())
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(text).name or text).strip("_") or "x"
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return _slug(torch.cuda.get_device_name(0))
+    except Exception:
+        pass
+    return _slug(f"cpu-{platform.machine()}")
+
+
+def default_profile_path(model: str, drafter: str, device: str) -> Path:
+    return PROFILE_DIR / f"{_slug(model)}__{_slug(drafter)}__{_slug(device)}.json"
+
+
+# --- measurement -------------------------------------------------------------------------------------------
+
+
+def _generate(url: str, texts: List[str], n: int) -> List[dict]:
+    params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=900)
+    r.raise_for_status()
+    return [x["meta_info"] for x in r.json()]
+
+
+def batch_prompts(batch: int, prompts: Sequence[str] = CALIBRATION_PROMPTS) -> List[str]:
+    """``batch`` distinct prompts cycling through the calibration set."""
+    return [prompts[i % len(prompts)] + ("" if i < len(prompts) else f" ({i // len(prompts)})") for i in range(batch)]
+
+
+def measure_point(
+    url: str, batch: int, n_short: int, n_long: int, prompts: Sequence[str] = CALIBRATION_PROMPTS
+) -> Point:
+    """Decode numbers of the server at ``url`` for one batch size (two-point difference, see module doc)."""
+    texts = batch_prompts(batch, prompts)
+    _generate(url, texts, 1)  # prime: prompts into the radix cache
+    runs = []
+    for n in (n_short, n_long):
+        t0 = time.perf_counter()
+        meta = _generate(url, texts, n)
+        runs.append((time.perf_counter() - t0, meta))
+    (t_s, m_s), (t_l, m_l) = runs
+    spec = "spec_verify_ct" in m_l[0]
+    if spec:
+        steps = max(m["spec_verify_ct"] for m in m_l) - max(m["spec_verify_ct"] for m in m_s)
+    else:
+        steps = n_long - n_short
+    dt = max(t_l - t_s, 1e-6)
+    steps = max(steps, 1)
+    tokens = batch * (n_long - n_short)
+    accept = sum(m.get("spec_accept_length", 1.0) for m in m_l) / len(m_l) if spec else None
+    return Point(
+        batch_size=batch,
+        step_s=dt / steps,
+        tokens_per_step=tokens / batch / steps,
+        throughput=tokens / dt,
+        accept_length=accept,
+        verify_ct=max(m["spec_verify_ct"] for m in m_l) if spec else None,
+    )
+
+
+def profile_configs(
+    model: str,
+    configs: Sequence[Optional[SpecConfig]],
+    batch_sizes: Sequence[int],
+    n_short: int = 8,
+    n_long: int = 40,
+    server_args: Sequence[str] = (),
+    drafter: str = "",
+    prompts: Sequence[str] = CALIBRATION_PROMPTS,
+    server_factory: Optional[Callable[[List[str]], object]] = None,
+) -> Profile:
+    """Start one server per config (``None`` = no speculation), measure every batch size, return the profile."""
+    from sglang_spex.serve import ServerProcess
+
+    factory = server_factory or ServerProcess
+    algs = sorted({c.algorithm for c in configs if c is not None})
+    prof = Profile(model=model, drafter=drafter or "+".join(algs) or "none", device=device_name())
+    prof.meta.update(n_short=n_short, n_long=n_long, batch_sizes=list(batch_sizes), server_args=list(server_args))
+    prof.meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    for cfg in configs:
+        key = PLAIN if cfg is None else cfg.key
+        args = ["--model-path", model, *server_args, *([] if cfg is None else cfg.server_args())]
+        with factory(args) as srv:
+            _generate(srv.url, batch_prompts(1, prompts), 4)  # warm-up
+            for b in batch_sizes:
+                p = measure_point(srv.url, b, n_short, n_long, prompts)
+                logger.info("respec profile %s B=%d: %s", key, b, p)
+                prof.add(key, p)
+            if cfg is not None:
+                info = requests.get(srv.url + "/get_server_info", timeout=60).json()
+                states = info.get("internal_states") or [{}]
+                prof.meta.setdefault("avg_spec_accept_length", {})[key] = states[0].get("avg_spec_accept_length")
+    return prof

@@ -1,0 +1,67 @@
+"""ReSpec FSM: hysteresis keeps a batch size oscillating around the threshold from switching every step."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_spex.respec.fsm import AdaptiveFSM, Hysteresis, two_state_thresholds
+from sglang_spex.respec.solver import Choice, Plan
+
+SPEC = "NGRAM:s4t1n4"
+BIG = "NGRAM:s8t1n8"
+
+
+def _plan(threshold: int = 8, max_batch: int = 32) -> Plan:
+    """Speculate for B < threshold, plain decode from it on."""
+    return Plan(
+        {b: Choice(SPEC if b < threshold else None, 1.5 if b < threshold else 1.0) for b in range(1, max_batch + 1)}
+    )
+
+
+@pytest.mark.parametrize("pattern", [[7, 8], [8, 7, 9, 6], [7, 8, 8, 7, 9]])
+def test_oscillating_batch_size_does_not_flap(pattern):
+    fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=1, min_dwell=4, confirm=2), initial=SPEC)
+    states = [fsm.observe(pattern[i % len(pattern)]) for i in range(200)]
+    assert fsm.switches <= 1
+    assert sum(a != b for a, b in zip(states, states[1:])) <= 1
+
+
+def test_without_hysteresis_the_same_pattern_flaps():
+    fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=0, min_dwell=0, confirm=1), initial=SPEC)
+    for i in range(100):
+        fsm.observe([7, 8][i % 2])
+    assert fsm.switches == 99  # switches every step (the first 7 keeps SPEC): what the guards are for
+
+
+def test_dwell_and_confirm_bound_the_switch_rate():
+    # far from the threshold on both sides every 3 steps: the band rule does not help, dwell does
+    fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=1, min_dwell=10, confirm=2), initial=SPEC)
+    for i in range(300):
+        fsm.observe(2 if (i // 3) % 2 == 0 else 20)
+    assert 0 < fsm.switches <= 300 // 10
+
+
+def test_leaves_and_reenters_speculation_with_the_batch():
+    fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=1, min_dwell=3, confirm=2), initial=None)
+    trace = [16] * 5 + [2] * 5 + [32] * 5 + [1] * 5 + [0] * 5
+    states = [fsm.observe(b) for b in trace]
+    assert states[4] is None and states[9] == SPEC and states[14] is None and states[19] == SPEC
+    assert states[-1] == SPEC and fsm.switches == 3  # B=0 (idle) changes nothing
+    info = fsm.info()
+    assert info["state"] == SPEC and info["switches"] == 3 and info["steps"] == 20
+    assert [t["to"] for t in info["recent_transitions"]] == [SPEC, "none", SPEC]
+
+
+def test_switches_among_configs():
+    plan = Plan({b: Choice(BIG if b <= 2 else SPEC if b <= 8 else None, 1.2) for b in range(1, 17)})
+    fsm = AdaptiveFSM(plan, Hysteresis(margin=0, min_dwell=1, confirm=1))
+    assert [fsm.observe(b) for b in (1, 5, 12, 1)] == [BIG, SPEC, None, BIG]
+
+
+def test_two_state_thresholds_and_parse():
+    h = Hysteresis.parse("2,16")
+    assert h == Hysteresis(2, 16, 2) and Hysteresis.parse("0,0,1") == Hysteresis(0, 0, 1)
+    assert two_state_thresholds(_plan(8), h) == (5, 10)
+    for bad in ("x", "1", "1,2,3,4", "-1,2"):
+        with pytest.raises(ValueError):
+            Hysteresis.parse(bad)

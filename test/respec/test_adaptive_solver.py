@@ -1,0 +1,80 @@
+"""ReSpec solver on hand-made profiles: plain decode when drafting costs more than it saves, else the best config."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_spex.respec.profiler import PLAIN, Point, Profile, SpecConfig, ngram
+from sglang_spex.respec.solver import Plan, SpeedupModel, solve
+
+
+def _profile(curves):
+    """curves: key -> {batch: (step_s, tokens_per_step)}."""
+    prof = Profile("m", "d", "cpu")
+    for key, pts in curves.items():
+        for b, (step, tps) in pts.items():
+            prof.add(key, Point(b, step, tps, b * tps / step))
+    return prof
+
+
+# Plain decode: 50 ms + 4 ms per sequence (the measured SmolLM2 shape on this CPU).
+PLAIN_CURVE = {b: (0.050 + 0.004 * b, 1.0) for b in (1, 4, 16, 32)}
+
+
+def test_no_speculation_when_drafting_costs_more_than_it_saves():
+    # accepts 1.3 tokens per step but each step costs 1.6x a plain one: slower at every batch size
+    costly = {b: (1.6 * (0.050 + 0.004 * b), 1.3) for b in (1, 4, 16, 32)}
+    plan = solve(_profile({PLAIN: PLAIN_CURVE, "NGRAM:s4t1n4": costly}), max_batch=32)
+    assert all(plan.choose(b) is None for b in range(1, 40))
+    assert plan.spec_max_batch() == 0 and plan.boundaries() == []
+
+
+def test_picks_best_config_per_batch_size():
+    # small drafts: cheap, modest acceptance; big drafts: more tokens, verify cost grows fast with the batch
+    small = {1: (0.060, 1.8), 4: (0.080, 1.8), 16: (0.150, 1.8), 32: (0.360, 1.8)}
+    big = {1: (0.070, 2.6), 4: (0.110, 2.6), 16: (0.400, 2.6), 32: (0.900, 2.6)}
+    prof = _profile({PLAIN: PLAIN_CURVE, "NGRAM:s4t1n4": small, "NGRAM:s8t1n8": big})
+    plan = solve(prof, max_batch=32)
+    model = SpeedupModel(prof)
+    for b in range(1, 33):
+        best = max(["NGRAM:s4t1n4", "NGRAM:s8t1n8"], key=lambda k: model.speedup(k, b))
+        want = best if model.speedup(best, b) >= 1.02 else None
+        assert plan.choose(b) == want, b
+    assert plan.choose(1) == "NGRAM:s8t1n8"  # 2.6 * 54 / 70 = 2.0x
+    assert plan.choose(16) == "NGRAM:s4t1n4"  # 1.8 * 114 / 150 = 1.37x vs 2.6 * 114 / 400 = 0.74x
+    assert plan.choose(32) is None  # 1.8 * 178 / 360 = 0.89x, 2.6 * 178 / 900 = 0.51x
+    assert plan.boundaries() == sorted(plan.boundaries()) and len(plan.boundaries()) >= 2
+
+
+def test_interpolation_between_profiled_batch_sizes():
+    prof = _profile({PLAIN: {1: (0.1, 1.0), 9: (0.5, 1.0)}, "X:s1t1n2": {1: (0.2, 1.5), 9: (0.6, 2.5)}})
+    m = SpeedupModel(prof)
+    assert m.step_s(PLAIN, 5) == pytest.approx(0.3)
+    assert m.tokens_per_step("X:s1t1n2", 5) == pytest.approx(2.0)
+    assert m.tokens_per_step("X:s1t1n2", 20) == pytest.approx(2.5)  # held beyond the last point
+    assert m.step_s(PLAIN, 17) == pytest.approx(0.9)  # cost extrapolated linearly
+    assert m.speedup("X:s1t1n2", 5) == pytest.approx(2.0 * 0.3 / 0.4)
+
+
+def test_plan_and_profile_round_trip(tmp_path):
+    prof = _profile({PLAIN: PLAIN_CURVE, "NGRAM:s4t1n4": {1: (0.05, 1.5), 32: (0.4, 1.5)}})
+    path = prof.save(tmp_path / "p.json")
+    again = Profile.load(path)
+    assert again.points == prof.points and again.configs == ["NGRAM:s4t1n4"]
+    plan = solve(again, max_batch=16)
+    assert Plan.from_json(plan.to_json()).choices == plan.choices
+    assert "no-spec" in plan.summary() or plan.spec_max_batch() == 16
+
+
+def test_spec_config_keys_and_flags():
+    c = SpecConfig.parse("NGRAM:s4t2n8")
+    assert c == SpecConfig("NGRAM", 4, 2, 8) and c.key == "NGRAM:s4t2n8" and ngram(8, 2) == c
+    assert c.server_args()[-2:] == ["--speculative-ngram-max-bfs-breadth", "2"]
+    assert "--speculative-eagle-topk" in SpecConfig("EAGLE3", 3, 1, 4).server_args()
+    with pytest.raises(ValueError):
+        SpecConfig.parse("NGRAM-4")
+
+
+def test_profile_without_baseline_is_rejected():
+    with pytest.raises(ValueError, match="baseline"):
+        solve(_profile({"NGRAM:s4t1n4": PLAIN_CURVE}))
