@@ -74,8 +74,7 @@ class SpecBudget:
         live = [c for c in self.contexts if not c.should_stop()]
         if ctx not in live:
             return 0
-        total = self.available() + sum(len(c.store.running()) for c in live)
-        total = min(total, self.k_total)
+        total = self.available()  # the speculative allowance below the knee, running speculation included
         if not self.use_t2:  # T1 only: an even split
             return total // len(live) + (1 if live.index(ctx) < total % len(live) else 0) if live else 0
         demands = [c.demand() for c in live]
