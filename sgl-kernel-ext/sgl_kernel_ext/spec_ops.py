@@ -125,6 +125,87 @@ def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_strid
     bonus_tokens[:bs] = accept_tokens.reshape(-1)[pos].to(bonus_tokens.dtype)
 
 
+def assign_draft_cache_locs_contiguous_cpu(
+    req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_cols
+):
+    """out_cache_loc[b] = req_to_token[req_pool_indices[b], seq_lens[b] : seq_lens[b] + topk * num_cols]."""
+    width = int(topk) * int(num_cols)
+    start = seq_lens.to(torch.int64)
+    assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start, start + width, out_cache_loc, pool_len)
+
+
+def build_tree_kernel_efficient_cpu(
+    parent_list,
+    selected_index,
+    verified_seq_len,
+    tree_mask,
+    positions,
+    retrieve_index,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    topk,
+    depth,
+    draft_token_num,
+    tree_mask_mode,
+):
+    """EAGLE verify tree from the draft's top-k selection (contract of SGLang's build_tree_kernel_efficient).
+
+    Draft node i > 0 is selected entry i-1; its parent is the root when ``selected_index // topk == 0``, else the
+    selected entry equal to ``parent_list[b, selected_index // topk]``. Writes positions, retrieve_* links and
+    each node's ancestor row of the tree mask (QLEN_ONLY = 1, or FULL_MASK = 0 with the prefix left as given).
+    """
+    n = int(draft_token_num)
+    sel = selected_index.to(torch.int64)
+    bs = sel.shape[0]
+    dev = sel.device
+    rows = torch.arange(bs, device=dev)
+    seq = verified_seq_len.to(torch.int64)
+    plist = parent_list.to(torch.int64).reshape(bs, -1)
+    # parent of selected entry k: -1 = root, -2 = not found, else the selected entry index
+    ptb = sel[:, : n - 1] // int(topk)
+    ptok = plist.gather(1, ptb.clamp(max=max(plist.shape[1] - 1, 0))) if plist.shape[1] else torch.zeros_like(ptb)
+    match = sel[:, None, : n - 1] == ptok[:, :, None]  # [b, k, cp]
+    first = torch.where(match.any(-1), match.to(torch.int8).argmax(-1), -2)
+    par = torch.where(ptb == 0, -1, first)  # [b, n-1]
+    # retrieve links, children inserted from the last node down (the kernel's order)
+    ri = rows[:, None] * n + torch.arange(n, device=dev)[None, :]
+    retrieve_index.view(bs, n).copy_(ri.to(retrieve_index.dtype))
+    nt = retrieve_next_token.view(bs, n)
+    ns = retrieve_next_sibling.view(bs, n)
+    for i in range(n - 1, 0, -1):
+        p = par[:, i - 1]
+        found = p != -2
+        pos = torch.where(p == -1, 0, p + 1).clamp(min=0)
+        old = nt[rows, pos]
+        nt[rows[found], pos[found]] = i
+        link = found & (old != -1)
+        ns[rows[link], i] = old[link].to(ns.dtype)
+    # ancestor rows and depths
+    m = torch.zeros(bs, n, n, dtype=torch.bool, device=dev)
+    m[:, :, 0] = True
+    depth_of = torch.zeros(bs, n, dtype=torch.int64, device=dev)
+    for x in range(1, n):
+        cur = torch.full((bs,), x - 1, dtype=torch.int64, device=dev)
+        cont = torch.ones(bs, dtype=torch.bool, device=dev)
+        for _ in range(int(depth)):
+            if not bool(cont.any()):
+                break
+            depth_of[cont, x] += 1
+            m[rows[cont], x, cur[cont] + 1] = True
+            nxt = par[rows, cur.clamp(min=0)]
+            cont = cont & (nxt >= 0)
+            cur = torch.where(cont, nxt, cur)
+    positions.view(-1)[: bs * n] = (depth_of + seq[:, None]).reshape(-1).to(positions.dtype)
+    x = torch.arange(n, device=dev)[None, :, None]
+    c = torch.arange(n, device=dev)[None, None, :]
+    if int(tree_mask_mode) == 0:  # FULL_MASK: rows are seq + n wide, after the previous requests' rows
+        pre = torch.cumsum(seq, 0) - seq
+        start = (rows * n * n + pre * n)[:, None, None] + (seq[:, None, None] + n) * x + seq[:, None, None]
+    else:  # QLEN_ONLY
+        start = (rows * n * n)[:, None, None] + n * x
+    tree_mask.view(-1)[(start + c).reshape(-1)] = m.reshape(-1).to(tree_mask.dtype)
+
+
 def _raw_rows(ptr: int, stride: int, rows: int) -> torch.Tensor:
     """A [rows, stride] uint8 view of memory SGLang owns (a KV buffer addressed by its data pointer)."""
     buf = (ctypes.c_uint8 * (rows * stride)).from_address(ptr)
@@ -151,4 +232,6 @@ IMPLEMENTED: Dict[str, Callable[..., Any]] = {
     "sgl_kernel.copy_all_layer_kv_cache_cpu": copy_all_layer_kv_cache_cpu,
     "sgl_kernel.fill_accept_out_cache_loc_cpu": fill_accept_out_cache_loc_cpu,
     "sgl_kernel.fill_bonus_tokens_cpu": fill_bonus_tokens_cpu,
+    "sgl_kernel.assign_draft_cache_locs_contiguous_cpu": assign_draft_cache_locs_contiguous_cpu,
+    "sgl_kernel.build_tree_kernel_efficient_cpu": build_tree_kernel_efficient_cpu,
 }

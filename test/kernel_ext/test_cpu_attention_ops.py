@@ -120,3 +120,26 @@ def test_bf16_close_to_reference():
             D**-0.5,
         )
         torch.testing.assert_close(out[i : i + 1].float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_draft_decode_layouts_follow_each_branch():
+    from sgl_kernel_ext.attention.draft import draft_decode_layouts
+
+    k, v, g = _pool(4)
+    topk, steps = 2, 4
+    seq = torch.tensor([6, 2, 9])
+    table = _table(g, 4, 20)
+    rpi = torch.tensor([1, 3, 0])
+    out = torch.randperm(SLOTS - 1, generator=g)[: 3 * topk * steps] + 1  # [B, topk, steps] flattened
+    layouts = draft_decode_layouts(table, rpi, seq, out, topk, steps)
+    assert len(layouts) == steps - 1
+    slots3 = out.view(3, topk, steps)
+    for i, layout in enumerate(layouts):
+        q = torch.randn(3 * topk, H, D, generator=g)
+        got = paged_attention(q, k, v, layout, D**-0.5)
+        for b in range(3):
+            for j in range(topk):
+                kv = torch.cat([table[rpi[b], : seq[b]], slots3[b, j, : i + 1]])
+                row = b * topk + j
+                ref = _ref(q[row : row + 1], k[kv], v[kv], torch.ones(1, kv.numel(), dtype=torch.bool), D**-0.5)
+                torch.testing.assert_close(got[row : row + 1], ref, atol=1e-5, rtol=1e-5)

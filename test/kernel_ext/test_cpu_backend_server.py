@@ -1,7 +1,9 @@
 """``--attention-backend spex_cpu`` on a real SGLang server: greedy output equals torch_native's, and
-speculative decoding with it (NGRAM target verify) equals no speculation, token for token.
+speculative decoding with it (NGRAM, STANDALONE with a draft tree, EAGLE3 with a random head) equals no
+speculation, token for token.
 
-One server at a time: the tiny model is served by torch_native, by spex_cpu, and by spex_cpu with NGRAM; the
+One server at a time: the tiny model is served by torch_native, by spex_cpu, and by spex_cpu with each
+speculative algorithm; the
 same workload's token ids are compared (batch sizes 1/3/8, shared prefixes from the radix cache, a chunked
 long prompt mixed with short ones). SmolLM2 (slow: two more servers) runs with ``SPEX_TEST_SMOLLM2=1``.
 """
@@ -9,12 +11,16 @@ long prompt mixed with short ones). SmolLM2 (slow: two more servers) runs with `
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
 import requests
 
 from sglang_spex.serve import ServerProcess
+
+sys.path.insert(0, str(Path(__file__).parent))  # eagle3_head helper
 
 BASE = "The history of the old harbour town begins with a small settlement near the river, where farmers"
 REPEAT = "a b c a b c a b c a b c a b c a b c"  # n-gram friendly: NGRAM drafts get accepted
@@ -89,6 +95,39 @@ def test_ngram_reports_accept_lengths(tiny_ngram):
     assert max(m["spec_accept_length"] for m in meta) > 1.5  # the repetitive prompts accept drafts
     state = tiny_ngram["server_info"]["internal_states"][0]
     assert state["avg_spec_accept_length"] > 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny_standalone(tiny_model):
+    # draft = target, tree drafting (topk 2): multi-step draft decode, draft extend, tree build + verify
+    spec = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", tiny_model]
+    spec += ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
+    return collect(tiny_model, "spex_cpu", 24, TINY + spec, tag="standalone")
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle3(tiny_model, tmp_path_factory):
+    from eagle3_head import make_random_eagle3_head
+
+    head = make_random_eagle3_head(Path(tiny_model), tmp_path_factory.mktemp("tiny-eagle3"))
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head)]
+    spec += ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    return collect(tiny_model, "spex_cpu", 24, TINY + spec, tag="eagle3")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_standalone_greedy_equals_no_speculation(tiny_ours, tiny_standalone, case):
+    assert tiny_standalone[case] == tiny_ours[case]
+
+
+def test_standalone_accepts_drafts(tiny_standalone):
+    # the draft is the target itself, so most drafted tokens are accepted
+    assert sum(m["spec_accept_length"] for m in META["standalone"]) / len(META["standalone"]) > 2.0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_eagle3_greedy_equals_no_speculation(tiny_ours, tiny_eagle3, case):
+    assert tiny_eagle3[case] == tiny_ours[case]
 
 
 @pytest.mark.skipif(

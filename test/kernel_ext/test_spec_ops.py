@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from sgl_kernel_ext import spec_ops
@@ -121,3 +122,99 @@ def test_served_by_standin():
 
     assert sgl_kernel.verify_tree_greedy_cpu is spec_ops.verify_tree_greedy_cpu
     assert reconstruct_indices_from_tree_mask is spec_ops.reconstruct_indices_from_tree_mask
+
+
+def test_fill_accept_out_cache_loc_and_bonus_tokens():
+    accept_index = torch.tensor([[0, 2, -1], [3, -1, -1], [6, 7, 8]])
+    out_cache_loc = torch.arange(100, 109)
+    got = torch.zeros(6, dtype=torch.int64)
+    spec_ops.fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, got)
+    assert got.tolist() == [100, 102, 103, 106, 107, 108]
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]])
+    bonus = torch.zeros(3, dtype=torch.int64)
+    spec_ops.fill_bonus_tokens_cpu(tokens, torch.tensor([2, 1, 3]), bonus, 3)
+    assert bonus.tolist() == [6, 8, 13]
+
+
+def test_assign_draft_cache_locs_contiguous():
+    table = torch.arange(4 * 30, dtype=torch.int32).view(4, 30)
+    rpi, seq = torch.tensor([2, 0]), torch.tensor([5, 11])
+    out = torch.zeros(2 * 2 * 3, dtype=torch.int64)
+    spec_ops.assign_draft_cache_locs_contiguous_cpu(rpi, table, seq, out, 30, 2, 3)
+    assert out.tolist() == table[2, 5:11].tolist() + table[0, 11:17].tolist()
+
+
+def _build_tree_ref(parent_list, sel, seq, topk, depth, n, full):
+    """Per-request transcription of SGLang's build_tree kernel (Python loops)."""
+    bs = sel.shape[0]
+    pre = torch.cumsum(seq, 0) - seq
+    size = int((seq * n).sum()) + n * n * bs if full else n * n * bs
+    mask = torch.ones(size, dtype=torch.bool)
+    pos = torch.zeros(bs * n, dtype=torch.int64)
+    ri, nt, ns = (torch.full((bs, n), -1, dtype=torch.int64) for _ in range(3))
+    for b in range(bs):
+        s = int(seq[b])
+        pos[b * n] = s
+        for i in range(n - 1, 0, -1):
+            ri[b, i] = b * n + i
+            ptb = int(sel[b, i - 1]) // topk
+            pp, found = 0, ptb == 0
+            if not found:
+                ptok = int(parent_list[b, ptb])
+                for q in range(n - 1):
+                    if int(sel[b, q]) == ptok:
+                        pp, found = q + 1, True
+                        break
+            if found:
+                old = int(nt[b, pp])
+                nt[b, pp] = i
+                if old != -1:
+                    ns[b, i] = old
+        ri[b, 0] = b * n
+        for x in range(n):
+            start = (n * n * b + int(pre[b]) * n + (s + n) * x + s) if full else n * n * b + n * x
+            mask[start] = True
+            mask[start + 1 : start + n] = False
+            position = 0
+            if x > 0:
+                cur = x - 1
+                for _ in range(depth):
+                    position += 1
+                    mask[start + 1 + cur] = True
+                    ptb = int(sel[b, cur]) // topk
+                    if ptb == 0:
+                        break
+                    ptok = int(parent_list[b, ptb])
+                    nxt = [q for q in range(n - 1) if int(sel[b, q]) == ptok]
+                    if not nxt:
+                        break
+                    cur = nxt[0]
+            pos[b * n + x] = position + s
+    return mask, pos, ri, nt, ns
+
+
+def _draft_tree(rng: random.Random, topk: int, depth: int, n: int):
+    """A plausible EAGLE selection: parent_list entries and top-scored indices into the topk-expanded levels."""
+    width = topk + (depth - 1) * topk * topk
+    parent_list = torch.tensor([-1] + list(range(topk)) + [topk + k for k in range((depth - 2) * topk)])
+    sel = sorted(rng.sample(range(width), n - 1))
+    return parent_list, torch.tensor(sel)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_build_tree_kernel_efficient_matches_reference(full):
+    rng = random.Random(3)
+    topk, depth, n, bs = 2, 3, 5, 3
+    trees = [_draft_tree(rng, topk, depth, n) for _ in range(bs)]
+    parent_list = torch.stack([p for p, _ in trees])
+    sel = torch.stack([s for _, s in trees])
+    seq = torch.tensor([4, 9, 1])
+    rm, rp, rri, rnt, rns = _build_tree_ref(parent_list, sel, seq, topk, depth, n, full)
+    mask = torch.ones_like(rm)
+    pos = torch.zeros(bs * n, dtype=torch.int64)
+    ri, nt, ns = (torch.full((bs, n), -1, dtype=torch.int64) for _ in range(3))
+    spec_ops.build_tree_kernel_efficient_cpu(
+        parent_list, sel, seq, mask, pos, ri, nt, ns, topk, depth, n, 0 if full else 1
+    )
+    assert torch.equal(pos, rp) and torch.equal(ri, rri) and torch.equal(nt, rnt) and torch.equal(ns, rns)
+    assert torch.equal(mask, rm)
