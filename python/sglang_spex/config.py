@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -150,3 +151,59 @@ def parse_tot_args(argv: Sequence[str]) -> Tuple[SpexConfig, List[str]]:
 def replace(cfg: SpexConfig, **changes) -> SpexConfig:
     """A copy of ``cfg`` with ``changes`` applied and validated."""
     return dataclasses.replace(cfg, **changes).validate()
+
+
+# ---------------------------------------------------------------- ReSpec adaptive server (issue 8)
+RESPEC_ENV_VAR = "SGLANG_SPEX_RESPEC"
+_HYST = re.compile(r"^\d+,\d+(,[1-9]\d*)?$")
+_FORCE = re.compile(r"^(plain|spec|alternate:[1-9]\d*)$")
+
+
+@dataclasses.dataclass
+class RespecConfig:
+    """``--respec-adaptive``, ``--respec-profile PATH|auto``, ``--respec-hysteresis MARGIN,DWELL[,CONFIRM]``.
+
+    ``force`` (``--respec-force``, tests and benchmarks): ``plain``, ``spec`` or ``alternate:K`` (switch every K
+    decode steps) instead of the profile's plan.
+    """
+
+    enabled: bool = False
+    profile: str = "auto"
+    hysteresis: str = "1,8,2"
+    force: Optional[str] = None
+    max_batch: int = 256
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env(cls) -> "RespecConfig":
+        text = os.environ.get(RESPEC_ENV_VAR)
+        return cls(**json.loads(text)) if text else cls()
+
+
+def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
+    """Split ``--respec-*`` flags off ``argv``; :class:`ConfigError` names a bad flag or value."""
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    g = parser.add_argument_group("sglang-spex (ReSpec adaptive server)")
+    g.add_argument("--respec-adaptive", action="store_true", help="switch speculation on/off by active batch")
+    g.add_argument("--respec-profile", default="auto", help="profile JSON (scripts/respec_profile.py) or 'auto'")
+    g.add_argument("--respec-hysteresis", default="1,8,2", help="MARGIN,MIN_DWELL[,CONFIRM]")
+    g.add_argument("--respec-force", default=None, help="plain | spec | alternate:K (testing)")
+    ns, rest = parser.parse_known_args(list(argv))
+    unknown = [a.split("=")[0] for a in rest if a.startswith("--respec-")]
+    if unknown:
+        raise ConfigError(f"unknown flag {unknown[0]}")
+    if not _HYST.match(ns.respec_hysteresis):
+        raise ConfigError(f"--respec-hysteresis {ns.respec_hysteresis!r}: expected MARGIN,MIN_DWELL[,CONFIRM]")
+    if ns.respec_force is not None and not _FORCE.match(ns.respec_force):
+        raise ConfigError(f"--respec-force {ns.respec_force!r}: expected plain, spec or alternate:K")
+    if ns.respec_profile != "auto" and not os.path.exists(ns.respec_profile):
+        raise ConfigError(f"--respec-profile {ns.respec_profile}: no such file")
+    if ns.respec_adaptive:
+        alg = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--speculative-algorithm"), None)
+        alg = alg or next((a.split("=", 1)[1] for a in rest if a.startswith("--speculative-algorithm=")), None)
+        if (alg or "").upper() != "NGRAM":
+            raise ConfigError(f"--respec-adaptive needs --speculative-algorithm NGRAM (got {alg})")
+    cfg = RespecConfig(ns.respec_adaptive, ns.respec_profile, ns.respec_hysteresis, ns.respec_force)
+    return cfg, rest

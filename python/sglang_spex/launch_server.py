@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from sglang_spex.config import ENV_VAR, ConfigError, SpexConfig, parse_tot_args
+from sglang_spex.config import ENV_VAR, RESPEC_ENV_VAR, ConfigError, SpexConfig, parse_respec_args, parse_tot_args
 
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
 CPU_DEFAULTS = {
@@ -97,9 +97,11 @@ def build_sglang_args(cfg: SpexConfig, rest: Sequence[str], gpu: bool) -> List[s
 def prepare(argv: Sequence[str]) -> List[str]:
     """Parse our flags, set the environment for SGLang's processes, return SGLang's arguments."""
     cfg, rest = parse_tot_args(argv)
+    respec, rest = parse_respec_args(rest)
     gpu = has_gpu()
     args = build_sglang_args(cfg, rest, gpu)
     os.environ[ENV_VAR] = cfg.to_json()
+    os.environ[RESPEC_ENV_VAR] = respec.to_json()
     if not gpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)

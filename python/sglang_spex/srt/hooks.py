@@ -24,6 +24,7 @@ SAMPLING_INFO = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 PREFILL_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 RADIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 _registered = False
 _config = SpexConfig()
 
@@ -111,6 +112,20 @@ def _register_cpu_attention() -> None:
         logger.exception("spex: registering the spex_cpu attention backend failed")
 
 
+def _register_respec() -> None:
+    """ReSpec adaptive server hooks, only under ``--respec-adaptive`` (logic in :mod:`sglang_spex.respec.adaptive`)."""
+    from sglang_spex.config import RespecConfig
+
+    if not RespecConfig.from_env().enabled:
+        return
+    from sglang_spex.respec.adaptive import h_ngram_forward, h_report_state
+
+    # R1: a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says "no spec".
+    HookRegistry.register(f"{NGRAM_WORKER}.forward_batch_generation", h_ngram_forward, HookType.AROUND)
+    # R2: FSM state, switch/step counts and KV pool figures in /get_server_info (internal_states[0]["respec"]).
+    HookRegistry.register(f"{SCHEDULER}.get_internal_state", h_report_state, HookType.AFTER)
+
+
 def register_all(cfg: SpexConfig) -> None:
     """Register the hooks ``cfg`` needs (idempotent per process)."""
     global _registered, _config
@@ -120,6 +135,7 @@ def register_all(cfg: SpexConfig) -> None:
     _registered = True
     HookRegistry.register(f"{SCHEDULER}.get_internal_state", _h1_report_state, HookType.AFTER)
     _register_cpu_attention()  # selectable with or without --tot-speculation
+    _register_respec()  # --respec-adaptive, independent of --tot-speculation
     if not cfg.enabled:
         return  # without --tot-speculation the plugin only reports; SGLang runs unchanged
     HookRegistry.register(f"{SAMPLING_INFO}.from_schedule_batch", _h2_seeded_sampling, HookType.AFTER)

@@ -1,0 +1,52 @@
+"""``--respec-*`` launcher flags: parsed apart from SGLang's and ``--tot-*``; bad values fail fast, naming the flag."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_spex.config import RESPEC_ENV_VAR, ConfigError, RespecConfig, parse_respec_args, parse_tot_args
+
+NGRAM = ["--speculative-algorithm", "NGRAM"]
+
+
+def test_defaults_and_pass_through():
+    cfg, rest = parse_respec_args(["--model-path", "m", "--tot-speculation"])
+    assert cfg == RespecConfig() and rest == ["--model-path", "m", "--tot-speculation"]
+    tot, rest = parse_tot_args(["--respec-adaptive", "--tot-speculation", *NGRAM])
+    assert tot.enabled and rest[0] == "--respec-adaptive"  # --tot-* parsing ignores our flags
+    cfg, rest = parse_respec_args(rest)
+    assert cfg.enabled and rest == NGRAM
+
+
+def test_all_flags(tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text("{}")
+    argv = ["--respec-adaptive", "--respec-profile", str(prof), "--respec-hysteresis", "2,16,3", *NGRAM]
+    cfg, rest = parse_respec_args(argv + ["--respec-force=alternate:4"])
+    assert (cfg.profile, cfg.hysteresis, cfg.force) == (str(prof), "2,16,3", "alternate:4") and rest == NGRAM
+    assert RespecConfig(**json.loads(cfg.to_json())) == cfg
+
+
+def test_from_env(monkeypatch):
+    monkeypatch.setenv(RESPEC_ENV_VAR, RespecConfig(enabled=True, force="plain").to_json())
+    assert RespecConfig.from_env().force == "plain"
+    monkeypatch.delenv(RESPEC_ENV_VAR)
+    assert not RespecConfig.from_env().enabled
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--respec-adaptiv"], "--respec-adaptiv"),
+        (["--respec-hysteresis", "fast"], "--respec-hysteresis"),
+        (["--respec-force", "sometimes"], "--respec-force"),
+        (["--respec-profile", "/nonexistent/p.json"], "--respec-profile"),
+        (["--respec-adaptive"], "--speculative-algorithm NGRAM"),
+        (["--respec-adaptive", "--speculative-algorithm", "EAGLE3"], "EAGLE3"),
+    ],
+)
+def test_bad_flags_name_themselves(argv, needle):
+    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
+        parse_respec_args(argv)

@@ -1,0 +1,104 @@
+"""ReSpec adaptive server on real CPU SGLang (tiny Llama, float32, spex_cpu attention, NGRAM speculation).
+
+Two servers, one after the other (module scope): plain SGLang without speculation gives the reference; then
+NGRAM with ``--respec-adaptive --respec-force alternate:3`` switches between true plain decode steps and
+speculative steps every 3 decode steps, in the middle of every generation. Greedy token ids must equal the
+reference (nothing lost or duplicated at a switch) and the KV pool must return to its starting level.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import pytest
+import requests
+
+from sglang_spex.config import RespecConfig
+from sglang_spex.respec.adaptive import Runtime
+from sglang_spex.respec.solver import Choice, Plan
+from sglang_spex.serve import ServerProcess
+
+BASE = "The history of the old harbour town begins with a small settlement near the river, where farmers"
+REPEAT = "a b c a b c a b c a b c a b c a b c"
+WORKLOADS = {
+    "b1": [BASE],
+    "b4_mixed": [BASE + " grew", REPEAT, "Hi", BASE + " sang in winter"],
+    "b2_repetitive": [REPEAT, REPEAT + " a b"],
+}
+N = 24
+COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
+
+
+def _generate(url: str, texts: List[str]) -> List[dict]:
+    params = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
+    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+def _state(url: str) -> dict:
+    return requests.get(url + "/get_server_info", timeout=60).json()["internal_states"][0]
+
+
+def _idle_state(url: str) -> dict:
+    for _ in range(50):
+        st = _state(url)
+        if st["respec"]["pool"]["running"] == 0:
+            return st
+        time.sleep(0.2)
+    return st
+
+
+def _collect(srv: ServerProcess) -> Dict[str, List[List[int]]]:
+    return {k: [x["output_ids"] for x in _generate(srv.url, texts)] for k, texts in WORKLOADS.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
+        return _collect(srv)
+
+
+@pytest.fixture(scope="module")
+def adaptive(tiny_model, reference):  # after the reference server has stopped: one server at a time
+    spec = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+    respec = ["--respec-adaptive", "--respec-force", "alternate:3"]
+    with ServerProcess(["--model-path", tiny_model, *COMMON, *spec, *respec]) as srv:
+        before = _idle_state(srv.url)
+        out = _collect(srv)
+        out["meta"] = [x["meta_info"] for x in _generate(srv.url, WORKLOADS["b2_repetitive"])]
+        after = _idle_state(srv.url)
+        return out, before, after
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_switching_spec_on_off_keeps_greedy_output(reference, adaptive, workload):
+    out, _, _ = adaptive
+    assert all(len(ids) == N for ids in out[workload])  # no token lost at a switch
+    assert out[workload] == reference[workload]
+
+
+def test_both_paths_ran_and_speculation_accepted(adaptive):
+    out, _, after = adaptive
+    rs = after["respec"]
+    assert rs["plain_steps"] > 0 and rs["spec_steps"] > 0
+    assert rs["config"]["force"] == "alternate:3"
+    assert max(m["spec_accept_length"] for m in out["meta"]) > 1.0  # spec steps on repetitive text accept drafts
+
+
+def test_kv_returns_to_start(adaptive):
+    _, before, after = adaptive
+    b, a = before["respec"]["pool"], after["respec"]["pool"]
+    assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"]
+    assert a["req_slots_free"] == b["req_slots_free"]
+
+
+def test_runtime_modes_without_server():
+    plan = Plan({b: Choice("NGRAM:s4t1n4" if b <= 4 else None, 1.5) for b in range(1, 17)})
+    rt = Runtime(RespecConfig(enabled=True, hysteresis="0,0,1"), plan)
+    assert [rt.speculate(b) for b in (1, 8, 2, 16)] == [True, False, True, False]
+    assert rt.info()["fsm"]["switches"] == 4 and rt.plain_steps == 2  # None -> spec at the first step
+    alt = Runtime(RespecConfig(enabled=True, force="alternate:2"), None)
+    assert [alt.speculate(1) for _ in range(6)] == [True, True, False, False, True, True]
+    assert not Runtime(RespecConfig(enabled=True, force="plain"), None).speculate(1)
