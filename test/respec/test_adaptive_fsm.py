@@ -65,3 +65,9 @@ def test_two_state_thresholds_and_parse():
     for bad in ("x", "1", "1,2,3,4", "-1,2"):
         with pytest.raises(ValueError):
             Hysteresis.parse(bad)
+
+
+def test_first_step_adopts_the_plan_without_dwell():
+    fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=1, min_dwell=50, confirm=5))
+    assert fsm.observe(2) == SPEC and fsm.switches == 0
+    assert AdaptiveFSM(_plan(8), Hysteresis(1, 50, 5)).observe(30) is None

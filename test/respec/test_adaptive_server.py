@@ -98,7 +98,7 @@ def test_runtime_modes_without_server():
     plan = Plan({b: Choice("NGRAM:s4t1n4" if b <= 4 else None, 1.5) for b in range(1, 17)})
     rt = Runtime(RespecConfig(enabled=True, hysteresis="0,0,1"), plan)
     assert [rt.speculate(b) for b in (1, 8, 2, 16)] == [True, False, True, False]
-    assert rt.info()["fsm"]["switches"] == 4 and rt.plain_steps == 2  # None -> spec at the first step
+    assert rt.info()["fsm"]["switches"] == 3 and rt.plain_steps == 2  # the first step adopts the plan
     alt = Runtime(RespecConfig(enabled=True, force="alternate:2"), None)
     assert [alt.speculate(1) for _ in range(6)] == [True, True, False, False, True, True]
     assert not Runtime(RespecConfig(enabled=True, force="plain"), None).speculate(1)

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 from sglang_spex.respec.solver import Plan
 
 State = Optional[str]  # None = plain decode
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,17 @@ class AdaptiveFSM:
         self,
         plan: Union[Plan, Callable[[int], State]],
         hysteresis: Hysteresis = Hysteresis(),
-        initial: State = None,
+        initial: object = _UNSET,
         max_batch: int = 1024,
     ):
+        """Without ``initial`` the first observed batch size sets the state directly (no dwell, no switch)."""
         self._choose = plan.choose if isinstance(plan, Plan) else plan
         self.hyst = hysteresis
         self.max_batch = max_batch
-        self.state: State = initial
+        self._adopt_first = initial is _UNSET
+        self.state: State = None if initial is _UNSET else initial  # type: ignore[assignment]
         self.dwell = 0  # steps in the current state
-        self._pending: Tuple[State, int] = (initial, 0)  # candidate state, consecutive votes
+        self._pending: Tuple[State, int] = (self.state, 0)  # candidate state, consecutive votes
         self.steps = 0
         self.switches = 0
         self.steps_per_state: Dict[str, int] = {}
@@ -79,6 +82,10 @@ class AdaptiveFSM:
         """Record one step of ``batch`` active decode sequences; return the state for the next step."""
         if batch <= 0:
             return self.state
+        if self._adopt_first:
+            self._adopt_first = False
+            self.state = self._choose(min(batch, self.max_batch))
+            self._pending = (self.state, 0)
         self.steps += 1
         self.dwell += 1
         label = self.state or "none"
