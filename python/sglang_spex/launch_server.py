@@ -17,7 +17,7 @@ from sglang_spex.config import ENV_VAR, RESPEC_ENV_VAR, ConfigError, SpexConfig,
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
 CPU_DEFAULTS = {
     "--device": "cpu",
-    "--attention-backend": "torch_native",
+    "--attention-backend": "spex_cpu",  # sgl-kernel-ext: batched CPU attention (1.6x decode at batch 16)
     "--sampling-backend": "pytorch",
     "--max-total-tokens": "32768",
     # SGLang sizes KV as (available after load) - (1 - f) * (available before load): with a small f, memory
