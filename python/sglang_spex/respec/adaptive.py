@@ -164,7 +164,9 @@ def h_ngram_forward(original, worker, batch, *args, **kwargs):
     """AROUND NGRAMWorker.forward_batch_generation: a plain decode step when the FSM says "no speculation"."""
     try:
         rt = runtime(getattr(getattr(worker, "server_args", None), "model_path", "") or "")
-        plain = batch.forward_mode.is_decode() and not batch.has_grammar and not rt.speculate(len(batch.reqs))
+        # grammar and logprob batches keep SGLang's spec path (their spec-shaped outputs are not rebuilt here)
+        eligible = batch.forward_mode.is_decode() and not batch.has_grammar and not batch.return_logprob
+        plain = eligible and not rt.speculate(len(batch.reqs))
     except Exception:  # never break the scheduler: fall back to SGLang's path
         logger.exception("respec: FSM failed; speculating")
         plain = False

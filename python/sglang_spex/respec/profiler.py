@@ -1,9 +1,10 @@
 """ReSpec Adaptive Server, offline part 1: profile speculative (s, t, n) configs against real SGLang servers.
 
 For every candidate config (and the no-speculation baseline) one server is started; for each batch size a batch
-of calibration prompts is decoded greedily twice, with ``n_short`` and ``n_long`` new tokens, after a priming
-request that puts the prompts in the radix cache. The difference of the two wall times removes prefill and
-request overhead, so a :class:`Point` holds pure decode numbers:
+of calibration prompts is decoded greedily twice, with ``n_short`` and ``n_long`` new tokens, each after
+``/flush_cache`` (empties the radix cache *and* the NGRAM corpus, which otherwise learns the calibration outputs
+and inflates acceptance on the next run). The difference of the two wall times removes prefill and request
+overhead, so a :class:`Point` holds pure decode numbers:
 
 * ``step_s``: seconds per decode step of the whole batch (draft + verify for a speculative config);
 * ``tokens_per_step``: tokens each sequence gains per step (the accept length incl. the bonus token; 1 plain);
@@ -164,6 +165,15 @@ def _generate(url: str, texts: List[str], n: int) -> List[dict]:
     return [x["meta_info"] for x in r.json()]
 
 
+def flush(url: str, tries: int = 100) -> None:
+    """``/flush_cache``: empties the radix cache and SGLang's NGRAM corpus (only when the server is idle)."""
+    for _ in range(tries):
+        if requests.post(url + "/flush_cache", timeout=60).status_code == 200:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("server never idle for /flush_cache")
+
+
 def batch_prompts(batch: int, prompts: Sequence[str] = CALIBRATION_PROMPTS) -> List[str]:
     """``batch`` distinct prompts cycling through the calibration set."""
     return [prompts[i % len(prompts)] + ("" if i < len(prompts) else f" ({i // len(prompts)})") for i in range(batch)]
@@ -174,11 +184,11 @@ def measure_point(
 ) -> Point:
     """Decode numbers of the server at ``url`` for one batch size (two-point difference, see module doc)."""
     texts = batch_prompts(batch, prompts)
-    _generate(url, texts, 1)  # prime: prompts into the radix cache
     runs = []
     for n in (n_short, n_long):
         best, meta = float("inf"), []
         for _ in range(max(1, repeats)):  # the fastest of a few runs: other processes only ever add time
+            flush(url)  # every run starts cold: same prefill to cancel out, and no n-gram corpus of earlier runs
             t0 = time.perf_counter()
             meta = _generate(url, texts, n)
             best = min(best, time.perf_counter() - t0)
