@@ -133,7 +133,9 @@ def main() -> None:
         sched.step()
         curve.append({"iter": it, "loss": float(loss.detach()), "acc": [round(a, 4) for a in accs]})
         if it % 10 == 0:
-            print(f"iter {it:4d} loss {float(loss.detach()):.3f} step-acc {[round(a, 2) for a in accs[:4]]}", flush=True)
+            print(
+                f"iter {it:4d} loss {float(loss.detach()):.3f} step-acc {[round(a, 2) for a in accs[:4]]}", flush=True
+            )
         it += 1
     train_s = time.time() - t2
     drafter.eval()
