@@ -33,12 +33,9 @@ import requests
 import simbench as sb
 from tqdm import tqdm
 
-from sglang_spex.config import SpexConfig
 from sglang_spex.profile.cache import Profile
 from sglang_spex.sim.cost import CostModel, MeasuredCost
 from sglang_spex.sim.workload import Workload, WorkloadParams
-from sglang_spex.spec.runner import SpecBudget, context_factory
-from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import SearchResult, run_batch
 from sglang_spex.tot.spec import SearchSpec
 from sglang_spex.tot.tasks import get_task
@@ -136,25 +133,7 @@ async def real_run(
     url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int
 ) -> Tuple[List[SearchResult], float]:
     """One real batch (radix cache flushed first), results kept for the workload fit."""
-    bench_tot.flush_cache(url)
-    port = HttpPort(url)
-    kw: Dict[str, Any] = {}
-    if mode is not None:
-        cfg = SpexConfig(enabled=True, k_total=k_total, **mode)
-        kw["context_factory"] = context_factory(cfg, SpecBudget(k_total, cfg.budget_temperature, cfg.min_share))
-    t0 = time.monotonic()
-    try:
-        results = await run_batch(
-            spec,
-            [q.text for q in questions],
-            port,
-            concurrency=concurrency,
-            references=[q.reference for q in questions],
-            **kw,
-        )
-    finally:
-        await port.close()
-    return results, time.monotonic() - t0
+    return await bench_tot.run_real(url, spec, questions, concurrency, mode, k_total)
 
 
 NODE_KEYS = ("depth", "tokens", "finish_reason", "terminal", "status")

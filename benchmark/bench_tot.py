@@ -70,7 +70,8 @@ def flush_cache(url: str) -> None:
     requests.post(url + "/flush_cache", timeout=60).raise_for_status()
 
 
-async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int):
+async def run_real(url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int):
+    """One measured batch on a real server (radix cache flushed first): (results, wall seconds)."""
     flush_cache(url)
     port = HttpPort(url)
     kw: Dict[str, Any] = {}
@@ -89,7 +90,11 @@ async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode
         )
     finally:
         await port.close()
-    wall = time.monotonic() - t0
+    return results, time.monotonic() - t0
+
+
+async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int):
+    results, wall = await run_real(url, spec, questions, concurrency, mode, k_total)
     acc: Dict[str, Any] = {}
     for r in results:
         for key, value in (r.speculation or {}).items():
