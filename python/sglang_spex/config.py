@@ -91,6 +91,13 @@ def _k_total(text: str) -> Optional[int]:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}")
 
 
+def _on_off(text: str) -> bool:
+    value = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return value
+
+
 def _components(text: str) -> Tuple[str, ...]:
     parts = tuple(p.strip().lower() for p in text.split(",") if p.strip())
     bad = [p for p in parts if p not in COMPONENTS]
@@ -114,7 +121,9 @@ def add_tot_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tot-components", type=_components, default=d.components, help="subset of t1,t2,t3")
     g.add_argument("--tot-lookahead", type=int, default=d.lookahead, help="DFS UCB simulation steps")
     g.add_argument("--tot-budget-temperature", type=float, default=d.budget_temperature)
-    g.add_argument("--tot-early-stop", action="store_true", help="enable T3 early termination")
+    g.add_argument(
+        "--tot-early-stop", type=_on_off, nargs="?", const=True, default=d.early_stop, help="T3 early stop: [on|off]"
+    )
     g.add_argument("--tot-early-stop-alpha", type=float, default=d.early_stop_alpha)
     g.add_argument("--tot-early-stop-min-answers", type=int, default=d.early_stop_min_answers)
     g.add_argument("--tot-max-concurrent-searches", type=int, default=d.max_concurrent_searches)

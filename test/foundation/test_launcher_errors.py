@@ -42,6 +42,12 @@ def test_parse_splits_ours_from_sglang():
     cfg, rest = parse_tot_args(["--tot-speculation", "--tot-k-total", "auto", "--tp", "1", "--tot-lookahead=3"])
     assert cfg.enabled and cfg.k_total is None and cfg.lookahead == 3
     assert rest == ["--tp", "1"]
+    assert not cfg.early_stop
+    assert parse_tot_args(["--tot-early-stop"])[0].early_stop
+    assert parse_tot_args(["--tot-early-stop", "on"])[0].early_stop
+    assert not parse_tot_args(["--tot-early-stop", "off"])[0].early_stop
+    with pytest.raises(ConfigError, match="--tot-early-stop"):
+        parse_tot_args(["--tot-early-stop", "maybe"])
     assert SpexConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ConfigError, match="unknown config field"):
         SpexConfig.from_json('{"bogus": 1}')
