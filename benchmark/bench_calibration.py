@@ -436,11 +436,7 @@ def plot(table: List[Dict[str, Any]], path: Path) -> None:
         ax.set_xlabel(f"real CPU server: {lab}")
         ax.set_ylabel(f"simulator (cpu-measured): {lab}")
     a.legend(fontsize=7)
-    fig.suptitle("Calibration: simulator vs real SGLang (SmolLM2-135M, CPU)", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    sb.save_figure(fig, path, "Calibration: simulator vs real SGLang (SmolLM2-135M, CPU)")
 
 
 if __name__ == "__main__":

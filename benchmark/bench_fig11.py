@@ -57,11 +57,7 @@ def plot(rows: List[Dict[str, Any]], path: Path, title: str) -> None:
         ax.set_ylabel("speedup over baseline (questions/min)")
         ax.margins(y=0.15)
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    sb.save_figure(fig, path, title)
 
 
 def main() -> None:

@@ -43,11 +43,7 @@ def plot(rows: List[Dict[str, Any]], path: Path, title: str) -> None:
         ax.set_title(t)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    sb.save_figure(fig, path, title)
 
 
 def main() -> None:

@@ -214,3 +214,16 @@ def meta(source: str, args: Any) -> Dict[str, Any]:
 
 def parse_list(text: str, cast=str) -> List[Any]:
     return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def save_figure(fig, path, title: Optional[str] = None, **suptitle_kw: Any) -> None:
+    """Title, lay out, write (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    if title is not None:
+        fig.suptitle(title, fontsize=9, **suptitle_kw)
+    if "rect" not in suptitle_kw:
+        fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
