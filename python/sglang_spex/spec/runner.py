@@ -35,6 +35,7 @@ from sglang_spex.tot.tree import CANCELLED, DONE, GENERATING, KIND_STEP, PENDING
 logger = logging.getLogger(__name__)
 
 DEFAULT_K_TOTAL = 8
+CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
 ROLLOUT_LABELS = {"rstar": "rollout", "rest": "iteration"}
 
 
@@ -109,6 +110,8 @@ class SpexContext(SearchContext):
         self._bfs_targets: Dict[str, int] = {}  # BFS: node of the current depth -> predicted width
         self._cancels: List["asyncio.Future"] = []
         self._finalized = False
+        self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
+        self._cand: Tuple[int, List[Tuple[Node, int, int]]] = (-1, [])
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -116,6 +119,7 @@ class SpexContext(SearchContext):
     async def generate_node(self, parent: Node, index: int, kind: str = KIND_STEP) -> Node:
         if not self.t1:
             return await super().generate_node(parent, index, kind)
+        self._version += 1  # the policy moved on (backups, a new rollout): plan again
         if kind != KIND_STEP:  # REST partial-rollout samples: never speculated, but the engine waits on them
             self.pump()
             node = await super().generate_node(parent, index, kind)
@@ -148,6 +152,7 @@ class SpexContext(SearchContext):
             self.on_answer(node)
 
     def _after(self, node: Node) -> None:
+        self._version += 1
         if node.status == DONE and not node.is_terminal and self.is_bfs and self.t1:
             self._bfs_early(node)
         self.pump()
@@ -156,7 +161,7 @@ class SpexContext(SearchContext):
 
     def demand(self) -> QueryDemand:
         """T2 inputs: C_q (what could be issued now), P_q, shared vs total prompt KV of the branches."""
-        cands = self._candidates(limit=64)
+        cands = self._candidates(limit=CANDIDATE_LIMIT)
         prompt = sum(len(self.prompt_for(p)) for p, _, _ in cands[:8]) / max(1, min(8, len(cands)))
         step = self.spec.step.max_tokens
         return QueryDemand(
@@ -181,9 +186,15 @@ class SpexContext(SearchContext):
         return [(parent, i, distance) for i in range(start, width) if not self._taken(child_path(parent.path, i))]
 
     def _candidates(self, limit: int) -> List[Tuple[Node, int, int]]:
-        """(parent, child index, distance) to generate speculatively, best first."""
+        """(parent, child index, distance) to generate speculatively, best first (cached until something changes:
+        T2 asks every live search for its demand on each refill)."""
         if not self.t1 or self.should_stop():
             return []
+        if self._cand[0] != self._version:
+            self._cand = (self._version, self._plan(CANDIDATE_LIMIT))
+        return self._cand[1][:limit]
+
+    def _plan(self, limit: int) -> List[Tuple[Node, int, int]]:
         out: List[Tuple[Node, int, int]] = []
         if self.is_bfs:
             for parent, width in self._bfs_targets.items():
@@ -246,6 +257,7 @@ class SpexContext(SearchContext):
         known = self.tree.at_depth(depth)
         predicted = bfs_early.predicted_widths(known, bfs_early.remaining_width(width, finished), temp)
         self._bfs_targets = {p: w for p, w in predicted.items() if w > 0}
+        self._version += 1
 
     def pump(self) -> None:
         """Refill idle speculative producers up to this search's T2 share."""
@@ -263,6 +275,7 @@ class SpexContext(SearchContext):
             node = Node(path=path, parent=parent, kind=KIND_STEP, seed=node_seed(self.tree.search_seed, path))
             self.store.issue(node, distance, self._generate_spec)
             self.acc.on_issue(distance)
+            self._version += 1
 
     async def _generate_spec(self, node: Node) -> None:
         node.status, node.rid = GENERATING, node_rid(self.search_id, node.path)
@@ -282,6 +295,7 @@ class SpexContext(SearchContext):
         self.tokens_generated = before  # counted when (if) the primary search adopts it
         self.acc.spec_tokens += node.num_tokens
         await self.score_node(node)
+        self._version += 1
         if self.t1:
             asyncio.get_running_loop().call_soon(self.pump)
 
@@ -297,6 +311,7 @@ class SpexContext(SearchContext):
             [(e.path, e.node.parent.path, int(e.path.rsplit(".", 1)[1])) for e in level], widths
         )
         self._bfs_targets = {}
+        self._version += 1
         for path in cancel:
             self._cancel(self.store.pop(path))
 
