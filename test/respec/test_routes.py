@@ -40,7 +40,8 @@ def client(tiny_drafter, tiny_features):
 )
 def test_bad_payload_400_buffer_unchanged(client, body, field):
     http, lrn = client
-    assert http.post("/respec/rollouts", json={"rollouts": [GOOD]}).status_code == 200
+    r0 = http.post("/respec/rollouts", json={"rollouts": [GOOD]})
+    assert r0.status_code == 200, (r0.text, [getattr(x, "path", None) for x in http.app.routes])
     r = http.post("/respec/rollouts", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["field"] == field
     state = http.get("/respec/state").json()
@@ -69,6 +70,16 @@ def fake_sglang(fail_update: bool = False):
     app = FastAPI()
     app.state.session = None
     app.state.log = []
+
+    @app.post("/pause_generation")
+    async def pause(req: Request):
+        app.state.log.append(("pause", await req.json()))
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def resume(req: Request):
+        app.state.log.append(("continue", await req.json()))
+        return {"message": "Generation continued successfully.", "status": "ok"}
 
     @app.post("/begin_weight_update")
     async def begin(req: Request):
@@ -109,9 +120,10 @@ def test_hot_swap_session(tiny_drafter):
     tensors = tiny_drafter.hot_swap_tensors()
     swap.push(3, tensors)
     steps = [s for s, _ in app.state.log]
-    assert steps == ["begin", "update", "end"] and app.state.session is None
-    assert app.state.log[0][1] == {"selector": "draft"}
-    body = app.state.log[1][1]
+    assert steps == ["pause", "begin", "update", "end", "continue"] and app.state.session is None
+    assert app.state.log[0][1] == {"mode": "in_place"}
+    assert app.state.log[1][1] == {"selector": "draft"}
+    body = app.state.log[2][1]
     assert body["selector"] == "draft" and body["weight_version"] == "respec-3" and body["flush_cache"] is False
     got = body["serialized_named_tensors"]
     assert [n for n, _ in got] == [n for n, _ in tensors]
@@ -125,4 +137,5 @@ def test_hot_swap_failure_still_ends_session(tiny_drafter):
     with pytest.raises(HotSwapError) as e:
         swap.push(1, tiny_drafter.hot_swap_tensors())
     assert e.value.step == "update_weights_from_tensor"
-    assert [s for s, _ in app.state.log] == ["begin", "update", "end"] and app.state.session is None
+    steps = [s for s, _ in app.state.log]
+    assert steps == ["pause", "begin", "update", "end", "continue"] and app.state.session is None

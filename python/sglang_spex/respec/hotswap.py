@@ -2,11 +2,17 @@
 
 Sequence (``sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
 
+0. ``POST /pause_generation``  ``{"mode": "in_place"}`` (``pause_in_place=True``, the default): the scheduler stops
+   between two forward passes and keeps every running request and its KV cache. Without it, the tokenizer
+   manager's ``update_weights_from_tensor`` takes the model-update *writer* lock, i.e. waits until every in-flight
+   request has finished and holds back new ones meanwhile — no swap mid-request, and a stall;
 1. ``POST /begin_weight_update``  ``{"selector": "draft"}``
 2. ``POST /update_weights_from_tensor``  ``{"serialized_named_tensors": [b64 per TP rank], "selector": "draft",
    "weight_version": "respec-<v>", "flush_cache": false, "load_format": null}`` — every tensor in *one* call:
    the scheduler applies it between two forward passes, so no request sees a half-updated (torn) drafter;
-3. ``POST /end_weight_update``  ``{}`` — always sent once step 1 succeeded, even if step 2 failed.
+3. ``POST /end_weight_update``  ``{}`` — always sent once step 1 succeeded, even if step 2 failed;
+4. ``POST /continue_generation``  ``{}`` — always sent once step 0 ran: paused requests resume with the new drafter
+   (their tokens are still the target's greedy/verified ones; only acceptance changes).
 
 The payload is what ``MultiprocessingSerializer.deserialize`` (SGLang's ``SafeUnpickler``) reads, but pickled
 *by value* with the standard pickler (storages as ``torch.storage._load_from_bytes``, which SGLang maps to its
@@ -54,9 +60,17 @@ def _default_post(timeout: float) -> Callable[..., Any]:
 class HotSwapClient:
     """``push(version, named_tensors)`` runs the begin/update/end session against ``base_url``."""
 
-    def __init__(self, base_url: str, tp_size: int = 1, post: Optional[Callable[..., Any]] = None, timeout=120.0):
+    def __init__(
+        self,
+        base_url: str,
+        tp_size: int = 1,
+        post: Optional[Callable[..., Any]] = None,
+        timeout=120.0,
+        pause_in_place: bool = True,
+    ):
         self.base_url = base_url.rstrip("/")
         self.tp_size = tp_size
+        self.pause_in_place = pause_in_place
         self._post = post or _default_post(timeout)
         self.pushed_versions: List[int] = []
 
@@ -66,7 +80,8 @@ class HotSwapClient:
             data = resp.json()
         except Exception:
             data = {"success": False, "message": getattr(resp, "text", "")}
-        if resp.status_code != 200 or not data.get("success", False):
+        ok = data.get("success", False) or data.get("status") == "ok"  # pause/continue answer {"status": "ok"}
+        if resp.status_code != 200 or not ok:
             raise HotSwapError(step, f"HTTP {resp.status_code}: {data.get('message', data)}")
         return data
 
@@ -79,11 +94,20 @@ class HotSwapClient:
             "weight_version": f"{WEIGHT_VERSION_PREFIX}{version}",
             "selector": "draft",
         }
+        if self.pause_in_place:
+            self._call("pause_generation", "/pause_generation", {"mode": "in_place"})
+        try:
+            self._session(body)
+        finally:
+            if self.pause_in_place:
+                self._call("continue_generation", "/continue_generation", {})
+        self.pushed_versions.append(version)
+
+    def _session(self, body: dict) -> None:
         self._call("begin_weight_update", "/begin_weight_update", {"selector": "draft"})
         try:
             self._call("update_weights_from_tensor", "/update_weights_from_tensor", body)
         finally:
             self._call("end_weight_update", "/end_weight_update", {})
-        self.pushed_versions.append(version)
 
     __call__ = push
