@@ -26,14 +26,12 @@ from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "SPEX_RESPEC"
-_installed_on = set()
 
 
 def install(app: FastAPI, learner: OnlineLearner) -> None:
     """Add the routes to ``app`` once, bound to ``learner``."""
-    if id(app) in _installed_on:
+    if getattr(app.state, "respec_learner", None) is not None:  # (not id(app): ids of dead apps are reused)
         return
-    _installed_on.add(id(app))
     app.state.respec_learner = learner
 
     @app.post("/respec/rollouts")

@@ -11,8 +11,6 @@ from fastapi.responses import JSONResponse
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile.routes import install_profile_routes
 
-_installed_on = set()
-
 
 def tokenizer_manager():
     from sglang.srt.entrypoints.http_server import get_global_state
@@ -41,9 +39,9 @@ async def spex_info(cfg: SpexConfig) -> dict:
 
 def install(app: FastAPI, cfg: SpexConfig) -> None:
     """Add our routes to ``app`` once."""
-    if id(app) in _installed_on:
+    if getattr(app.state, "spex_routes", False):  # once per app (not id(app): ids of dead apps are reused)
         return
-    _installed_on.add(id(app))
+    app.state.spex_routes = True
     from sglang_spex.srt import search_routes
 
     search_routes.install(app, cfg)  # /tot/search* (sglang_spex.srt.search_routes)
