@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -224,12 +223,8 @@ def main() -> None:
             Path(args.plot).with_name(Path(args.plot).stem + "_real.png"),
             "Fig 10 subset, real CPU SGLang server (SmolLM2-135M)",
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    m = sb.meta(f"simulator {args.device}/{args.model}" + (" + real CPU server" if args.real else ""), args)
-    m["elapsed_s"] = round(time.monotonic() - t0, 1)
-    out.write_text(json.dumps({"meta": m, "rows": rows, "why": why, "real_rows": real}, indent=1))
-    print(f"wrote {out} and {args.plot} ({m['elapsed_s']} s)")
+    source = f"simulator {args.device}/{args.model}" + (" + real CPU server" if args.real else "")
+    sb.write_results(args.out, source, args, t0, args.plot, rows=rows, why=why, real_rows=real)
 
 
 if __name__ == "__main__":

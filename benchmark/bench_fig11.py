@@ -11,7 +11,6 @@ Throughput is questions/min in virtual time on the A100-80G + Llemma-7B roofline
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -102,12 +101,7 @@ def main() -> None:
             print(f"{preset:10} {mode:9}{cells}")
     print("(cells: speedup, questions/min; T3 rows also change accuracy: see JSON 'accuracy')")
     plot(rows, Path(args.plot), title)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    m = sb.meta(f"simulator {args.device}/{args.model}", args)
-    m["elapsed_s"] = round(time.monotonic() - t0, 1)
-    out.write_text(json.dumps({"meta": m, "rows": rows}, indent=1))
-    print(f"wrote {out} and {args.plot} ({m['elapsed_s']} s)")
+    sb.write_results(args.out, f"simulator {args.device}/{args.model}", args, t0, args.plot, rows=rows)
 
 
 if __name__ == "__main__":

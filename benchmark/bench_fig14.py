@@ -12,7 +12,6 @@ Writes JSON and a PNG.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -95,12 +94,7 @@ def main() -> None:
         )
         print(f"{r['policy']:10} overall {r['hit_rate'] or 0:.2f} ({r['hits']}/{r['issued']})  {cells}")
     plot(rows, Path(args.plot), f"Fig 14 (simulator {args.device} + {args.model}): speculation hit rate")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    m = sb.meta(f"simulator {args.device}/{args.model}", args)
-    m["elapsed_s"] = round(time.monotonic() - t0, 1)
-    out.write_text(json.dumps({"meta": m, "rows": rows}, indent=1))
-    print(f"wrote {out} and {args.plot} ({m['elapsed_s']} s)")
+    sb.write_results(args.out, f"simulator {args.device}/{args.model}", args, t0, args.plot, rows=rows)
 
 
 if __name__ == "__main__":

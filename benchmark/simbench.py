@@ -227,3 +227,17 @@ def save_figure(fig, path, title: Optional[str] = None, **suptitle_kw: Any) -> N
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def write_results(out: str, source: str, args: Any, t0: float, plot_path: Any, **sections: Any) -> None:
+    """Write ``{"meta": ..., **sections}`` as JSON (creating the folder) and say where it went."""
+    import json
+    import time
+    from pathlib import Path
+
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    m = meta(source, args)
+    m["elapsed_s"] = round(time.monotonic() - t0, 1)
+    path.write_text(json.dumps({"meta": m, **sections}, indent=1))
+    print(f"wrote {path} and {plot_path} ({m['elapsed_s']} s)")

@@ -13,20 +13,13 @@ from typing import Dict, List
 
 import pytest
 import requests
+from workloads import WORKLOADS, N
 
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.adaptive import Runtime
 from sglang_spex.respec.solver import Choice, Plan
 from sglang_spex.serve import ServerProcess
 
-BASE = "The history of the old harbour town begins with a small settlement near the river, where farmers"
-REPEAT = "a b c a b c a b c a b c a b c a b c"
-WORKLOADS = {
-    "b1": [BASE],
-    "b4_mixed": [BASE + " grew", REPEAT, "Hi", BASE + " sang in winter"],
-    "b2_repetitive": [REPEAT, REPEAT + " a b"],
-}
-N = 24
 COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
 
 

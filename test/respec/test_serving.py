@@ -16,19 +16,12 @@ from typing import Dict, List
 import pytest
 import requests
 import torch
+from workloads import BASE, REPEAT, WORKLOADS, N
 
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import WEIGHT_VERSION_PREFIX, HotSwapClient
 from sglang_spex.serve import ServerProcess
 
-BASE = "The history of the old harbour town begins with a small settlement near the river, where farmers"
-REPEAT = "a b c a b c a b c a b c a b c a b c"
-WORKLOADS = {
-    "b1": [BASE],
-    "b4_mixed": [BASE + " grew", REPEAT, "Hi", BASE + " sang in winter"],
-    "b2_repetitive": [REPEAT, REPEAT + " a b"],
-}
-N = 24
 LOAD = [BASE + " traded wheat", REPEAT + " a", "Once upon a time"]  # streamed across the hot-swap
 N_LOAD = 160
 COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
