@@ -2,23 +2,18 @@
 
 Runs the real search + SPEX code on :mod:`sglang_spex.sim` (virtual time) and condenses each run into one JSON
 row: questions/min, accuracy, engine batch statistics and the summed speculation accounting, including hit rates
-by prediction distance and by tree depth (:class:`DepthSpexContext` counts the latter; the core accounting
-only keys hits by distance).
+by prediction distance and by tree depth (both from SPEX's own accounting, ``SearchResult.speculation``).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
-from collections import defaultdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sglang_spex.config import SpexConfig, replace
-from sglang_spex.sim.cost import CostModel
-from sglang_spex.sim.run import SimRun, resolve_cost, simulate
+from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
 from sglang_spex.sim.workload import Workload
-from sglang_spex.spec.runner import SpexContext, make_budget
 from sglang_spex.tot.policies import BFS_POLICIES, PRESETS
 from sglang_spex.tot.spec import PolicyConfig, SearchSpec
 
@@ -46,34 +41,6 @@ def sim_spec(preset: str, seed: int = 0, **params: Any) -> SearchSpec:
     if PRESETS[preset][0] == "ets":
         params.setdefault("embedder", "tfidf")
     return SearchSpec(policy=PolicyConfig(preset, params), seed=seed)
-
-
-class DepthSpexContext(SpexContext):
-    """SpexContext that also counts speculative nodes issued / adopted per tree depth (Fig 14, BFS)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.depth_counts: Dict[int, List[int]] = defaultdict(lambda: [0, 0])  # depth -> [hits, issued]
-
-    async def _generate_spec(self, node) -> None:  # every issued node runs this exactly once
-        self.depth_counts[node.depth][1] += 1
-        await super()._generate_spec(node)
-
-    def _adopt(self, node, entry, in_flight: bool) -> None:
-        self.depth_counts[node.depth][0] += 1
-        super()._adopt(node, entry, in_flight)
-
-    def extra_result(self) -> Optional[Dict[str, Any]]:
-        d = super().extra_result() or {}
-        d["hit_depth"] = {str(k): {"hits": h, "issued": i} for k, (h, i) in sorted(self.depth_counts.items())}
-        return d
-
-
-def spex_context_factory(cfg: SpexConfig, cost: CostModel):
-    """Like :func:`sglang_spex.sim.run.spex_factory`, with per-depth counting; k_total=None takes the knee."""
-    if cfg.k_total is None:
-        cfg = replace(cfg, k_total=cost.k_total())
-    return functools.partial(DepthSpexContext, settings=cfg, budget=make_budget(cfg))
 
 
 def merge_counts(dicts: Sequence[Dict[str, Dict[str, int]]]) -> Dict[str, Dict[str, Any]]:
@@ -154,7 +121,7 @@ def run_mode(
         cfg = SpexConfig(enabled=True, k_total=k_total, **mode)
         if lookahead is not None:
             cfg = replace(cfg, lookahead=lookahead)
-        kw["context_factory"] = spex_context_factory(cfg, cost_model)
+        kw["context_factory"] = spex_factory(cfg, cost_model)
     run = simulate(
         spec,
         cost=cost_model,

@@ -143,7 +143,7 @@ class SpexContext(SearchContext):
 
     def _adopt(self, node: Node, entry: SpecEntry, in_flight: bool) -> None:
         adopt(node, entry.node)
-        self.acc.on_hit(entry.distance, in_flight)
+        self.acc.on_hit(entry.distance, in_flight, depth=node.depth)
         self.tokens_generated += node.num_tokens
         self.stats.setdefault(node.path, mcts.Stat(node.path, node.parent.path, node.depth))
         self._update_stat(node)
@@ -274,7 +274,7 @@ class SpexContext(SearchContext):
                 continue
             node = Node(path=path, parent=parent, kind=KIND_STEP, seed=node_seed(self.tree.search_seed, path))
             self.store.issue(node, distance, self._generate_spec)
-            self.acc.on_issue(distance)
+            self.acc.on_issue(distance, depth=node.depth)
             self._version += 1
 
     async def _generate_spec(self, node: Node) -> None:
