@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -48,6 +49,18 @@ def serialize_named_tensors(named: Sequence[Tuple[str, torch.Tensor]], tp_size: 
     return [data] * tp_size
 
 
+def deserialize_named_tensors(data: str) -> List[Tuple[str, torch.Tensor]]:
+    """The inverse of one rank's payload, through SGLang's safe unpickler (never plain ``pickle.loads``)."""
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    named = MultiprocessingSerializer.deserialize(data)
+    if not isinstance(named, list) or not all(
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], torch.Tensor) for x in named
+    ):
+        raise ValueError("payload must be a list of (name, tensor) pairs")
+    return named
+
+
 def _default_post(timeout: float) -> Callable[..., Any]:
     import requests
 
@@ -58,7 +71,10 @@ def _default_post(timeout: float) -> Callable[..., Any]:
 
 
 class HotSwapClient:
-    """``push(version, named_tensors)`` runs the begin/update/end session against ``base_url``."""
+    """``push(version, named_tensors)`` runs the begin/update/end session against ``base_url``.
+
+    The defaults swap the drafter. The policy itself (``selector="target"``, ``flush_cache=True``: cached KV of
+    the old weights is stale) goes through the same session, e.g. from the GRPO loop between two steps."""
 
     def __init__(
         self,
@@ -67,10 +83,22 @@ class HotSwapClient:
         post: Optional[Callable[..., Any]] = None,
         timeout=120.0,
         pause_in_place: bool = True,
+        selector: str = "draft",
+        flush_cache: bool = False,
+        version_prefix: str = WEIGHT_VERSION_PREFIX,
+        begin_retries: int = 0,
+        retry_sleep: float = 0.25,
     ):
+        if selector not in ("draft", "target", "all"):
+            raise ValueError(f"selector must be draft, target or all, got {selector!r}")
         self.base_url = base_url.rstrip("/")
         self.tp_size = tp_size
         self.pause_in_place = pause_in_place
+        self.selector = selector
+        self.flush_cache = flush_cache
+        self.version_prefix = version_prefix
+        self.begin_retries = begin_retries
+        self.retry_sleep = retry_sleep
         self._post = post or _default_post(timeout)
         self.pushed_versions: List[int] = []
 
@@ -89,10 +117,10 @@ class HotSwapClient:
         body = {
             "serialized_named_tensors": serialize_named_tensors(named, self.tp_size),
             "load_format": None,
-            "flush_cache": False,
+            "flush_cache": self.flush_cache,
             "abort_all_requests": False,
-            "weight_version": f"{WEIGHT_VERSION_PREFIX}{version}",
-            "selector": "draft",
+            "weight_version": f"{self.version_prefix}{version}",
+            "selector": self.selector,
         }
         if self.pause_in_place:
             self._call("pause_generation", "/pause_generation", {"mode": "in_place"})
@@ -103,8 +131,20 @@ class HotSwapClient:
                 self._call("continue_generation", "/continue_generation", {})
         self.pushed_versions.append(version)
 
+    def _begin(self) -> None:
+        """Open the session; another writer's open session (e.g. the learner's drafter push while the RL loop
+        pushes the policy) is waited out for up to ``begin_retries`` × ``retry_sleep`` seconds."""
+        for attempt in range(self.begin_retries + 1):
+            try:
+                self._call("begin_weight_update", "/begin_weight_update", {"selector": self.selector})
+                return
+            except HotSwapError:
+                if attempt == self.begin_retries:
+                    raise
+                time.sleep(self.retry_sleep)
+
     def _session(self, body: dict) -> None:
-        self._call("begin_weight_update", "/begin_weight_update", {"selector": "draft"})
+        self._begin()
         try:
             self._call("update_weights_from_tensor", "/update_weights_from_tensor", body)
         finally:

@@ -32,6 +32,7 @@ MODES = ("sync", "async")
 Sequences = Sequence[Tuple[Sequence[int], Sequence[int]]]
 FeatureFn = Callable[[Sequences], Batch]
 PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], None]
+PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
 
 
 @dataclass
@@ -88,8 +89,11 @@ class OnlineLearner:
         config: Optional[LearnerConfig] = None,
         probe: Optional[Sequences] = None,
         publish: Optional[PublishFn] = None,
+        policy_sync: Optional[PolicySyncFn] = None,
     ):
         self.config = (config or LearnerConfig()).validate()
+        self.policy_sync = policy_sync
+        self.policy_version: Optional[int] = None
         self.features = features
         self.probe = list(probe) if probe else []
         self.publish = publish
@@ -135,6 +139,15 @@ class OnlineLearner:
         self.max_submit_seconds = max(self.max_submit_seconds, time.perf_counter() - t0)
         return {"accepted": n, "buffer_size": len(self.buffer), "version": self.version, "update_due": due}
 
+    def set_policy(self, version: int, named: List[Tuple[str, torch.Tensor]]) -> int:
+        """The RL trainer pushed new policy weights: later updates distill from them (the KD target moves with the
+        policy). Returns the number of tensors loaded."""
+        if self.policy_sync is None:
+            raise RuntimeError("this learner has no policy copy to update")
+        n = self.policy_sync(named)
+        self.policy_version = version
+        return n
+
     def wait_idle(self, timeout: Optional[float] = None) -> bool:
         """Block until no update is running or queued (tests, shutdown)."""
         return self._idle.wait(timeout)
@@ -148,6 +161,7 @@ class OnlineLearner:
             "mode": self.config.mode,
             "update_interval": self.config.update_interval,
             "steps": self.steps,
+            "policy_version": self.policy_version,
             "buffer_size": len(self.buffer),
             "rollouts_received": self.buffer.total_added,
             "updating": not self._idle.is_set(),

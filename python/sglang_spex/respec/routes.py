@@ -3,6 +3,9 @@
 - ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?}]}``:
   200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad payload → 400 ``{"error", "field"}`` and
   the buffer is unchanged.
+- ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
+  ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
+  400 on a bad payload, the copy unchanged.
 - ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
 
 Inside the SGLang server these are installed by :func:`install_from_env` when ``SPEX_RESPEC`` is set (a JSON
@@ -56,6 +59,36 @@ def install(app: FastAPI, learner: OnlineLearner) -> None:
             return JSONResponse({"error": str(e), "field": e.field}, status_code=400)
         return JSONResponse(result)
 
+    @app.post("/respec/policy")
+    async def _policy(request: Request):
+        from starlette.concurrency import run_in_threadpool
+
+        from sglang_spex.respec.hotswap import deserialize_named_tensors
+
+        try:
+            body: Any = await request.json()
+        except Exception:
+            return JSONResponse({"error": "body must be JSON", "field": "body"}, status_code=400)
+        if not isinstance(body, dict) or set(body) != {"version", "serialized_named_tensors"}:
+            return JSONResponse(
+                {"error": "body must be {version, serialized_named_tensors}", "field": "body"}, status_code=400
+            )
+        version, data = body["version"], body["serialized_named_tensors"]
+        if isinstance(version, bool) or not isinstance(version, int):
+            return JSONResponse({"error": "version must be an int", "field": "version"}, status_code=400)
+        if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], str):
+            return JSONResponse(
+                {"error": "one base64 payload expected", "field": "serialized_named_tensors"}, status_code=400
+            )
+        try:
+            named = deserialize_named_tensors(data[0])
+            n = await run_in_threadpool(learner.set_policy, version, named)
+        except RuntimeError as e:
+            return JSONResponse({"error": str(e), "field": "learner"}, status_code=400)
+        except Exception as e:
+            return JSONResponse({"error": f"{type(e).__name__}: {e}", "field": "serialized_named_tensors"}, 400)
+        return JSONResponse({"loaded": n, "policy_version": version})
+
     @app.get("/respec/state")
     async def _state():
         return JSONResponse(learner.state())
@@ -84,9 +117,10 @@ def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner
     target = AutoModelForCausalLM.from_pretrained(spec["target"], torch_dtype=torch.float32)
     feats = TargetFeatures(target, drafter.cfg.aux_layer_ids, drafter.t2d)
     url = spec.get("server_url") or server_url
-    publish = HotSwapClient(url) if url else None
+    publish = HotSwapClient(url, begin_retries=240) if url else None
     probe = [(p, r) for p, r in spec.get("probe", [])]
-    return OnlineLearner(drafter, feats.batch, LearnerConfig(**spec.get("learner", {})), probe, publish)
+    cfg = LearnerConfig(**spec.get("learner", {}))
+    return OnlineLearner(drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights)
 
 
 def install_from_env(app: FastAPI) -> Optional[OnlineLearner]:

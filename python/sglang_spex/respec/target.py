@@ -7,6 +7,7 @@ HF ``hidden_states[i]`` is the input of decoder layer i, the same tensor SGLang 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -68,6 +69,23 @@ class TargetFeatures:
         self.aux_layer_ids = list(aux_layer_ids)
         self.t2d = t2d.bool()
         self.feature_dtype = feature_dtype
+        self._lock = threading.RLock()  # a policy update never lands in the middle of a feature batch
+
+    def load_weights(self, named: Sequence[Tuple[str, torch.Tensor]]) -> int:
+        """Copy new policy weights (HF names, e.g. from the RL trainer's push) into the copy; returns the count.
+        Unknown names or shapes raise before anything is copied."""
+        state = self.model.state_dict()
+        for name, t in named:
+            if name not in state:
+                raise KeyError(f"unknown policy tensor {name!r}")
+            if tuple(t.shape) != tuple(state[name].shape):
+                raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(state[name].shape)}")
+            if not torch.isfinite(t).all():
+                raise ValueError(f"{name}: non-finite values")
+        with self._lock, torch.no_grad():
+            for name, t in named:
+                state[name].copy_(t.to(state[name].dtype))
+        return len(named)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -84,6 +102,10 @@ class TargetFeatures:
         chunk: int = 8,
     ) -> Batch:
         """Features for (prompt_ids, response_ids) pairs; loss on the predictions of response tokens."""
+        with self._lock:
+            return self._batch(sequences, max_len, chunk)
+
+    def _batch(self, sequences, max_len, chunk) -> Batch:
         parts: List[Batch] = []
         for s in range(0, len(sequences), chunk):
             group = sequences[s : s + chunk]

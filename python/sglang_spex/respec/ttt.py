@@ -91,3 +91,49 @@ def acceptance_length(drafter: Eagle3Drafter, batch: Batch, steps: int = DEFAULT
     valid = outs[0].mask
     n = valid.sum()
     return float(1.0 + (accepted * valid).sum() / n) if n > 0 else float("nan")
+
+
+def train_ttt(
+    drafter: Eagle3Drafter,
+    batch: Batch,
+    iters: int,
+    steps: int = DEFAULT_STEPS,
+    lr: float = 1e-3,
+    micro_batch: int = 8,
+    seed: int = 0,
+    warmup: int = 20,
+) -> List[float]:
+    """Train ``drafter`` in place with the TTT loss for ``iters`` AdamW steps on random micro-batches of
+    ``batch`` (linear warm-up, grad-norm clip 0.5); returns the loss curve."""
+    g = torch.Generator().manual_seed(seed)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(warmup, 1)))
+    drafter.train()
+    curve = []
+    for _ in range(iters):
+        idx = torch.randint(len(batch), (micro_batch,), generator=g).tolist()
+        loss, _ = ttt_loss(drafter, batch.select(idx), steps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        sched.step()
+        curve.append(float(loss.detach()))
+    drafter.eval()
+    return curve
+
+
+def fit_drafter(target_model, pairs, draft_vocab: int, iters: int, steps: int = DEFAULT_STEPS, **kw) -> Eagle3Drafter:
+    """A fresh drafter for an HF target, TTT-trained on its (prompt ids, response ids) samples: the vocabulary is
+    the most frequent tokens of ``pairs``, ``kw`` goes to :func:`train_ttt`."""
+    from sglang_spex.respec.target import TargetFeatures
+
+    counts = torch.zeros(target_model.config.vocab_size)
+    for p, r in pairs:
+        for x in list(p) + list(r):
+            counts[x] += 1
+    drafter = Eagle3Drafter.for_target(target_model, min(draft_vocab, target_model.config.vocab_size), counts)
+    batch = TargetFeatures(target_model, drafter.cfg.aux_layer_ids, drafter.t2d).batch(list(pairs))
+    train_ttt(drafter, batch, iters, steps, **kw)
+    return drafter

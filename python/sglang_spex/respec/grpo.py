@@ -1,0 +1,306 @@
+"""A small GRPO loop against a running SGLang server: the rollout side of ReSpec's online learner.
+
+Per policy step: sample G completions for each of P prompts from the server (``/generate``, token ids in and
+out), score them with the task's verifier, normalise rewards within each group (the advantage), take a policy
+step on the client's HF copy (:class:`~sglang_spex.respec.policy.Policy`), push the new weights into the server
+through SGLang's own weight-update session (``/update_weights_from_tensor``, ``selector="target"``; the
+in-memory path works on CPU and needs no shared filesystem), and post the rollouts to the learner
+(``POST /respec/rollouts``; with ``sync_learner_policy`` also ``POST /respec/policy`` so KD follows the policy).
+
+Each step also reports what speculation did for its rollouts (SGLang's ``meta_info``: tokens per verify pass =
+acceptance length) and rollout throughput, which is what ``benchmark/bench_respec_learner.py`` plots.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import requests
+import torch
+
+from sglang_spex.respec.hotswap import HotSwapClient, serialize_named_tensors
+from sglang_spex.respec.policy import Policy
+from sglang_spex.tot.tasks import Question, TaskSet
+
+POLICY_VERSION_PREFIX = "policy-"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6) -> List[float]:
+    """GRPO advantages: (r − mean(group)) / std(group) within consecutive groups of ``group_size``; a group
+    whose rewards are all equal (std ≤ eps) gets 0 for every member (it carries no signal)."""
+    if group_size < 1:
+        raise ValueError("group_size must be >= 1")
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    r = torch.as_tensor(list(rewards), dtype=torch.float64).view(-1, group_size)
+    if not torch.isfinite(r).all():
+        raise ValueError("rewards must be finite")
+    mean, std = r.mean(1, keepdim=True), r.std(1, unbiased=False, keepdim=True)
+    adv = torch.where(std > eps, (r - mean) / std.clamp(min=eps), torch.zeros_like(r))
+    return adv.flatten().tolist()
+
+
+def extract_number(text: str) -> Optional[str]:
+    """The stated answer: the first number after "answer is", else the last number in the text."""
+    if "answer is" in text:
+        m = _NUMBER.search(text.split("answer is", 1)[1])
+        return m.group(0) if m else None
+    nums = _NUMBER.findall(text)
+    return nums[-1] if nums else None
+
+
+def answer_pairs(tokenizer, questions: Sequence[Question]) -> List[tuple]:
+    """(prompt ids, worked-answer ids + EOS) for a supervised warm start on a task (e.g. of a tiny random model)."""
+    out = []
+    for q in questions:
+        body = f"{q.meta['a']} + {q.meta['b']} = {q.reference}. " if {"a", "b"} <= set(q.meta) else ""
+        resp = tokenizer.encode(f"{body}The answer is {q.reference}.", add_special_tokens=False)
+        out.append((chat_prompt_ids(tokenizer, q.text), resp + [tokenizer.eos_token_id]))
+    return out
+
+
+def warm_start(policy: Policy, pairs: Sequence[tuple], steps: int, batch: int = 16, seed: int = 0) -> List[float]:
+    """``steps`` supervised steps on random batches of ``pairs`` (:func:`answer_pairs`); the loss curve."""
+    rng = random.Random(seed)
+    return [policy.sft_step(rng.sample(list(pairs), min(batch, len(pairs)))) for _ in range(steps)]
+
+
+@torch.no_grad()
+def hf_samples(model, tokenizer, questions: Sequence[Question], temperature: float, max_new_tokens: int) -> List[tuple]:
+    """(prompt ids, response ids) sampled from an HF copy of the policy (drafter bootstrap data), EOS-trimmed."""
+    model.eval()
+    out = []
+    for q in questions:
+        ids = torch.tensor([chat_prompt_ids(tokenizer, q.text)])
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        resp = gen[0, ids.shape[1] :].tolist()
+        if tokenizer.eos_token_id in resp:
+            resp = resp[: resp.index(tokenizer.eos_token_id) + 1]
+        out.append((ids[0].tolist(), resp or [tokenizer.eos_token_id]))
+    return out
+
+
+def verifier_reward(task: TaskSet) -> Callable[[str, Question], float]:
+    """1.0 when the task's own checker accepts the extracted answer, else 0.0."""
+
+    def reward(text: str, q: Question) -> float:
+        return 1.0 if task.check_answer(extract_number(text), q) else 0.0
+
+    return reward
+
+
+@dataclass
+class GRPOConfig:
+    prompts_per_step: int = 4
+    group_size: int = 4  # G
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    inner_steps: int = 2  # optimizer steps per policy step
+    seed: int = 0
+    split: str = "dev"
+    sync_learner_policy: bool = True
+
+    def validate(self) -> "GRPOConfig":
+        if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.inner_steps) < 1:
+            raise ValueError("prompts_per_step, group_size, max_new_tokens and inner_steps must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (GRPO needs distinct samples in a group)")
+        return self
+
+
+@dataclass
+class Sample:
+    question: Question
+    prompt_ids: List[int]
+    response_ids: List[int]
+    text: str
+    reward: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    step: int
+    policy_version: int
+    reward_mean: float
+    accuracy: float
+    loss: float
+    clip_frac: float
+    rollout_tokens: int
+    rollout_seconds: float
+    tokens_per_s: float
+    accept_length: Optional[float]  # completion tokens / verify passes (None without speculation)
+    weight_version: str
+    learner: Optional[dict] = None
+    seconds: float = 0.0
+
+
+def accept_length(metas: Sequence[dict]) -> Optional[float]:
+    """Tokens per verify pass over a set of SGLang ``meta_info`` dicts (None when no verify pass ran)."""
+    verify = sum(m.get("spec_verify_ct") or 0 for m in metas)
+    return sum(m["completion_tokens"] for m in metas) / verify if verify else None
+
+
+def chat_prompt_ids(tokenizer, text: str) -> List[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
+    if hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+class ServerClient:
+    """The few SGLang HTTP calls the loop makes (``/generate``, ``/model_info``, the learner routes)."""
+
+    def __init__(self, url: str, learner_url: Optional[str] = None, timeout: float = 900.0):
+        self.url = url.rstrip("/")
+        self.learner_url = (learner_url or url).rstrip("/")
+        self.timeout = timeout
+
+    def generate(self, input_ids: List[List[int]], params: dict, concurrency: int = 0) -> List[dict]:
+        """One request per sequence when ``concurrency`` > 0 (finish independently, like RL rollouts)."""
+        if concurrency <= 0:
+            return self._post(self.url + "/generate", {"input_ids": input_ids, "sampling_params": params})
+        bodies = [{"input_ids": ids, "sampling_params": params} for ids in input_ids]
+        with ThreadPoolExecutor(max_workers=concurrency) as ex:
+            return list(ex.map(lambda b: self._post(self.url + "/generate", b), bodies))
+
+    def weight_version(self) -> str:
+        return requests.get(self.url + "/model_info", timeout=60).json()["weight_version"]
+
+    def post_rollouts(self, rollouts: List[dict]) -> dict:
+        return self._post(self.learner_url + "/respec/rollouts", {"rollouts": rollouts})
+
+    def post_policy(self, version: int, named) -> dict:
+        body = {"version": version, "serialized_named_tensors": serialize_named_tensors(named)}
+        return self._post(self.learner_url + "/respec/policy", body)
+
+    def learner_state(self) -> dict:
+        return requests.get(self.learner_url + "/respec/state", timeout=60).json()
+
+    def _post(self, url: str, body: dict):
+        r = requests.post(url, json=body, timeout=self.timeout)
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+
+class GRPOLoop:
+    """Sample → score → advantages → policy step → push → post rollouts, one :meth:`step` at a time."""
+
+    def __init__(
+        self,
+        client: ServerClient,
+        policy: Policy,
+        tokenizer,
+        task: TaskSet,
+        config: Optional[GRPOConfig] = None,
+        reward_fn: Optional[Callable[[str, Question], float]] = None,
+        post_rollouts: bool = True,
+    ):
+        self.client = client
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.task = task
+        self.config = (config or GRPOConfig()).validate()
+        self.reward_fn = reward_fn or verifier_reward(task)
+        self.post = post_rollouts
+        self.swap = HotSwapClient(
+            client.url,
+            selector="target",
+            flush_cache=True,
+            pause_in_place=False,
+            version_prefix=POLICY_VERSION_PREFIX,
+            begin_retries=240,
+        )
+        self._rng = random.Random(self.config.seed)
+        self._pool = task.questions(256, split=self.config.split, seed=self.config.seed)
+        self.step_index = 0
+
+    def sample(self, questions: Sequence[Question]) -> List[Sample]:
+        """G completions per question from the server (sampled at the policy's temperature)."""
+        cfg = self.config
+        prompts = [chat_prompt_ids(self.tokenizer, q.text) for q in questions]
+        ids = [p for p in prompts for _ in range(cfg.group_size)]
+        params = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+        outs = self.client.generate(ids, params, concurrency=len(ids))
+        samples = []
+        for i, out in enumerate(outs):
+            q = questions[i // cfg.group_size]
+            resp = list(out["output_ids"]) or [self.tokenizer.eos_token_id]
+            text = self.tokenizer.decode(resp, skip_special_tokens=True)
+            samples.append(Sample(q, ids[i], resp, text, self.reward_fn(text, q), out["meta_info"]))
+        return samples
+
+    def push(self) -> None:
+        """Policy weights → the serving engine (and the learner's copy when configured)."""
+        named = self.policy.named_tensors()
+        self.swap.push(self.policy.version, named)
+        if self.post and self.config.sync_learner_policy:
+            self.client.post_policy(self.policy.version, named)
+
+    def step(self) -> StepStats:
+        cfg = self.config
+        t0 = time.perf_counter()
+        questions = self._rng.sample(self._pool, cfg.prompts_per_step)
+        samples = self.sample(questions)
+        t_roll = time.perf_counter() - t0
+        rewards = [s.reward for s in samples]
+        adv = group_advantages(rewards, cfg.group_size)
+        upd = self.policy.grpo_step([(s.prompt_ids, s.response_ids) for s in samples], adv, cfg.inner_steps)
+        self.push()
+        learner = None
+        if self.post:
+            rollouts = [
+                {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "reward": s.reward} for s in samples
+            ]
+            learner = self.client.post_rollouts(rollouts)
+        tokens = sum(len(s.response_ids) for s in samples)
+        stats = StepStats(
+            step=self.step_index,
+            policy_version=self.policy.version,
+            reward_mean=sum(rewards) / len(rewards),
+            accuracy=sum(r >= 1.0 for r in rewards) / len(rewards),
+            loss=upd["loss"],
+            clip_frac=upd["clip_frac"],
+            rollout_tokens=tokens,
+            rollout_seconds=t_roll,
+            tokens_per_s=tokens / t_roll if t_roll > 0 else 0.0,
+            accept_length=accept_length([s.meta for s in samples]),
+            weight_version=self.client.weight_version(),
+            learner=learner,
+            seconds=time.perf_counter() - t0,
+        )
+        self.step_index += 1
+        return stats
+
+    def run(self, steps: int, progress: bool = True) -> Iterator[StepStats]:
+        """``steps`` policy steps, yielding each step's stats (with a tqdm bar when ``progress``)."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, desc="grpo", disable=not progress)
+        try:
+            for _ in range(steps):
+                s = self.step()
+                acc = f"{s.accept_length:.2f}" if s.accept_length else "-"
+                bar.set_postfix(reward=f"{s.reward_mean:.2f}", accept=acc, tok_s=f"{s.tokens_per_s:.0f}")
+                bar.update(1)
+                yield s
+        finally:
+            bar.close()
+
+
+def stats_dict(stats: StepStats) -> Dict:
+    return asdict(stats)

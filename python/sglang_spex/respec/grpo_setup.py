@@ -1,0 +1,110 @@
+"""Setting up a GRPO + online-learner run on CPU: the initial policy (optionally a warm-started tiny model),
+a bootstrap EAGLE-3 drafter fitted on the policy's own samples, and the EAGLE3 server with the learner inside
+(``SPEX_RESPEC``). Shared by ``examples/grpo_rollouts.py`` and ``benchmark/bench_respec_learner.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from sglang_spex.respec.grpo import answer_pairs, hf_samples, warm_start
+from sglang_spex.respec.policy import Policy
+from sglang_spex.respec.ttt import fit_drafter
+from sglang_spex.tot.tasks import TaskSet, ToyAdd, get_task
+
+EAGLE_ARGS = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def resolve_model(name: str) -> str:
+    """``tiny`` | ``smollm2`` | an HF model directory."""
+    from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
+
+    if name == "tiny":
+        return str(prepare_tiny_llama())
+    if name == "smollm2":
+        return str(prepare_smollm2())
+    if not (Path(name) / "config.json").exists():
+        raise FileNotFoundError(f"--model {name!r}: not 'tiny', 'smollm2' or an HF model directory")
+    return name
+
+
+def resolve_task(name: str, toy_range: Optional[Sequence[int]] = None) -> TaskSet:
+    """A task by name; ``toy_add`` with an operand range ``(lo, hi)`` when given (a tiny policy needs a small one
+    for its rewards to vary within a group)."""
+    if name == "toy_add" and toy_range:
+        lo, hi = toy_range
+        if not 0 <= lo <= hi:
+            raise ValueError(f"toy range must satisfy 0 <= lo <= hi, got {lo},{hi}")
+        return ToyAdd(lo, hi)
+    return get_task(name)
+
+
+@dataclass
+class RunSetup:
+    policy_dir: Path  # the initial policy (served, and loaded by the client and the learner)
+    drafter_dir: Path
+    probe: List[list]  # held-out [prompt_ids, response_ids] for the learner's collapse check
+    info: Dict = field(default_factory=dict)
+
+
+def prepare_run(
+    model: str,
+    task: TaskSet,
+    work_dir: Path,
+    warm_steps: int = 0,
+    drafter_samples: int = 48,
+    drafter_iters: int = 150,
+    draft_vocab: int = 256,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> RunSetup:
+    """Initial policy (``warm_steps`` supervised steps on the task's worked answers, then saved with its
+    tokenizer) and a TTT bootstrap drafter on ``drafter_samples`` of its own samples."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    src = resolve_model(model)
+    tok = AutoTokenizer.from_pretrained(src)
+    policy = Policy.from_pretrained(src, lr=3e-3)
+    info: Dict = {"model": src}
+    if warm_steps > 0:
+        pairs = answer_pairs(tok, task.questions(512, split="dev", seed=seed + 1000))
+        losses = warm_start(policy, pairs, warm_steps, seed=seed)
+        info["warm_start_loss"] = [losses[0], losses[-1]]
+    policy_dir = policy.save_pretrained(Path(work_dir) / "policy0", tok) if warm_steps > 0 else Path(src)
+    qs = task.questions(drafter_samples + 8, split="dev", seed=seed + 2000)
+    samples = hf_samples(policy.model, tok, qs, temperature, max_new_tokens)
+    drafter = fit_drafter(policy.model.eval(), samples[8:], draft_vocab, drafter_iters, seed=seed)
+    drafter_dir = drafter.save_pretrained(Path(work_dir) / "drafter0", dtype=torch.float32)
+    info.update(drafter_samples=len(samples) - 8, drafter_iters=drafter_iters)
+    return RunSetup(Path(policy_dir), drafter_dir, [[p, r] for p, r in samples[:8]], info)
+
+
+def learner_spec(setup: RunSetup, variant: str, mode: str = "async", **learner: object) -> str:
+    """The ``SPEX_RESPEC`` JSON for a server whose learner distills into ``setup``'s drafter."""
+    cfg = {"variant": variant, "mode": mode, "update_interval": 1, **learner}
+    return json.dumps(
+        {"drafter": str(setup.drafter_dir), "target": str(setup.policy_dir), "learner": cfg, "probe": setup.probe}
+    )
+
+
+def eagle3_server_args(setup: RunSetup, dtype: str = "float32", extra: Sequence[str] = ()) -> List[str]:
+    """Launcher args: the initial policy with EAGLE3 speculation by the bootstrap drafter."""
+    return [
+        "--model-path",
+        str(setup.policy_dir),
+        "--dtype",
+        dtype,
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(setup.drafter_dir),
+        *EAGLE_ARGS,
+        *extra,
+    ]
