@@ -13,6 +13,10 @@ with ``B`` the running batch, ``C`` the context tokens summed over the batch, ``
 
 :class:`MeasuredCost` replays a live profile (:mod:`sglang_spex.profile`): the fitted two-segment decode
 curve at the measured context, plus a per-context-token slope and a prefill rate when the profile has them.
+
+Every cost model also carries a :class:`~sglang_spex.sim.client.ClientOverhead` (``client``): per-request
+latency and client CPU outside the engine. Zero unless given (the GPU figures assume none); the CPU calibration
+passes the values it measured on the real server.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Optional, Union
 import numpy as np
 
 from sglang_spex.profile.roofline import KneeFit, find_knee, k_total_from_knee
+from sglang_spex.sim.client import NO_OVERHEAD, ClientOverhead
 from sglang_spex.sim.hardware import Device, Model, get_device, get_model
 
 ArrayLike = Union[float, np.ndarray]
@@ -31,6 +36,7 @@ KNEE_GRID = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384
 
 class CostModel(abc.ABC):
     name: str = "cost"
+    client: ClientOverhead = NO_OVERHEAD  # per-request cost outside the engine (sim/client.py)
 
     @abc.abstractmethod
     def decode_time(self, batch: int, ctx_total: ArrayLike) -> ArrayLike:
@@ -64,7 +70,8 @@ def default_attn_pairs(new_tokens: int, cached_tokens: int) -> float:
 
 
 class RooflineCost(CostModel):
-    def __init__(self, device: Union[str, Device], model: Union[str, Model]):
+    def __init__(self, device: Union[str, Device], model: Union[str, Model], client: ClientOverhead = NO_OVERHEAD):
+        self.client = client
         self.device = get_device(device) if isinstance(device, str) else device
         self.model = get_model(model) if isinstance(model, str) else model
         self.name = f"{self.device.name}/{self.model.name}"
@@ -105,10 +112,11 @@ class RooflineCost(CostModel):
 class MeasuredCost(CostModel):
     """Step times replayed from a live profile (``cpu-measured``)."""
 
-    def __init__(self, profile, name: str = "cpu-measured"):
+    def __init__(self, profile, name: str = "cpu-measured", client: ClientOverhead = NO_OVERHEAD):
         from sglang_spex.profile.cache import Profile  # noqa: F401  (type only)
 
         self.profile = profile
+        self.client = client
         self.fit: KneeFit = profile.fit
         self.name = name
         self.ctx_ref = float(profile.context_len)

@@ -18,7 +18,9 @@ One engine task plays SGLang's scheduler loop on the event loop's clock (virtual
   sets ``--default-priority-value 0`` under ``--tot-speculation``, so primaries outrank speculative work);
 - ``preempt``: a waiting request of higher priority than a running one retracts it when full (SGLang's
   ``--enable-priority-scheduling`` retraction); the retracted request later re-prefills its prompt and the
-  tokens it had (mostly from the cache) and continues to the same output.
+  tokens it had (mostly from the cache) and continues to the same output;
+- client overhead: ``cost.client`` (:mod:`sglang_spex.sim.client`) delays each request's arrival by
+  ``request_s``, its result by ``response_s``, then queues ``cpu_s`` on the one client thread.
 
 Tokens are the simulated text's whitespace-separated words (:mod:`sglang_spex.sim.workload`).
 """
@@ -34,6 +36,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from sglang_spex.sim.client import ClientThread
 from sglang_spex.sim.cost import CostModel, default_attn_pairs
 from sglang_spex.sim.workload import SimOutput, Workload
 from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
@@ -81,6 +84,7 @@ class EngineMetrics:
     aborted: int = 0
     aborted_tokens: int = 0
     preempted: int = 0
+    client_cpu_time: float = 0.0  # seconds the client thread was busy (ClientOverhead.cpu_s per request)
     batch_hist: Dict[int, float] = field(default_factory=dict)  # batch size → seconds spent decoding at it
 
     @property
@@ -150,6 +154,7 @@ class SimPort(EnginePort):
         self.waiting: List[_Req] = []
         self.running: List[_Req] = []
         self.metrics = EngineMetrics()
+        self.client = ClientThread()
         self.last_step_time = 0.0
         self._seq = itertools.count()
         self._wake: Optional[asyncio.Event] = None
@@ -159,6 +164,17 @@ class SimPort(EnginePort):
     # ---- EnginePort --------------------------------------------------------------------------------
 
     async def generate(self, req: GenRequest) -> GenResult:
+        overhead = self.cost.client
+        if overhead.request_s > 0:
+            await asyncio.sleep(overhead.request_s)
+        res = await self._submit(req)
+        if overhead.response_s > 0:
+            await asyncio.sleep(overhead.response_s)
+        await self.client.run(overhead.cpu_s)
+        self.metrics.client_cpu_time = self.client.busy_s
+        return res
+
+    async def _submit(self, req: GenRequest) -> GenResult:
         loop = asyncio.get_running_loop()
         self._ensure_started()
         r = _Req(

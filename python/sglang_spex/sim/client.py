@@ -1,0 +1,68 @@
+"""What a request costs outside the engine's forward passes: the client and the serving pipeline around it.
+
+A real search talks to SGLang over HTTP. Between the moment the engine finishes a node and the moment the next
+node reaches the engine there is work no decode step accounts for:
+
+- ``request_s``: the search issued a request; it can be scheduled ``request_s`` later (client JSON + HTTP,
+  SGLang's tokenizer, the hop to the scheduler);
+- ``response_s``: the engine finished a request; the search sees the result ``response_s`` later (detokenizer,
+  HTTP response);
+- ``cpu_s``: client-process CPU per request (the search policy, SPEX's planning and bookkeeping, the reward,
+  answer extraction, parsing). The client is one Python thread, so this work queues: N results that arrive
+  together take ``N · cpu_s`` to digest, in arrival order.
+
+The first two are latencies (other processes; they overlap with each other), the third is a serial resource.
+:class:`~sglang_spex.sim.engine.SimPort` charges all three in virtual time around every ``generate``; the
+search, SPEX and budget code run unchanged. GPU device models default to zero (no overhead); the
+``cpu-measured`` calibration measures them on the real server (``benchmark/calib_real.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from typing import Dict
+
+
+@dataclass(frozen=True)
+class ClientOverhead:
+    """Per-request costs outside the engine (seconds; see the module docstring)."""
+
+    request_s: float = 0.0
+    response_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 0:
+                raise ValueError(f"ClientOverhead.{name} must be >= 0, got {value}")
+
+    @property
+    def is_zero(self) -> bool:
+        return self.request_s == 0 and self.response_s == 0 and self.cpu_s == 0
+
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+
+NO_OVERHEAD = ClientOverhead()
+
+
+class ClientThread:
+    """The client's one Python thread in virtual time: CPU work runs first come, first served."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.busy_s = 0.0
+        self.jobs = 0
+
+    async def run(self, seconds: float) -> None:
+        """Occupy the thread for ``seconds`` once it is free; return when that work is done."""
+        if seconds <= 0:
+            return
+        now = asyncio.get_running_loop().time()
+        start = max(now, self.free_at)
+        self.free_at = start + seconds
+        self.busy_s += seconds
+        self.jobs += 1
+        await asyncio.sleep(self.free_at - now)
