@@ -98,3 +98,13 @@ def test_async_updates_overlap_and_drain(tiny_drafter, tiny_features, tiny_seqs)
     assert lrn.version == len(lrn.history) >= 1
     assert [v for v, _ in published] == list(range(1, lrn.version + 1))
     assert sum(r.rollouts for r in lrn.history) == 9
+
+
+def test_state_is_json_safe_after_a_diverged_update(tiny_drafter, tiny_features, tiny_seqs):
+    import json
+
+    lrn, _ = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync", lr=1e30, train_steps=3)
+    lrn.submit(_rollouts(tiny_seqs[:3]))
+    assert lrn.history[-1].outcome == "rolled_back" and lrn.history[-1].reason.startswith("nan_")
+    state = json.loads(json.dumps(lrn.state(), allow_nan=False))  # what the /respec/state JSONResponse needs
+    assert state["version"] == 0 and None in state["last_update"]["losses"]

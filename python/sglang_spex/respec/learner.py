@@ -79,6 +79,16 @@ class UpdateRecord:
     seconds: float
 
 
+def _json_safe(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 class OnlineLearner:
     """Owns the served drafter version; ``submit`` is what ``POST /respec/rollouts`` calls."""
 
@@ -153,6 +163,10 @@ class OnlineLearner:
         return self._idle.wait(timeout)
 
     def state(self) -> dict:
+        """JSON-safe summary (non-finite numbers, e.g. a diverged update's losses, become None)."""
+        return _json_safe(self._state())
+
+    def _state(self) -> dict:
         last = self.history[-1] if self.history else None
         losses = [r.losses[-1] for r in self.history if r.losses and math.isfinite(r.losses[-1])]
         return {

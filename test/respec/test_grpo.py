@@ -1,0 +1,153 @@
+"""GRPO loop: advantages and the policy step in isolation, then against a live CPU SGLang server (tiny Llama,
+EAGLE3 with our drafter, the online learner inside): a diverged learner update is rolled back while the old
+drafter keeps serving, and one GRPO step changes the policy, the push changes what the server computes (its
+prompt log-probs equal the client's new weights, not the old ones) and the learner's policy copy follows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import requests
+import torch
+
+from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.grpo import GRPOConfig, GRPOLoop, ServerClient, accept_length, extract_number, group_advantages
+from sglang_spex.respec.grpo_setup import EAGLE_ARGS
+from sglang_spex.respec.policy import Policy
+from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.tasks import ToyAdd
+
+PROBE_IDS = [1, 17, 42, 99, 7, 230, 5, 61, 12, 300, 44, 9]
+
+
+def test_group_advantages():
+    adv = group_advantages([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5], 4)
+    assert adv[:4] == pytest.approx([1.0, -1.0, 1.0, -1.0])
+    assert adv[4:] == [0.0] * 4  # a group without reward spread carries no signal
+    a = group_advantages([3.0, 1.0, 2.0], 3)
+    assert sum(a) == pytest.approx(0.0) and a[0] > a[2] > a[1]
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages([1.0, 2.0, 3.0], 4)
+    with pytest.raises(ValueError, match="finite"):
+        group_advantages([1.0, math.nan], 2)
+    with pytest.raises(ValueError):
+        GRPOConfig(temperature=0).validate()
+
+
+def test_extract_number_and_accept_length():
+    assert extract_number("3 + 4 = 7. The answer is 7.") == "7"
+    assert extract_number("so 12 then 19") == "19"
+    assert extract_number("no digits") is None
+    metas = [{"completion_tokens": 10, "spec_verify_ct": 4}, {"completion_tokens": 6, "spec_verify_ct": 4}]
+    assert accept_length(metas) == 2.0 and accept_length([{"completion_tokens": 5}]) is None
+
+
+def _fresh_policy(tiny_model, lr=1e-2) -> Policy:
+    return Policy.from_pretrained(tiny_model, lr=lr)
+
+
+def test_grpo_step_moves_logprobs_with_the_advantage(tiny_model):
+    pol = _fresh_policy(tiny_model, lr=1e-3)
+    pairs = [([1, 5, 6], [7, 8, 9, 10]), ([1, 5, 6], [11, 12, 13, 14])]
+    with torch.no_grad():
+        before, mask = pol.token_logprobs(pairs)
+    emb = pol.model.get_input_embeddings().weight.clone()
+    out = pol.grpo_step(pairs, [1.0, -1.0], inner_steps=2)
+    with torch.no_grad():
+        after, _ = pol.token_logprobs(pairs)
+    gain = ((after - before) * mask).sum(-1)
+    assert gain[0] > 0 > gain[1] and out["version"] == 1
+    assert torch.equal(emb, pol.model.get_input_embeddings().weight)  # frozen (the drafter reads it)
+    assert "model.embed_tokens.weight" not in dict(pol.named_tensors())
+    with pytest.raises(ValueError, match="advantages"):
+        pol.grpo_step(pairs, [1.0])
+
+
+# -- live server ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model, tiny_target, tmp_path_factory):
+    """EAGLE3 server whose learner diverges on every update (lr 1e30, sync: the POST returns after it)."""
+    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
+    path = drafter.save_pretrained(tmp_path_factory.mktemp("drafter"), dtype=torch.float32)
+    spec = {
+        "drafter": str(path),
+        "target": tiny_model,
+        "learner": {"variant": "reward", "mode": "sync", "lr": 1e30, "train_steps": 3, "micro_batch": 2},
+    }
+    args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]
+    args += ["--speculative-draft-model-path", str(path), *EAGLE_ARGS]
+    with ServerProcess(args, env={"SPEX_RESPEC": json.dumps(spec)}) as srv:
+        yield srv
+
+
+def _greedy(url: str) -> list:
+    body = {"input_ids": [PROBE_IDS, PROBE_IDS[:5]], "sampling_params": {"temperature": 0, "max_new_tokens": 16}}
+    out = requests.post(url + "/generate", json=body, timeout=300)
+    out.raise_for_status()
+    return [(x["output_ids"], x["meta_info"]["spec_verify_ct"]) for x in out.json()]
+
+
+def _server_prompt_logprobs(url: str) -> torch.Tensor:
+    body = {
+        "input_ids": PROBE_IDS,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    r = requests.post(url + "/generate", json=body, timeout=300)
+    r.raise_for_status()
+    vals = [v for v, _, _ in r.json()["meta_info"]["input_token_logprobs"]][1:]  # the first token has none
+    return torch.tensor(vals, dtype=torch.float32)
+
+
+def _client_prompt_logprobs(pol: Policy) -> torch.Tensor:
+    with torch.no_grad():
+        lp, _ = pol.token_logprobs([(PROBE_IDS[:1], PROBE_IDS[1:])], temperature=1.0)
+    return lp[0]
+
+
+def test_diverged_update_rolled_back_old_drafter_keeps_serving(live):
+    url = live.url
+    before = _greedy(url)
+    assert all(verify > 0 for _, verify in before)  # the EAGLE3 draft/verify path serves these
+    rollouts = [{"prompt_ids": PROBE_IDS[:6], "response_ids": PROBE_IDS[6:], "reward": float(i)} for i in range(4)]
+    r = requests.post(url + "/respec/rollouts", json={"rollouts": rollouts}, timeout=300)
+    assert r.status_code == 200 and r.json()["update_due"] is True
+    state = requests.get(url + "/respec/state", timeout=60).json()
+    last = state["last_update"]
+    assert last["outcome"] == "rolled_back" and last["reason"].startswith("nan_"), last
+    assert state["version"] == 0
+    assert requests.get(url + "/model_info", timeout=60).json()["weight_version"] == "default"  # nothing pushed
+    # same greedy tokens and the same number of verify passes: the very same drafter still drafts
+    assert _greedy(url) == before
+
+
+def test_grpo_step_push_changes_what_the_server_computes(live, tiny_model):
+    from transformers import AutoTokenizer
+
+    pol = _fresh_policy(tiny_model)
+    old = _client_prompt_logprobs(pol)
+    served = _server_prompt_logprobs(live.url)
+    assert torch.allclose(served, old, atol=2e-3), (served - old).abs().max()
+
+    def reward(text, q):  # varies between samples of a random model, so every group has a signal
+        return (sum(map(ord, text)) % 7) / 7.0
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=3, max_new_tokens=8, inner_steps=2)
+    before = {n: t.clone() for n, t in pol.named_tensors()}
+    loop = GRPOLoop(ServerClient(live.url), pol, tok, ToyAdd(2, 10), cfg, reward_fn=reward)
+    (stats,) = list(loop.run(1, progress=False))
+    assert stats.policy_version == 1 and stats.weight_version == "policy-1"
+    assert stats.rollout_tokens > 0 and stats.accept_length is not None and stats.accept_length >= 1.0
+    assert any(not torch.equal(before[n], t) for n, t in pol.named_tensors())
+    new = _client_prompt_logprobs(pol)
+    served = _server_prompt_logprobs(live.url)
+    assert (new - old).abs().max() > 1e-2  # the step moved the policy visibly
+    assert torch.allclose(served, new, atol=2e-3), (served - new).abs().max()  # and the server now runs it
+    state = requests.get(live.url + "/respec/state", timeout=60).json()
+    assert state["policy_version"] == 1 and state["rollouts_received"] == 4 + 6  # the loop posted its rollouts
