@@ -70,10 +70,19 @@ def flush_cache(url: str) -> None:
     requests.post(url + "/flush_cache", timeout=60).raise_for_status()
 
 
-async def run_real(url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int):
-    """One measured batch on a real server (radix cache flushed first): (results, wall seconds)."""
+async def run_real(
+    url: str,
+    spec: SearchSpec,
+    questions,
+    concurrency: int,
+    mode: Optional[dict],
+    k_total: int,
+    port: Optional[HttpPort] = None,
+):
+    """One measured batch on a real server (radix cache flushed first): (results, wall seconds). ``port``: an
+    HttpPort to ``url`` to use (closed afterwards) instead of a fresh one."""
     flush_cache(url)
-    port = HttpPort(url)
+    port = port or HttpPort(url)
     kw: Dict[str, Any] = {}
     if mode is not None:
         cfg = SpexConfig(enabled=True, k_total=k_total, **mode)

@@ -91,6 +91,10 @@ def run_row(run: SimRun) -> Dict[str, Any]:
         ),
         "mean_batch": round(run.engine.get("mean_batch", 0.0), 2),
         "decode_steps": run.engine.get("decode_steps"),
+        "decode_s": round(run.engine.get("decode_time", 0.0), 3),
+        "prefill_s": round(run.engine.get("prefill_time", 0.0), 3),
+        "prefill_passes": run.engine.get("prefill_passes"),
+        "client_cpu_s": round(run.engine.get("client_cpu_time", 0.0), 3),
         "wall_s": round(run.wall_time, 2),
         "speculation": sum_speculation([r.speculation for r in res]),
     }
