@@ -170,10 +170,12 @@ _FORCE = re.compile(r"^(plain|spec|alternate:[1-9]\d*)$")
 
 @dataclasses.dataclass
 class RespecConfig:
-    """``--respec-adaptive``, ``--respec-profile PATH|auto``, ``--respec-hysteresis MARGIN,DWELL[,CONFIRM]``.
+    """``--respec-adaptive``, ``--respec-profile PATH|auto``, ``--respec-hysteresis MARGIN,DWELL[,CONFIRM]``,
+    ``--respec-drift FRACTION`` (online re-profile threshold, 0 = off).
 
     ``force`` (``--respec-force``, tests and benchmarks): ``plain``, ``spec`` or ``alternate:K`` (switch every K
-    decode steps) instead of the profile's plan.
+    decode steps) instead of the profile's plan. ``algorithm`` and ``server_key`` (the (s,t,n) key the server was
+    started with, e.g. ``NGRAM:s4t1n4``) are filled in by the launcher from SGLang's own speculative flags.
     """
 
     enabled: bool = False
@@ -181,6 +183,9 @@ class RespecConfig:
     hysteresis: str = "1,8,2"
     force: Optional[str] = None
     max_batch: int = 256
+    drift: float = 0.2
+    algorithm: str = ""
+    server_key: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -190,6 +195,46 @@ class RespecConfig:
         text = os.environ.get(RESPEC_ENV_VAR)
         return cls(**json.loads(text)) if text else cls()
 
+    @property
+    def eagle(self) -> bool:
+        """EAGLE / EAGLE3: (s,t,n) switching through SGLang's AdaptiveController (see respec/eagle_policy.py)."""
+        return self.algorithm in RESPEC_EAGLE
+
+
+RESPEC_EAGLE = ("EAGLE", "EAGLE3")
+RESPEC_ALGORITHMS = ("NGRAM", *RESPEC_EAGLE)
+
+
+def _server_key(alg: str, rest: Sequence[str]) -> str:
+    """The (s,t,n) key of SGLang's speculative flags in ``rest`` ('' when a count is left to SGLang's default)."""
+
+    def flag(name: str) -> Optional[int]:
+        v = flag_value(rest, name)
+        try:
+            return None if v is None else int(v)
+        except ValueError:
+            raise ConfigError(f"{name} {v!r}: expected an integer") from None
+
+    n = flag("--speculative-num-draft-tokens")
+    if alg == "NGRAM":
+        t = flag("--speculative-ngram-max-bfs-breadth") or 1
+        return f"NGRAM:s{max(1, n // t)}t{t}n{n}" if n else ""
+    s, t = flag("--speculative-num-steps"), flag("--speculative-eagle-topk")
+    if t not in (None, 1):
+        raise ConfigError(f"--respec-adaptive with {alg} needs --speculative-eagle-topk 1 (got {t})")
+    if s is not None and n is not None and n != s + 1:
+        raise ConfigError(f"--respec-adaptive with {alg} needs --speculative-num-draft-tokens = num-steps + 1")
+    return f"{alg}:s{s}t1n{s + 1}" if s is not None else ""
+
+
+def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
 
 def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
     """Split ``--respec-*`` flags off ``argv``; :class:`ConfigError` names a bad flag or value."""
@@ -198,6 +243,7 @@ def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
     g.add_argument("--respec-adaptive", action="store_true", help="switch speculation on/off by active batch")
     g.add_argument("--respec-profile", default="auto", help="profile JSON (scripts/respec_profile.py) or 'auto'")
     g.add_argument("--respec-hysteresis", default="1,8,2", help="MARGIN,MIN_DWELL[,CONFIRM]")
+    g.add_argument("--respec-drift", type=float, default=0.2, help="re-profile online past this drift (0: off)")
     g.add_argument("--respec-force", default=None, help="plain | spec | alternate:K (testing)")
     ns, rest = parser.parse_known_args(list(argv))
     unknown = [a.split("=")[0] for a in rest if a.startswith("--respec-")]
@@ -209,10 +255,15 @@ def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
         raise ConfigError(f"--respec-force {ns.respec_force!r}: expected plain, spec or alternate:K")
     if ns.respec_profile != "auto" and not os.path.exists(ns.respec_profile):
         raise ConfigError(f"--respec-profile {ns.respec_profile}: no such file")
+    if not 0.0 <= ns.respec_drift < 10.0:
+        raise ConfigError(f"--respec-drift {ns.respec_drift}: expected a fraction >= 0 (0 turns it off)")
+    alg, key = "", ""
     if ns.respec_adaptive:
-        alg = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--speculative-algorithm"), None)
-        alg = alg or next((a.split("=", 1)[1] for a in rest if a.startswith("--speculative-algorithm=")), None)
-        if (alg or "").upper() != "NGRAM":
-            raise ConfigError(f"--respec-adaptive needs --speculative-algorithm NGRAM (got {alg})")
-    cfg = RespecConfig(ns.respec_adaptive, ns.respec_profile, ns.respec_hysteresis, ns.respec_force)
+        alg = (flag_value(rest, "--speculative-algorithm") or "").upper()
+        if alg not in RESPEC_ALGORITHMS:
+            raise ConfigError(f"--respec-adaptive needs --speculative-algorithm one of {RESPEC_ALGORITHMS} (got {alg})")
+        key = _server_key(alg, rest)
+    cfg = RespecConfig(
+        ns.respec_adaptive, ns.respec_profile, ns.respec_hysteresis, ns.respec_force, 256, ns.respec_drift, alg, key
+    )
     return cfg, rest

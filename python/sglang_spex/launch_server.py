@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from sglang_spex.config import ENV_VAR, RESPEC_ENV_VAR, ConfigError, SpexConfig, parse_respec_args, parse_tot_args
+from sglang_spex.config import (
+    ENV_VAR,
+    RESPEC_ENV_VAR,
+    ConfigError,
+    SpexConfig,
+    flag_value,
+    parse_respec_args,
+    parse_tot_args,
+)
 
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
 CPU_DEFAULTS = {
@@ -60,15 +68,6 @@ def _given(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def _value(args: Sequence[str], flag: str) -> Optional[str]:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def _apply(args: List[str], defaults: dict) -> List[str]:
     out = list(args)
     for flag, value in defaults.items():
@@ -84,7 +83,7 @@ def build_sglang_args(cfg: SpexConfig, rest: Sequence[str], gpu: bool) -> List[s
         from sglang_spex.models import default_model_path
 
         args += ["--model-path", str(default_model_path())]
-    model = _value(args, "--model-path") or _value(args, "--model")
+    model = flag_value(args, "--model-path") or flag_value(args, "--model")
     if model is not None and not Path(model).exists() and model.startswith(("/", ".", "~")):
         raise ConfigError(f"--model-path {model}: no such file or directory")
     if not gpu:
@@ -100,6 +99,10 @@ def prepare(argv: Sequence[str]) -> List[str]:
     respec, rest = parse_respec_args(rest)
     gpu = has_gpu()
     args = build_sglang_args(cfg, rest, gpu)
+    if respec.enabled and respec.eagle:
+        from sglang_spex.respec.eagle_policy import sglang_adaptive_args
+
+        args += sglang_adaptive_args(respec, args)
     os.environ[ENV_VAR] = cfg.to_json()
     os.environ[RESPEC_ENV_VAR] = respec.to_json()
     if not gpu:

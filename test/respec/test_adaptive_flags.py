@@ -43,10 +43,25 @@ def test_from_env(monkeypatch):
         (["--respec-hysteresis", "fast"], "--respec-hysteresis"),
         (["--respec-force", "sometimes"], "--respec-force"),
         (["--respec-profile", "/nonexistent/p.json"], "--respec-profile"),
-        (["--respec-adaptive"], "--speculative-algorithm NGRAM"),
-        (["--respec-adaptive", "--speculative-algorithm", "EAGLE3"], "EAGLE3"),
+        (["--respec-adaptive"], "--speculative-algorithm one of"),
+        (["--respec-adaptive", "--speculative-algorithm", "STANDALONE"], "STANDALONE"),
+        (["--respec-adaptive", "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "2"], "topk 1"),
+        (
+            ["--respec-adaptive", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"]
+            + ["--speculative-num-draft-tokens", "6"],
+            "= num-steps",
+        ),
+        (["--respec-drift", "-1"], "--respec-drift"),
     ],
 )
 def test_bad_flags_name_themselves(argv, needle):
     with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
         parse_respec_args(argv)
+
+
+def test_server_key_from_sglang_flags():
+    cfg, _ = parse_respec_args(["--respec-adaptive", *NGRAM, "--speculative-num-draft-tokens", "8"])
+    assert (cfg.algorithm, cfg.server_key, cfg.eagle) == ("NGRAM", "NGRAM:s8t1n8", False)
+    eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+    cfg, _ = parse_respec_args(["--respec-adaptive", "--respec-drift", "0", *eagle])
+    assert (cfg.algorithm, cfg.server_key, cfg.eagle, cfg.drift) == ("EAGLE3", "EAGLE3:s3t1n4", True, 0.0)

@@ -1,178 +1,231 @@
-"""ReSpec Adaptive Server, online part 2: run true plain decode steps inside SGLang's NGRAM worker when the FSM
-says "no speculation".
+"""ReSpec Adaptive Server, online part: the scheduler process's runtime -- FSM, forced modes, per-request opt-out,
+step clock, online re-profiling, counters -- shared by both speculative paths:
 
-Where it sits (SGLang 0.5.23): with a speculative algorithm the scheduler's ``model_worker`` *is* the spec worker
-(``Scheduler.__init__``: ``self.model_worker = self.draft_worker``) and every decode batch goes through
-``NGRAMWorker.forward_batch_generation`` (``Scheduler.run_batch``, non-overlap V2 branch: CPU disables overlap).
-An AROUND hook on that method (``srt/hooks.py``) asks the FSM once per decode batch:
+* NGRAM: hook R1 runs a true plain decode step when the runtime says "no speculation" (:mod:`.ngram_plain`);
+* EAGLE / EAGLE3: the runtime is SGLang's ``AdaptiveSpecPolicy`` (hooks R3/R4, :mod:`.eagle_policy`), so SGLang's
+  ``AdaptiveController`` switches among (s, t=1, n=s+1) runtime states and to steps=0 for "no speculation".
 
-* spec: SGLang's own path (draft from the n-gram corpus, tree verify, KV compaction);
-* plain: :func:`plain_decode_step` — one token per request through ``target_worker.forward_batch_generation``
-  in ``ForwardMode.DECODE`` with no spec_info (no draft, no tree mask, no verify). It writes the KV of the last
-  committed token into the slot SGLang's spec allocator already reserved at position ``seq_len``
-  (``eagle_prepare_for_decode`` reserves ``committed + reserve`` slots), and returns the result in the shape
-  of a verify that accepted only the bonus token (``accept_lens = 1``), so the scheduler's spec bookkeeping
-  (``process_batch_result_decode``, seq-lens, KV frees at finish) is unchanged: switching either way keeps
-  the KV, drops nothing, allocates nothing extra. The n-gram corpus is still fed, so drafts are warm when
-  speculation comes back.
+A *state* is a profile config key (``NGRAM:s4t1n4``, ``EAGLE3:s3t1n4``), ``SPEC`` (forced on, no profile) or
+``None`` (plain decode). A request opts out with ``sampling_params.custom_params = {"respec": "off"}``: a decode
+batch holding one runs without speculation (the batch shares one forward, so its mates do too; counted).
 
 Configuration reaches the scheduler process in the environment variable ``SGLANG_SPEX_RESPEC`` (JSON, written
-by the launcher for ``--respec-*``); see :class:`RespecConfig`.
+by the launcher for ``--respec-*``); see :class:`~sglang_spex.config.RespecConfig`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
-
-import torch
+from typing import Any, List, Optional
 
 from sglang_spex.config import RespecConfig
-from sglang_spex.respec.fsm import AdaptiveFSM, Hysteresis
-from sglang_spex.respec.profiler import Profile
+from sglang_spex.respec.drift import OnlineReprofiler
+from sglang_spex.respec.fsm import AdaptiveFSM, Hysteresis, State
+from sglang_spex.respec.profiler import Profile, SpecConfig
 from sglang_spex.respec.solver import Plan, solve
 
 logger = logging.getLogger(__name__)
 
 SPEC = "spec"  # FSM state used when no profile names configs (force modes)
+OPT_OUT = {"respec": "off"}  # custom_params entry of a request that never speculates
+_MAX_STEP_GAP_S = 5.0  # a longer gap between decode steps is idle time, not a step
+
+
+def runnable_configs(profile: Profile, cfg: RespecConfig) -> List[str]:
+    """Profile configs this server can switch to: NGRAM its own key; EAGLE chains (t=1, n=s+1) of its algorithm."""
+    keys = [k for k in profile.configs if not cfg.algorithm or SpecConfig.parse(k).algorithm == cfg.algorithm]
+    if cfg.eagle:
+        keys = [
+            k
+            for k in keys
+            if SpecConfig.parse(k).topk == 1
+            and SpecConfig.parse(k).num_draft_tokens == SpecConfig.parse(k).num_steps + 1
+        ]
+    elif cfg.server_key in keys:
+        keys = [cfg.server_key]
+    elif keys and cfg.server_key:
+        logger.warning("respec: server config %s not profiled; using the profile's %s", cfg.server_key, keys)
+    return keys
+
+
+def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
+    """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known)."""
+    if cfg.profile != "auto":
+        return Path(cfg.profile)
+    if not model_path:
+        return None
+    from sglang_spex.respec.profiler import PROFILE_DIR, _slug
+
+    found = sorted(PROFILE_DIR.glob(f"{_slug(model_path)}__*.json")) if PROFILE_DIR.exists() else []
+    for path in found:
+        if not cfg.algorithm or runnable_configs(Profile.load(path), cfg):
+            return path
+    return None
+
+
+def load_profile_and_plan(cfg: RespecConfig, model_path: str = "") -> tuple:
+    """(profile, plan restricted to :func:`runnable_configs`), or (None, None) in force modes / without a profile."""
+    if cfg.force is not None:
+        return None, None
+    path = find_profile(cfg, model_path)
+    if path is None or not path.exists():
+        logger.warning("respec: no profile (%s); speculating always", cfg.profile)
+        return None, None
+    profile = Profile.load(path)
+    return profile, solve(profile, max_batch=cfg.max_batch, configs=runnable_configs(profile, cfg))
+
+
+def load_plan(cfg: RespecConfig, model_path: str = "") -> Optional[Plan]:
+    """The solver's plan for ``cfg.profile`` (a JSON profile path, or ``auto``: the cached profile of the model)."""
+    return load_profile_and_plan(cfg, model_path)[1]
 
 
 class Runtime:
     """The scheduler process's FSM and switch bookkeeping (one per process, built on first use)."""
 
-    def __init__(self, cfg: RespecConfig, plan: Optional[Plan]):
+    def __init__(self, cfg: RespecConfig, plan: Optional[Plan], profile: Optional[Profile] = None):
         self.cfg = cfg
         self.plan = plan
         self.fsm = AdaptiveFSM(plan, Hysteresis.parse(cfg.hysteresis), max_batch=cfg.max_batch) if plan else None
+        self.reprofiler: Optional[OnlineReprofiler] = None
+        if plan is not None and profile is not None and cfg.drift > 0:
+            configs = sorted(
+                {c.config for c in plan.choices.values() if c.config} | set(runnable_configs(profile, cfg))
+            )
+            self.reprofiler = OnlineReprofiler(profile, configs, max_batch=cfg.max_batch, threshold=cfg.drift)
         self.decode_steps = 0
         self.plain_steps = 0
         self.spec_steps = 0
+        self.opt_out_steps = 0
+        self.spec_tokens = 0.0  # sum over spec steps of mean tokens per sequence (accept length incl. bonus)
+        self.accept_ewma: Optional[float] = None
+        self.last_state: State = None
+        self._open: Optional[tuple] = None  # (start, state, batch, tokens per step) of the step in flight
+        from sglang_spex.srt.metrics import RespecMetrics
 
-    def speculate(self, batch_size: int) -> bool:
-        """Observe one decode step of ``batch_size`` sequences; True if it should speculate."""
+        self.metrics = RespecMetrics()
+
+    @property
+    def on_state(self) -> str:
+        """The state a forced "spec" step runs: the server's own config key when known."""
+        return self.cfg.server_key or SPEC
+
+    def decide(self, batch_size: int, opted_out: bool = False) -> State:
+        """Observe one decode step of ``batch_size`` sequences; the state it should run (None: plain decode)."""
         self.decode_steps += 1
         force = self.cfg.force
+        state: State
         if force == "plain":
-            on = False
+            state = None
         elif force == "spec":
-            on = True
+            state = self.on_state
         elif force and force.startswith("alternate:"):
             k = max(1, int(force.split(":", 1)[1]))
-            on = ((self.decode_steps - 1) // k) % 2 == 0
+            state = self.on_state if ((self.decode_steps - 1) // k) % 2 == 0 else None
         elif self.fsm is not None:
-            on = self.fsm.observe(batch_size) is not None
+            state = self.fsm.observe(batch_size)
         else:
-            on = True  # no profile: SGLang as configured
-        if on:
-            self.spec_steps += 1
-        else:
+            state = self.on_state  # no profile: SGLang as configured
+        if opted_out and state is not None:
+            state = None
+            self.opt_out_steps += 1
+        if state is None:
             self.plain_steps += 1
-        return on
+        else:
+            self.spec_steps += 1
+        switched = self.decode_steps > 1 and state != self.last_state
+        self.last_state = state
+        self.metrics.step(state is not None, switched, self.steps_of(state))
+        return state
+
+    def speculate(self, batch_size: int) -> bool:
+        return self.decide(batch_size) is not None
+
+    def steps_of(self, state: State, default: int = 0) -> int:
+        """speculative_num_steps of a state (0 for plain decode, ``default`` for ``SPEC``)."""
+        if state is None:
+            return 0
+        return default if state == SPEC else SpecConfig.parse(state).num_steps
+
+    # --- step clock: wall time start-to-start, as the offline profile measures a step ---------------------
+    def begin_step(self, decode: bool) -> None:
+        """A forward is starting; closes the previous decode step (its wall time ends here)."""
+        now = time.perf_counter()
+        if self._open is not None:
+            start, state, batch, tps = self._open
+            if decode and now - start < _MAX_STEP_GAP_S:
+                self.record(state, batch, now - start, tps)
+        self._open = (now, None, 0, 0.0) if decode else None
+
+    def end_step(self, state: State, batch: int, tokens_per_step: float) -> None:
+        """The decode step begun last ran ``state`` on ``batch`` sequences and gained ``tokens_per_step`` each."""
+        if self._open is not None:
+            self._open = (self._open[0], state, batch, tokens_per_step)
+        if state is not None:
+            self.spec_tokens += tokens_per_step
+            a = self.accept_ewma
+            self.accept_ewma = tokens_per_step if a is None else 0.9 * a + 0.1 * tokens_per_step
+            self.metrics.accept(self.accept_ewma)
+
+    def record(self, state: State, batch: int, step_s: float, tokens_per_step: float) -> None:
+        """One finished decode step: feeds online re-profiling; a refit re-plans the FSM."""
+        if self.reprofiler is None or state == SPEC:
+            return
+        plan = self.reprofiler.observe(state, batch, step_s, tokens_per_step)
+        if plan is not None:
+            logger.info("respec: drift past %.0f%%, re-profiled online: %s", 100 * self.cfg.drift, plan.summary())
+            self.plan = plan
+            self.fsm.replan(plan)  # type: ignore[union-attr]
+            self.metrics.reprofile()
 
     def info(self) -> dict:
-        out: dict = {"decode_steps": self.decode_steps, "plain_steps": self.plain_steps, "spec_steps": self.spec_steps}
+        out: dict = {
+            "state": self.last_state or "none",
+            "decode_steps": self.decode_steps,
+            "plain_steps": self.plain_steps,
+            "spec_steps": self.spec_steps,
+            "opt_out_steps": self.opt_out_steps,
+            "mean_accept_length": self.spec_tokens / self.spec_steps if self.spec_steps else None,
+            "accept_length_ewma": self.accept_ewma,
+        }
         out["config"] = asdict(self.cfg)
         if self.fsm is not None:
             out["fsm"] = self.fsm.info()
         if self.plan is not None:
             out["plan"] = self.plan.summary()
+        if self.reprofiler is not None:
+            out["reprofile"] = self.reprofiler.info()
         return out
 
 
 _runtime: Optional[Runtime] = None
 
 
-def load_plan(cfg: RespecConfig, model_path: str = "") -> Optional[Plan]:
-    """The solver's plan for ``cfg.profile`` (a JSON profile path, or ``auto``: the cached profile of the model)."""
-    if cfg.force is not None:
-        return None
-    path: Optional[Path] = None
-    if cfg.profile != "auto":
-        path = Path(cfg.profile)
-    elif model_path:
-        from sglang_spex.respec.profiler import PROFILE_DIR, _slug
-
-        found = sorted(PROFILE_DIR.glob(f"{_slug(model_path)}__*.json")) if PROFILE_DIR.exists() else []
-        path = found[0] if found else None
-    if path is None or not path.exists():
-        logger.warning("respec: no profile (%s); speculating always", cfg.profile)
-        return None
-    return solve(Profile.load(path), max_batch=cfg.max_batch)
-
-
 def runtime(model_path: str = "") -> Runtime:
     global _runtime
     if _runtime is None:
         cfg = RespecConfig.from_env()
-        _runtime = Runtime(cfg, load_plan(cfg, model_path))
+        profile, plan = load_profile_and_plan(cfg, model_path)
+        _runtime = Runtime(cfg, plan, profile)
     return _runtime
 
 
-def plain_decode_step(worker: Any, batch: Any) -> Any:
-    """One true plain decode step for a decode batch of SGLang's NGRAM worker (see module doc)."""
-    from sglang.srt.managers.utils import GenerationBatchResult
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.ngram_info import NgramVerifyInput
-
-    bs = len(batch.reqs)
-    device = batch.seq_lens.device
-    n = worker.draft_token_num
-    committed = batch.seq_lens  # KV written for positions < committed; the last output token sits at committed
-    last = [r.output_ids[-1] if len(r.output_ids) else r.origin_input_ids[-1] for r in batch.reqs]
-    slots = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, committed.long()]
-
-    saved = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.orig_seq_lens)
-    batch.forward_mode = ForwardMode.DECODE
-    batch.spec_info = None
-    batch.input_ids = torch.tensor(last, dtype=torch.int64, device=device)
-    batch.out_cache_loc = slots.to(torch.int64)
-    batch.seq_lens = committed + 1
-    if batch.seq_lens_cpu is not None:
-        batch.seq_lens_cpu = batch.seq_lens_cpu + 1
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-    batch.orig_seq_lens = batch.seq_lens.to(saved[3].dtype) if saved[3] is not None else None
-    try:
-        res = worker.target_worker.forward_batch_generation(batch)
-    finally:
-        batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.orig_seq_lens = saved
-    predict = res.next_token_ids
-    accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
-    accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)
-    accept_tokens[:, 0] = predict
-    accept_tokens = accept_tokens.flatten()
-    new_seq_lens = committed + 1
-
-    worker.prev_token_ids, worker.prev_accept_lens = [], [0] * bs  # staging read by the corpus update (sync mode)
-    worker._update_ngram_corpus(batch)
-    batch.forward_mode = ForwardMode.DECODE
-    return GenerationBatchResult(
-        logits_output=res.logits_output,
-        next_token_ids=accept_tokens,
-        can_run_cuda_graph=res.can_run_cuda_graph,
-        accept_lens=accept_lens,
-        new_seq_lens=new_seq_lens,
-        next_draft_input=NgramVerifyInput(
-            draft_token_num=n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens, accept_lens=accept_lens
-        ),
-        speculative_num_draft_tokens=worker.speculative_num_draft_tokens,
-    )
+def opted_out(batch: Any) -> bool:
+    """True if a request of the batch asked for no speculation (``custom_params={"respec": "off"}``)."""
+    for req in batch.reqs:
+        params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+        if isinstance(params, dict) and params.get("respec") == OPT_OUT["respec"]:
+            return True
+    return False
 
 
-def h_ngram_forward(original, worker, batch, *args, **kwargs):
-    """AROUND NGRAMWorker.forward_batch_generation: a plain decode step when the FSM says "no speculation"."""
-    try:
-        rt = runtime(getattr(getattr(worker, "server_args", None), "model_path", "") or "")
-        # grammar and logprob batches keep SGLang's spec path (their spec-shaped outputs are not rebuilt here)
-        eligible = batch.forward_mode.is_decode() and not batch.has_grammar and not batch.return_logprob
-        plain = eligible and not rt.speculate(len(batch.reqs))
-    except Exception:  # never break the scheduler: fall back to SGLang's path
-        logger.exception("respec: FSM failed; speculating")
-        plain = False
-    if plain:
-        return plain_decode_step(worker, batch)
-    return original(worker, batch, *args, **kwargs)
+def mean_accept(result: Any) -> float:
+    """Mean tokens per sequence of a decode result (accept length incl. the bonus token; 1 for plain decode)."""
+    lens = getattr(result, "accept_lens", None)
+    return float(lens.float().mean()) if lens is not None and lens.numel() else 1.0
 
 
 def h_report_state(result, scheduler, *args, **kwargs):

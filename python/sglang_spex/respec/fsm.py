@@ -102,6 +102,11 @@ class AdaptiveFSM:
             self.switches += 1
         return self.state
 
+    def replan(self, plan: Union[Plan, Callable[[int], State]]) -> None:
+        """Follow a new plan (online re-profile) from the next step; the current state and dwell are kept."""
+        self._choose = plan.choose if isinstance(plan, Plan) else plan
+        self._pending = (self.state, 0)
+
     @property
     def speculating(self) -> bool:
         return self.state is not None

@@ -25,6 +25,8 @@ SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 PREFILL_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 RADIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
+EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+ADAPTIVE_CONTROLLER = "sglang.srt.speculative.adaptive_runtime_state.AdaptiveController"
 _registered = False
 _config = SpexConfig()
 
@@ -118,12 +120,18 @@ def _register_respec() -> None:
 
     if not RespecConfig.from_env().enabled:
         return
-    from sglang_spex.respec.adaptive import h_ngram_forward, h_report_state
+    from sglang_spex.respec.adaptive import h_report_state
+    from sglang_spex.respec.eagle_policy import h_controller_init, h_eagle_forward
+    from sglang_spex.respec.ngram_plain import h_ngram_forward
 
     # R1: a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says "no spec".
     HookRegistry.register(f"{NGRAM_WORKER}.forward_batch_generation", h_ngram_forward, HookType.AROUND)
     # R2: FSM state, switch/step counts and KV pool figures in /get_server_info (internal_states[0]["respec"]).
     HookRegistry.register(f"{SCHEDULER}.get_internal_state", h_report_state, HookType.AFTER)
+    # R3: EAGLE/EAGLE3 -- the ReSpec runtime becomes SGLang's AdaptiveSpecPolicy (steps per batch, 0 = no drafting).
+    HookRegistry.register(f"{ADAPTIVE_CONTROLLER}.__init__", h_controller_init, HookType.AFTER)
+    # R4: EAGLE/EAGLE3 -- per decode batch: request opt-out in, step wall time and acceptance out.
+    HookRegistry.register(f"{EAGLE_WORKER}.forward_batch_generation", h_eagle_forward, HookType.AROUND)
 
 
 def register_all(cfg: SpexConfig) -> None:

@@ -7,6 +7,7 @@ HTTP process (after ``PROMETHEUS_MULTIPROC_DIR`` is set, hence lazily) appear th
 from __future__ import annotations
 
 import logging
+import os
 from typing import Dict, Optional
 
 logger = logging.getLogger(__name__)
@@ -67,3 +68,46 @@ def record_search(accounting: Optional[dict], primary_requests: int, primary_tok
         m["early_stops"].inc()
     for ms in accounting.get("cancel_latency_ms", []):
         m["cancel_latency"].observe(ms / 1000.0)
+
+
+class RespecMetrics:
+    """ReSpec adaptive-server gauges and counters, created in the scheduler process (``/metrics`` aggregates every
+    process's files under ``PROMETHEUS_MULTIPROC_DIR``); a no-op without prometheus_client or ``--enable-metrics``."""
+
+    def __init__(self) -> None:
+        self._m: Dict[str, object] = {}
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return
+        try:
+            from prometheus_client import Counter, Gauge
+
+            self._m = {
+                "steps": Counter("respec_decode_steps", "decode steps by mode", ["mode"]),
+                "switches": Counter("respec_switches", "switches between speculative states"),
+                "reprofiles": Counter("respec_reprofiles", "online re-profiles after drift"),
+                "speculating": Gauge("respec_speculating", "1 while speculating", multiprocess_mode="mostrecent"),
+                "num_steps": Gauge(
+                    "respec_num_steps", "draft steps of the current state", multiprocess_mode="mostrecent"
+                ),
+                "accept": Gauge("respec_accept_length", "accept length EWMA", multiprocess_mode="mostrecent"),
+            }
+        except Exception:  # metrics must never break the scheduler
+            logger.exception("respec: prometheus metrics unavailable")
+            self._m = {}
+
+    def step(self, speculating: bool, switched: bool, num_steps: int) -> None:
+        if not self._m:
+            return
+        self._m["steps"].labels(mode="spec" if speculating else "plain").inc()
+        if switched:
+            self._m["switches"].inc()
+        self._m["speculating"].set(1 if speculating else 0)
+        self._m["num_steps"].set(num_steps)
+
+    def accept(self, value: float) -> None:
+        if self._m:
+            self._m["accept"].set(value)
+
+    def reprofile(self) -> None:
+        if self._m:
+            self._m["reprofiles"].inc()

@@ -34,6 +34,7 @@ async def spex_info(cfg: SpexConfig) -> dict:
         "scheduler": scheduler,
         "speculation": cfg.enabled,
         "config": json.loads(cfg.to_json()),
+        "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
     }
 
 

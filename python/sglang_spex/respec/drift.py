@@ -1,0 +1,116 @@
+"""ReSpec online re-profiling: when live decode steps drift from the profile, refit it from what was measured.
+
+Every decode step reports (state, batch size, wall seconds, tokens per sequence). Per state, two
+:class:`~sglang_spex.profile.measure.DriftMonitor` windows compare them with the profile's prediction at that batch
+size (step cost, and tokens per step = acceptance): the median relative error over the window must exceed the
+threshold (default 20 %) once ``min_samples`` are in, so one slow step never triggers it. On drift, the drifting
+state's whole curve is scaled by the median error (a policy update moves acceptance at every batch size), every
+(state, batch size) with enough live samples then takes the medians of those samples, the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections import defaultdict, deque
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+from sglang_spex.profile.measure import DriftMonitor
+from sglang_spex.respec.profiler import PLAIN, Point, Profile
+from sglang_spex.respec.solver import Plan, SpeedupModel, solve
+
+
+class _Prediction:
+    """``predict(batch)`` of one profile curve, read through the re-profiler's current model (duck-typed profile)."""
+
+    def __init__(self, fn: Callable[[int], float]):
+        self.predict = fn
+
+
+class OnlineReprofiler:
+    """Drift detection and profile refit for the configs a server can run (``configs``) plus plain decode."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        configs: Sequence[str],
+        max_batch: int = 256,
+        threshold: float = 0.2,
+        window: int = 32,
+        min_samples: int = 16,
+        min_point_samples: int = 4,
+    ):
+        self.profile = copy.deepcopy(profile)
+        self.configs = list(configs)
+        self.max_batch = max_batch
+        self.threshold, self.window, self.min_samples = threshold, window, min_samples
+        self.min_point_samples = min_point_samples
+        self.model = SpeedupModel(self.profile)
+        self._monitors: Dict[Tuple[str, str], DriftMonitor] = {}
+        self._samples: Dict[Tuple[str, int], Deque[Tuple[float, float]]] = defaultdict(lambda: deque(maxlen=window))
+        self.reprofiles = 0
+        self.history: List[dict] = []  # one entry per refit (last 16)
+
+    def _monitor(self, key: str, what: str) -> DriftMonitor:
+        mon = self._monitors.get((key, what))
+        if mon is None:
+
+            def predict(batch: int, k: str = key, f: str = what) -> float:  # reads the current (refitted) model
+                return self.model.step_s(k, batch) if f == "cost" else self.model.tokens_per_step(k, batch)
+
+            mon = DriftMonitor(_Prediction(predict), self.threshold, self.window, self.min_samples)  # type: ignore
+            self._monitors[(key, what)] = mon
+        return mon
+
+    def drift(self) -> Dict[str, float]:
+        """Current median relative error per ``state/cost`` and ``state/tokens`` window."""
+        return {f"{k}/{w}": round(m.drift, 4) for (k, w), m in self._monitors.items()}
+
+    def observe(self, key: Optional[str], batch: int, step_s: float, tokens_per_step: float) -> Optional[Plan]:
+        """Record one decode step of state ``key`` (None = plain); a new plan when the profile was refitted."""
+        key = key or PLAIN
+        if key not in self.model.profile.points or batch <= 0 or step_s <= 0:
+            return None
+        self._samples[(key, batch)].append((step_s, tokens_per_step))
+        drifted = self._monitor(key, "cost").observe(batch, step_s)
+        if key != PLAIN:
+            drifted = self._monitor(key, "tokens").observe(batch, tokens_per_step) or drifted
+        if not drifted:
+            return None
+        return self._refit(key)
+
+    def _refit(self, trigger: str) -> Plan:
+        before = self.drift()
+        # the drift seen at the live batch sizes scales the trigger's whole curve (a policy update moves acceptance
+        # at every batch size) ...
+        cost = 1.0 + self._monitor(trigger, "cost").drift
+        tokens = 1.0 + (self._monitor(trigger, "tokens").drift if trigger != PLAIN else 0.0)
+        for b, p in list(self.profile.points[trigger].items()):
+            tps = max(1.0, p.tokens_per_step * tokens) if trigger != PLAIN else 1.0
+            self.profile.add(trigger, Point(b, p.step_s * cost, tps, b * tps / (p.step_s * cost), p.accept_length))
+        # ... and every (state, batch size) measured live enough times takes its measured medians
+        updated = []
+        for (key, batch), samples in self._samples.items():
+            if len(samples) < self.min_point_samples:
+                continue
+            step_s = statistics.median(s for s, _ in samples)
+            tps = statistics.median(t for _, t in samples) if key != PLAIN else 1.0
+            self.profile.add(key, Point(batch, step_s, tps, batch * tps / step_s, tps if key != PLAIN else None))
+            updated.append(f"{key}@{batch}")
+        self.model = SpeedupModel(self.profile)
+        for mon in self._monitors.values():
+            mon.reset()
+        self.reprofiles += 1
+        plan = solve(self.profile, max_batch=self.max_batch, configs=self.configs)
+        self.history = (
+            self.history + [{"trigger": trigger, "drift": before, "points": updated, "plan": plan.summary()}]
+        )[-16:]
+        return plan
+
+    def info(self) -> dict:
+        return {
+            "reprofiles": self.reprofiles,
+            "drift": self.drift(),
+            "threshold": self.threshold,
+            "history": self.history[-4:],
+        }

@@ -1,0 +1,118 @@
+"""ReSpec Adaptive Server, EAGLE / EAGLE3: the ReSpec runtime as SGLang's ``AdaptiveSpecPolicy``.
+
+SGLang 0.5.23 already switches an EAGLE worker among runtime states at run time: ``AdaptiveController`` holds one
+``SpecRuntimeState`` (attention backends, graph runners) per candidate ``speculative_num_steps`` and activates the
+one its policy returns for each decode batch (``EAGLEWorkerV2.activate_step_by_batch``); steps = 0 skips drafting
+(a one-node verify: one token per request). Its own policy (``AdaptiveSpeculativeParams``) follows an acceptance
+EMA; ours follows the profile's plan through the hysteresis FSM:
+
+* R3 (AFTER ``AdaptiveController.__init__``): replaces the controller's policy with :class:`RespecStepPolicy`,
+  whose candidate steps are the plan's chain configs (t = 1, n = s + 1: SGLang's adaptive states are chains),
+  the server's own steps and 0;
+* R4 (AROUND ``EAGLEWorkerV2.forward_batch_generation``): per decode batch, hands the policy the batch's opt-out
+  flag and times the step for online re-profiling.
+
+The launcher adds ``--speculative-adaptive --speculative-adaptive-config`` (:func:`sglang_adaptive_args`) so
+SGLang sizes its buffers for every candidate. Limit: "no speculation" here is SGLang's steps = 0 step, which still
+runs the draft model's extend over the new token, keeping the drafter's KV warm for the way back (a true plain
+step would leave the drafter's KV with holes that need a catch-up extend; see docs/upstream.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, List, Optional, Sequence
+
+from sglang_spex.config import RespecConfig, flag_value
+from sglang_spex.respec.adaptive import Runtime, mean_accept, opted_out, runtime
+from sglang_spex.respec.fsm import State
+from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
+from sglang_spex.respec.solver import Plan
+
+logger = logging.getLogger(__name__)
+
+
+def candidate_steps(plan: Optional[Plan], server_steps: int) -> List[int]:
+    """Every ``speculative_num_steps`` the runtime may ask for: 0, the server's own, and the plan's configs."""
+    steps = {0, server_steps}
+    if plan is not None:
+        steps |= {SpecConfig.parse(c.config).num_steps for c in plan.choices.values() if c.config}
+    return sorted(steps)
+
+
+def sglang_adaptive_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
+    """SGLang flags that make it build an ``AdaptiveController`` with states for every candidate step count."""
+    if flag_value(args, "--speculative-adaptive-config") is not None:
+        return [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
+    from sglang_spex.respec.adaptive import load_plan
+
+    server_steps = int(flag_value(args, "--speculative-num-steps") or 3)
+    steps = candidate_steps(load_plan(cfg, flag_value(args, "--model-path") or ""), server_steps)
+    body = json.dumps({"1": {"candidate_steps": steps}}, sort_keys=True)
+    path = PROFILE_DIR / f"adaptive-{hashlib.sha1(body.encode()).hexdigest()[:12]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    out = [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
+    return out + ["--speculative-adaptive-config", str(path)]
+
+
+class RespecStepPolicy:
+    """``AdaptiveSpecPolicy`` (SGLang's protocol) driven by the ReSpec runtime instead of an acceptance EMA."""
+
+    def __init__(self, rt: Runtime, server_steps: int, sglang_policy: Any):
+        self.rt = rt
+        self.server_steps = server_steps
+        self._sglang = sglang_policy  # keeps SGLang's graph-batch bookkeeping (cuda_graph_bs_for_step)
+        self._steps = candidate_steps(rt.plan, server_steps)
+        self.opted_out = False  # set by R4 for the decode batch about to run
+        self.state: State = None
+
+    @property
+    def candidate_steps(self) -> List[int]:
+        return list(self._steps)
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: Optional[List[int]]) -> None:
+        self._cuda_graph_bs = cuda_graph_bs
+        self._sglang.set_cuda_graph_bs(cuda_graph_bs)
+
+    def cuda_graph_bs_for_step(self, step: int) -> Optional[List[int]]:
+        return getattr(self, "_cuda_graph_bs", None)
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        """Called once per decode batch (``activate_step_by_batch``): the FSM's state as a step count."""
+        self.state = self.rt.decide(batch_size, self.opted_out)
+        steps = self.rt.steps_of(self.state, default=self.server_steps)
+        if steps not in self._steps:  # a re-plan may name a config without a built state: nearest built one
+            steps = min(self._steps, key=lambda s: (abs(s - steps), s))
+        return steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req: List[int], batch_size: int) -> Optional[int]:
+        return None  # the runtime decides per batch; acceptance reaches it through R4's step record
+
+
+def h_controller_init(result, controller, *args, **kwargs):
+    """AFTER AdaptiveController.__init__ (R3): our policy replaces SGLang's acceptance-EMA policy."""
+    worker = controller.worker
+    model_path = getattr(getattr(worker, "server_args", None), "model_path", "") or ""
+    controller.params = RespecStepPolicy(runtime(model_path), int(worker.speculative_num_steps), controller.params)
+    logger.info("respec: EAGLE adaptive policy, candidate steps %s", controller.params.candidate_steps)
+    return result
+
+
+def h_eagle_forward(original, worker, batch, *args, **kwargs):
+    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): opt-out flag in, step time and acceptance out."""
+    policy = getattr(getattr(worker, "adaptive_controller", None), "params", None)
+    if not isinstance(policy, RespecStepPolicy):
+        return original(worker, batch, *args, **kwargs)
+    decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch) and not batch.forward_mode.is_idle()
+    try:
+        policy.rt.begin_step(decode)
+        policy.opted_out = decode and opted_out(batch)
+    except Exception:
+        logger.exception("respec: step bookkeeping failed")
+    result = original(worker, batch, *args, **kwargs)
+    if decode:
+        policy.rt.end_step(policy.state, len(batch.reqs), mean_accept(result))
+    return result

@@ -1,0 +1,129 @@
+"""ReSpec adaptive server with EAGLE3 on real CPU SGLang (tiny Llama, float32, spex_cpu, a drafter of ours).
+
+The ReSpec runtime is SGLang's ``AdaptiveSpecPolicy`` (hooks R3/R4): with a hand-made profile whose plan is
+``B=1: EAGLE3:s3t1n4; B=2..3: EAGLE3:s1t1n2; B>=4: no speculation`` and no hysteresis, each decode batch runs the
+(s, t, n) state its size asks for, switching at run time as requests join and finish. Greedy output must equal
+plain SGLang's, every state must have run, a request with ``custom_params={"respec": "off"}`` never speculates,
+the KV pool returns to its start, and the state is on ``/spex/info`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import pytest
+import requests
+from conftest import make_drafter
+from workloads import BASE, REPEAT, N
+
+from sglang_spex.respec.profiler import PLAIN, Point, Profile
+from sglang_spex.serve import ServerProcess
+
+COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
+EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+S3, S1 = "EAGLE3:s3t1n4", "EAGLE3:s1t1n2"
+BATCHES = {  # each sent as one /generate call; all requests run N tokens, so the batch stays this size
+    "b1": [BASE],
+    "b2": [REPEAT, BASE + " grew"],
+    "b6": [BASE + f" ({i})" for i in range(5)] + [REPEAT + " a"],
+}
+
+
+def _profile() -> Profile:
+    """Plain 10 ms a step; s3 pays off only alone, s1 up to B=3, nothing from B=4 (see module doc)."""
+    prof = Profile("tiny", "test", "cpu")
+    for b in (1, 2, 4, 8):
+        prof.add(PLAIN, Point(b, 0.010, 1.0, b / 0.010))
+        s3 = (3.0, 0.015) if b == 1 else (1.2, 0.015) if b == 2 else (1.0, 0.020)
+        s1 = (1.5, 0.012) if b <= 2 else (1.0, 0.012)
+        for key, (tps, step) in ((S3, s3), (S1, s1)):
+            prof.add(key, Point(b, step, tps, b * tps / step, tps))
+    return prof
+
+
+def _generate(url: str, texts: List[str], custom: dict = None) -> List[dict]:
+    params = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
+    if custom:
+        params["custom_params"] = custom
+    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+def _respec(url: str) -> dict:
+    for _ in range(50):
+        st = requests.get(url + "/get_server_info", timeout=60).json()["internal_states"][0]["respec"]
+        if st["pool"]["running"] == 0:
+            return st
+        time.sleep(0.2)
+    return st
+
+
+def _collect(url: str) -> Dict[str, List[List[int]]]:
+    return {k: [x["output_ids"] for x in _generate(url, texts)] for k, texts in BATCHES.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
+        return _collect(srv.url)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model, tiny_target, tiny_seqs, reference, tmp_path_factory):  # one server at a time
+    tmp = tmp_path_factory.mktemp("respec-eagle")
+    drafter = make_drafter(tiny_target, tiny_seqs).save_pretrained(tmp / "drafter")
+    profile = _profile().save(tmp / "profile.json")
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter), *EAGLE]
+    respec = [
+        "--respec-adaptive",
+        "--respec-profile",
+        str(profile),
+        "--respec-hysteresis",
+        "0,0,1",
+        "--respec-drift",
+        "0",
+    ]
+    with ServerProcess(["--model-path", tiny_model, *COMMON, *spec, *respec, "--enable-metrics"]) as srv:
+        before = _respec(srv.url)
+        out = _collect(srv.url)
+        mid = _respec(srv.url)
+        out["opt_out"] = [x["output_ids"] for x in _generate(srv.url, BATCHES["b1"], {"respec": "off"})]
+        after = _respec(srv.url)
+        info = requests.get(srv.url + "/spex/info", timeout=60).json()
+        metrics = requests.get(srv.url + "/metrics", timeout=60).text
+        yield dict(out=out, before=before, mid=mid, after=after, info=info, metrics=metrics)
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_runtime_switching_keeps_greedy_output(reference, run, batch):
+    assert run["out"][batch] == reference[batch]
+
+
+def test_every_planned_state_ran(run):
+    fsm = run["mid"]["fsm"]
+    assert run["mid"]["plan"] == f"B=1: {S3} (x2.00); B=2..3: {S1} (x1.25); B=4..256: no-spec (x1.00)"
+    assert all(fsm["steps_per_state"].get(k, 0) > 0 for k in (S3, S1, "none")), fsm
+    assert fsm["switches"] >= 2
+
+
+def test_opt_out_request_never_speculates(reference, run):
+    assert run["out"]["opt_out"] == reference["b1"]
+    mid, after = run["mid"], run["after"]
+    assert after["opt_out_steps"] - mid["opt_out_steps"] >= N - 1  # every decode step of that request
+    assert after["spec_steps"] == mid["spec_steps"]
+
+
+def test_kv_returns_to_start(run):
+    b, a = run["before"]["pool"], run["after"]["pool"]
+    assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"]
+    assert a["req_slots_free"] == b["req_slots_free"]
+
+
+def test_state_on_info_and_metrics(run):
+    assert run["info"]["respec"]["config"]["server_key"] == "EAGLE3:s3t1n4"
+    assert run["info"]["respec"]["decode_steps"] > 0
+    m = run["metrics"]
+    assert 'respec_decode_steps_total{mode="plain"}' in m and 'respec_decode_steps_total{mode="spec"}' in m
+    assert "respec_switches_total" in m and "respec_accept_length" in m

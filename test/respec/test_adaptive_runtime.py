@@ -1,0 +1,94 @@
+"""ReSpec runtime logic without a server: request opt-out, online re-profiling on drift, EAGLE candidate steps."""
+
+from __future__ import annotations
+
+import random
+
+from sglang_spex.config import RespecConfig
+from sglang_spex.respec.adaptive import Runtime, runnable_configs
+from sglang_spex.respec.drift import OnlineReprofiler
+from sglang_spex.respec.eagle_policy import RespecStepPolicy, candidate_steps
+from sglang_spex.respec.profiler import PLAIN, Point, Profile
+from sglang_spex.respec.solver import solve
+
+KEY = "NGRAM:s4t1n4"
+
+
+def _profile(spec_tps: float = 2.0) -> Profile:
+    """Plain 10 ms/step; NGRAM 12 ms/step gaining ``spec_tps`` tokens: speculation wins at every batch size."""
+    prof = Profile("m", "d", "cpu")
+    for b in (1, 4, 16):
+        prof.add(PLAIN, Point(b, 0.010, 1.0, b / 0.010))
+        prof.add(KEY, Point(b, 0.012, spec_tps, b * spec_tps / 0.012, spec_tps))
+    return prof
+
+
+def test_opt_out_forces_plain_and_is_counted():
+    rt = Runtime(RespecConfig(enabled=True, force="spec", server_key=KEY), None)
+    assert rt.decide(4) == KEY
+    assert rt.decide(4, opted_out=True) is None
+    assert (rt.spec_steps, rt.plain_steps, rt.opt_out_steps) == (1, 1, 1)
+    assert rt.info()["state"] == "none"
+
+
+def test_reprofiler_ignores_steps_that_match_and_single_outliers():
+    rp = OnlineReprofiler(_profile(), [KEY], max_batch=16, min_samples=8)
+    rng = random.Random(0)
+    for i in range(200):
+        slow = 10.0 if i % 17 == 0 else 1.0  # an occasional very slow step (another process took the CPU)
+        assert rp.observe(KEY, 4, 0.012 * slow * rng.uniform(0.95, 1.05), 2.0 * rng.uniform(0.9, 1.1)) is None
+    assert rp.reprofiles == 0
+
+
+def test_acceptance_drift_refits_the_profile_and_changes_the_plan():
+    prof = _profile()
+    assert solve(prof, max_batch=16, configs=[KEY]).choose(4) == KEY
+    rp = OnlineReprofiler(prof, [KEY], max_batch=16, min_samples=8)
+    plan = None
+    for i in range(40):  # the policy moved: drafts are no longer accepted (1 token per step instead of 2)
+        plan = rp.observe(KEY, 4, 0.012, 1.0) or plan
+        if plan is not None:
+            break
+    assert plan is not None and i == 7  # the 8th sample completes the window: median error -50% > 20%
+    assert all(plan.choose(b) is None for b in range(1, 17))  # 1 token per 12 ms loses to 1 per 10 ms everywhere
+    assert rp.profile.points[KEY][4].tokens_per_step == 1.0 and prof.points[KEY][4].tokens_per_step == 2.0
+    assert rp.reprofiles == 1 and rp.info()["history"][0]["points"] == [f"{KEY}@4"]
+
+
+def test_runtime_follows_the_refitted_plan():
+    prof = _profile()
+    cfg = RespecConfig(enabled=True, hysteresis="0,0,1", server_key=KEY, algorithm="NGRAM")
+    rt = Runtime(cfg, solve(prof, max_batch=16, configs=[KEY]), prof)
+    states = []
+    for _ in range(30):
+        state = rt.decide(4)
+        states.append(state)
+        rt.record(state, 4, 0.012 if state else 0.010, 1.0)  # as profiled, but no draft is ever accepted
+    assert states[0] == KEY and states[-1] is None
+    assert rt.info()["reprofile"]["reprofiles"] == 1 and rt.info()["fsm"]["switches"] == 1
+
+
+def test_runnable_configs_and_eagle_candidates():
+    prof = _profile()
+    for key in ("NGRAM:s8t1n8", "EAGLE3:s1t1n2", "EAGLE3:s5t1n6", "EAGLE3:s3t2n6"):
+        prof.add(key, Point(1, 0.012, 2.0, 166.0, 2.0))
+    assert runnable_configs(prof, RespecConfig(algorithm="NGRAM", server_key="NGRAM:s8t1n8")) == ["NGRAM:s8t1n8"]
+    eagle = RespecConfig(algorithm="EAGLE3", server_key="EAGLE3:s3t1n4")
+    assert runnable_configs(prof, eagle) == ["EAGLE3:s1t1n2", "EAGLE3:s5t1n6"]  # chains only (SGLang's states)
+    plan = solve(prof, max_batch=4, configs=runnable_configs(prof, eagle))
+    assert candidate_steps(plan, 3) == sorted({0, 3} | {int(c.config[8]) for c in plan.choices.values() if c.config})
+
+
+class _SGLangPolicy:
+    def set_cuda_graph_bs(self, bs):
+        self.bs = bs
+
+
+def test_step_policy_maps_states_to_steps():
+    rt = Runtime(RespecConfig(enabled=True, force="alternate:1", algorithm="EAGLE3", server_key="EAGLE3:s3t1n4"), None)
+    pol = RespecStepPolicy(rt, 3, _SGLangPolicy())
+    assert pol.candidate_steps == [0, 3]
+    assert [pol.get_steps_for_batch(2) for _ in range(4)] == [3, 0, 3, 0]
+    pol.opted_out = True
+    assert pol.get_steps_for_batch(2) == 0 and rt.opt_out_steps == 1
+    assert pol.on_verify_complete([1, 2], 2) is None
