@@ -1,6 +1,8 @@
 """Profile speculative (s, t, n) configs on real SGLang servers and write a ReSpec profile (JSON).
 
     python scripts/respec_profile.py --model tiny --configs NGRAM:s4t1n4 NGRAM:s8t1n8 --batch-sizes 1 4 16
+    python scripts/respec_profile.py --model smollm2 --configs EAGLE3:s1t1n2 EAGLE3:s3t1n4 --drafter bootstrap \
+        --prompts task:toy_add --batch-sizes 1 4 16 32
 
 One server per config plus one without speculation, started one after another (never two at once). The profile
 lands in ``~/.cache/sglang-spex/profiles/respec/<model>__<drafter>__<device>.json`` unless ``--out`` is given;
@@ -14,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from sglang_spex.respec.profiler import SpecConfig, profile_configs
+from sglang_spex.respec.profiler import SpecConfig, default_drafter, profile_configs, prompt_set
 from sglang_spex.respec.solver import solve
 
 
@@ -38,6 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs per length; the fastest counts")
     ap.add_argument("--attention-backend", default="spex_cpu")
     ap.add_argument("--dtype", default=None, help="default: float32 for tiny, the launcher's otherwise")
+    ap.add_argument("--drafter", default=None, help="EAGLE/EAGLE3 draft model path, or 'bootstrap' (cached one)")
+    ap.add_argument("--prompts", default="calibration", help="'calibration' or 'task:NAME' (chat-formatted)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -46,7 +50,13 @@ def main(argv=None) -> int:
     dtype = a.dtype or ("float32" if a.model == "tiny" else None)
     server_args = ["--attention-backend", a.attention_backend, *(["--dtype", dtype] if dtype else [])]
     configs = [None, *(SpecConfig.parse(k) for k in a.configs)]
-    prof = profile_configs(model, configs, a.batch_sizes, a.n_short, a.n_long, a.repeats, server_args=server_args)
+    drafter = ""
+    if any(c is not None and c.algorithm != "NGRAM" for c in configs):
+        drafter = default_drafter(model) if a.drafter in (None, "bootstrap") else a.drafter
+    prompts = prompt_set(a.prompts, model)
+    prof = profile_configs(
+        model, configs, a.batch_sizes, a.n_short, a.n_long, a.repeats, server_args, drafter, prompts=prompts
+    )
     path = prof.save(a.out)
     print(f"profile: {path}")
     for key, pts in prof.points.items():

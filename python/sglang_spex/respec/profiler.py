@@ -174,6 +174,33 @@ def flush(url: str, tries: int = 100) -> None:
     raise RuntimeError("server never idle for /flush_cache")
 
 
+def prompt_set(spec: str, model_path: str, n: int = 16) -> List[str]:
+    """``calibration`` (:data:`CALIBRATION_PROMPTS`) or ``task:NAME``: ``n`` held-out questions of a bundled task,
+    chat-formatted with the model's template (what a rollout of that task sends)."""
+    if spec == "calibration":
+        return list(CALIBRATION_PROMPTS)
+    if not spec.startswith("task:"):
+        raise ValueError(f"prompt set {spec!r}: expected 'calibration' or 'task:NAME'")
+    from transformers import AutoTokenizer
+
+    from sglang_spex.tot.tasks import get_task
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    questions = get_task(spec[5:]).questions(n, split="test")
+    chat = [[{"role": "user", "content": q.text}] for q in questions]
+    return [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chat]
+
+
+def default_drafter(model: str) -> str:
+    """The bootstrap drafter ``scripts/respec_bootstrap.py`` caches for ``model`` (SmolLM2)."""
+    from sglang_spex.models import CACHE_DIR
+
+    path = CACHE_DIR / f"{Path(model).name}-eagle3-respec"
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no drafter at {path}: run scripts/respec_bootstrap.py first or pass --drafter")
+    return str(path)
+
+
 def batch_prompts(batch: int, prompts: Sequence[str] = CALIBRATION_PROMPTS) -> List[str]:
     """``batch`` distinct prompts cycling through the calibration set."""
     return [prompts[i % len(prompts)] + ("" if i < len(prompts) else f" ({i // len(prompts)})") for i in range(batch)]
@@ -238,6 +265,8 @@ def profile_configs(
     for cfg in configs:
         key = PLAIN if cfg is None else cfg.key
         args = ["--model-path", model, *server_args, *([] if cfg is None else cfg.server_args())]
+        if cfg is not None and cfg.algorithm != "NGRAM" and drafter:  # EAGLE / STANDALONE: the draft model
+            args += ["--speculative-draft-model-path", drafter]
         with factory(args) as srv:
             _generate(srv.url, batch_prompts(1, prompts), 4)  # warm-up
             for b in batch_sizes:
