@@ -49,12 +49,16 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from sglang_spex.respec.grpo import GRPOConfig, GRPOLoop, ServerClient
-    from sglang_spex.respec.grpo_setup import eagle3_server_args, learner_spec, prepare_run, resolve_task
+    from sglang_spex.respec.grpo_setup import eagle3_server_args, learner_spec, prepare_run, resolve_model, resolve_task
     from sglang_spex.respec.policy import Policy
     from sglang_spex.serve import ServerProcess
 
     torch.set_num_threads(1)
-    task = resolve_task(args.task, args.toy_range)
+    try:
+        resolve_model(args.model)
+        task = resolve_task(args.task, args.toy_range)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        ap.error(str(e))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="grpo-"))
     t0 = time.perf_counter()
     setup = prepare_run(

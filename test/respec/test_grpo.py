@@ -151,3 +151,14 @@ def test_grpo_step_push_changes_what_the_server_computes(live, tiny_model):
     assert torch.allclose(served, new, atol=2e-3), (served - new).abs().max()  # and the server now runs it
     state = requests.get(live.url + "/respec/state", timeout=60).json()
     assert state["policy_version"] == 1 and state["rollouts_received"] == 4 + 6  # the loop posted its rollouts
+
+
+def test_fit_drafter_keeps_a_given_vocabulary(tiny_target):
+    from sglang_spex.respec.ttt import fit_drafter
+
+    pairs = [([1, 5, 6, 7], [8, 9, 10, 11, 12, 13]), ([1, 20, 21], [22, 23, 24, 25])]
+    served = torch.zeros(tiny_target.config.vocab_size, dtype=torch.bool)
+    served[100:164] = True  # none of the sampled tokens: their own counts would pick another set
+    d = fit_drafter(tiny_target, pairs, 64, iters=2, steps=2, t2d=served)
+    assert torch.equal(d.t2d, served)
+    assert not torch.equal(fit_drafter(tiny_target, pairs, 64, iters=1, steps=1).t2d, served)

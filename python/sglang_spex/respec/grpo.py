@@ -244,6 +244,19 @@ class GRPOLoop:
             samples.append(Sample(q, ids[i], resp, text, self.reward_fn(text, q), out["meta_info"]))
         return samples
 
+    def evaluate(self, questions: Sequence[Question]) -> Dict[str, Optional[float]]:
+        """Sample groups for ``questions`` without training or posting: reward, acceptance length, tokens/s."""
+        t0 = time.perf_counter()
+        samples = self.sample(questions)
+        dt = time.perf_counter() - t0
+        tokens = sum(len(s.response_ids) for s in samples)
+        return {
+            "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "accept_length": accept_length([s.meta for s in samples]),
+            "tokens": tokens,
+            "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+        }
+
     def push(self) -> None:
         """Policy weights → the serving engine (and the learner's copy when configured)."""
         named = self.policy.named_tensors()

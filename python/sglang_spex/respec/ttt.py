@@ -124,15 +124,21 @@ def train_ttt(
     return curve
 
 
-def fit_drafter(target_model, pairs, draft_vocab: int, iters: int, steps: int = DEFAULT_STEPS, **kw) -> Eagle3Drafter:
-    """A fresh drafter for an HF target, TTT-trained on its (prompt ids, response ids) samples: the vocabulary is
-    the most frequent tokens of ``pairs``, ``kw`` goes to :func:`train_ttt`."""
+def fit_drafter(
+    target_model, pairs, draft_vocab: int, iters: int, steps: int = DEFAULT_STEPS, t2d=None, **kw
+) -> Eagle3Drafter:
+    """A fresh drafter for an HF target, TTT-trained on its (prompt ids, response ids) samples. The vocabulary is
+    the most frequent tokens of ``pairs``, or ``t2d`` when given (a drafter hot-swapped into a running server must
+    keep the served one's: the swap never sends d2t/t2d). ``kw`` goes to :func:`train_ttt`."""
     from sglang_spex.respec.target import TargetFeatures
 
-    counts = torch.zeros(target_model.config.vocab_size)
-    for p, r in pairs:
-        for x in list(p) + list(r):
-            counts[x] += 1
+    if t2d is not None:
+        counts, draft_vocab = t2d.float(), int(t2d.sum())
+    else:
+        counts = torch.zeros(target_model.config.vocab_size)
+        for p, r in pairs:
+            for x in list(p) + list(r):
+                counts[x] += 1
     drafter = Eagle3Drafter.for_target(target_model, min(draft_vocab, target_model.config.vocab_size), counts)
     batch = TargetFeatures(target_model, drafter.cfg.aux_layer_ids, drafter.t2d).batch(list(pairs))
     train_ttt(drafter, batch, iters, steps, **kw)
