@@ -186,6 +186,7 @@ class RespecConfig:
     drift: float = 0.2
     algorithm: str = ""
     server_key: str = ""
+    eagle_off: str = "plain"  # --respec-eagle-off: EAGLE "no speculation" as a true plain step (+ catch-up) or warm
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -245,6 +246,12 @@ def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
     g.add_argument("--respec-hysteresis", default="1,8,2", help="MARGIN,MIN_DWELL[,CONFIRM]")
     g.add_argument("--respec-drift", type=float, default=0.2, help="re-profile online past this drift (0: off)")
     g.add_argument("--respec-force", default=None, help="plain | spec | alternate:K (testing)")
+    g.add_argument(
+        "--respec-eagle-off",
+        default="plain",
+        choices=("plain", "warm"),
+        help="EAGLE off-state: plain (no drafter work, KV catch-up on resume) or warm (SGLang's steps=0)",
+    )
     ns, rest = parser.parse_known_args(list(argv))
     unknown = [a.split("=")[0] for a in rest if a.startswith("--respec-")]
     if unknown:
@@ -264,6 +271,14 @@ def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
             raise ConfigError(f"--respec-adaptive needs --speculative-algorithm one of {RESPEC_ALGORITHMS} (got {alg})")
         key = _server_key(alg, rest)
     cfg = RespecConfig(
-        ns.respec_adaptive, ns.respec_profile, ns.respec_hysteresis, ns.respec_force, 256, ns.respec_drift, alg, key
+        ns.respec_adaptive,
+        ns.respec_profile,
+        ns.respec_hysteresis,
+        ns.respec_force,
+        256,
+        ns.respec_drift,
+        alg,
+        key,
+        ns.respec_eagle_off,
     )
     return cfg, rest

@@ -5,6 +5,11 @@ The ReSpec runtime is SGLang's ``AdaptiveSpecPolicy`` (hooks R3/R4): with a hand
 (s, t, n) state its size asks for, switching at run time as requests join and finish. Greedy output must equal
 plain SGLang's, every state must have run, a request with ``custom_params={"respec": "off"}`` never speculates,
 the KV pool returns to its start, and the state is on ``/spex/info`` and ``/metrics``.
+
+A second server forces ``alternate:3`` with the default ``--respec-eagle-off plain``: every request switches
+between true plain steps (no drafter work) and speculation mid-generation, so the drafter's KV is caught up
+(replayed from the ledger) at every resume. Greedy output must still equal plain SGLang's and the KV pool return
+to its start.
 """
 
 from __future__ import annotations
@@ -94,6 +99,33 @@ def run(tiny_model, tiny_target, tiny_seqs, reference, tmp_path_factory):  # one
         info = requests.get(srv.url + "/spex/info", timeout=60).json()
         metrics = requests.get(srv.url + "/metrics", timeout=60).text
         yield dict(out=out, before=before, mid=mid, after=after, info=info, metrics=metrics)
+
+
+@pytest.fixture(scope="module")
+def alternating(tiny_model, tiny_target, tiny_seqs, reference, run, tmp_path_factory):  # after `run` stopped
+    drafter = make_drafter(tiny_target, tiny_seqs).save_pretrained(tmp_path_factory.mktemp("respec-eagle-alt"))
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter), *EAGLE]
+    with ServerProcess(
+        ["--model-path", tiny_model, *COMMON, *spec, "--respec-adaptive", "--respec-force", "alternate:3"]
+    ) as srv:
+        before = _respec(srv.url)
+        out = _collect(srv.url)
+        yield dict(out=out, before=before, after=_respec(srv.url))
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_plain_steps_and_drafter_catch_up_keep_greedy_output(reference, alternating, batch):
+    assert alternating["out"][batch] == reference[batch]
+
+
+def test_drafter_caught_up_at_every_resume(alternating):
+    after = alternating["after"]
+    ledger = after["drafter_ledger"]
+    assert after["config"]["eagle_off"] == "plain" and after["plain_steps"] > 0 and after["spec_steps"] > 0
+    assert ledger["catch_ups"] > 0 and ledger["replayed_positions"] >= 3 * ledger["catch_ups"]
+    assert ledger["pending_positions"] == 0 or after["pool"]["running"] == 0
+    b, a = alternating["before"]["pool"], after["pool"]
+    assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"]
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))

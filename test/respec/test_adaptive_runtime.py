@@ -88,7 +88,11 @@ def test_step_policy_maps_states_to_steps():
     rt = Runtime(RespecConfig(enabled=True, force="alternate:1", algorithm="EAGLE3", server_key="EAGLE3:s3t1n4"), None)
     pol = RespecStepPolicy(rt, 3, _SGLangPolicy())
     assert pol.candidate_steps == [0, 3]
-    assert [pol.get_steps_for_batch(2) for _ in range(4)] == [3, 0, 3, 0]
-    pol.opted_out = True
+    steps = []
+    for _ in range(4):
+        pol.decide(2)
+        steps.append(pol.get_steps_for_batch(2))
+    assert steps == [3, 0, 3, 0]
+    pol.decide(2, opted_out=True)
     assert pol.get_steps_for_batch(2) == 0 and rt.opt_out_steps == 1
     assert pol.on_verify_complete([1, 2], 2) is None

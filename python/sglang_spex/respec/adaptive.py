@@ -232,6 +232,11 @@ def h_report_state(result, scheduler, *args, **kwargs):
     """AFTER Scheduler.get_internal_state: FSM state, switch and step counts, KV pool figures."""
     try:
         info = runtime().info()
+        from sglang_spex.respec.eagle_policy import _ledger
+
+        ledger = _ledger()
+        if ledger is not None:
+            info["drafter_ledger"] = ledger.info()
         info["pool"] = {
             "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
             "kv_evictable": int(scheduler.tree_cache.evictable_size()),

@@ -9,13 +9,15 @@ EMA; ours follows the profile's plan through the hysteresis FSM:
 * R3 (AFTER ``AdaptiveController.__init__``): replaces the controller's policy with :class:`RespecStepPolicy`,
   whose candidate steps are the plan's chain configs (t = 1, n = s + 1: SGLang's adaptive states are chains),
   the server's own steps and 0;
-* R4 (AROUND ``EAGLEWorkerV2.forward_batch_generation``): per decode batch, hands the policy the batch's opt-out
-  flag and times the step for online re-profiling.
+* R4 (AROUND ``EAGLEWorkerV2.forward_batch_generation``): per decode batch, decides the state (FSM, request
+  opt-out), catches the drafter up when speculation resumes, marks plain steps for R5, and times the step for
+  online re-profiling;
+* R5 (AROUND ``EagleDraftWorker._draft_extend_for_decode``): in a plain step, skips the draft extend and records
+  what it would have consumed (:mod:`.eagle_catchup`; ``--respec-eagle-off warm`` keeps SGLang's steps = 0 path,
+  whose draft extend keeps the drafter's KV current at every plain step).
 
 The launcher adds ``--speculative-adaptive --speculative-adaptive-config`` (:func:`sglang_adaptive_args`) so
-SGLang sizes its buffers for every candidate. Limit: "no speculation" here is SGLang's steps = 0 step, which still
-runs the draft model's extend over the new token, keeping the drafter's KV warm for the way back (a true plain
-step would leave the drafter's KV with holes that need a catch-up extend; see docs/upstream.md).
+SGLang sizes its buffers for every candidate.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, List, Optional, Sequence
 
 from sglang_spex.config import RespecConfig, flag_value
 from sglang_spex.respec.adaptive import Runtime, mean_accept, opted_out, runtime
+from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up, stub_draft_state
 from sglang_spex.respec.fsm import State
 from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
 from sglang_spex.respec.solver import Plan
@@ -66,8 +69,8 @@ class RespecStepPolicy:
         self.server_steps = server_steps
         self._sglang = sglang_policy  # keeps SGLang's graph-batch bookkeeping (cuda_graph_bs_for_step)
         self._steps = candidate_steps(rt.plan, server_steps)
-        self.opted_out = False  # set by R4 for the decode batch about to run
-        self.state: State = None
+        self.state: State = None  # decided by R4 for the decode batch about to run
+        self.ledger = DraftLedger()
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -80,9 +83,13 @@ class RespecStepPolicy:
     def cuda_graph_bs_for_step(self, step: int) -> Optional[List[int]]:
         return getattr(self, "_cuda_graph_bs", None)
 
+    def decide(self, batch_size: int, opted_out: bool = False) -> State:
+        """R4, once per decode batch: the runtime's state for it (read back by :meth:`get_steps_for_batch`)."""
+        self.state = self.rt.decide(batch_size, opted_out)
+        return self.state
+
     def get_steps_for_batch(self, batch_size: int) -> int:
-        """Called once per decode batch (``activate_step_by_batch``): the FSM's state as a step count."""
-        self.state = self.rt.decide(batch_size, self.opted_out)
+        """SGLang asks in ``activate_step_by_batch``: the decided state as a step count."""
         steps = self.rt.steps_of(self.state, default=self.server_steps)
         if steps not in self._steps:  # a re-plan may name a config without a built state: nearest built one
             steps = min(self._steps, key=lambda s: (abs(s - steps), s))
@@ -96,23 +103,54 @@ def h_controller_init(result, controller, *args, **kwargs):
     """AFTER AdaptiveController.__init__ (R3): our policy replaces SGLang's acceptance-EMA policy."""
     worker = controller.worker
     model_path = getattr(getattr(worker, "server_args", None), "model_path", "") or ""
-    controller.params = RespecStepPolicy(runtime(model_path), int(worker.speculative_num_steps), controller.params)
+    global _policy
+    _policy = RespecStepPolicy(runtime(model_path), int(worker.speculative_num_steps), controller.params)
+    controller.params = _policy
     logger.info("respec: EAGLE adaptive policy, candidate steps %s", controller.params.candidate_steps)
     return result
 
 
 def h_eagle_forward(original, worker, batch, *args, **kwargs):
-    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): opt-out flag in, step time and acceptance out."""
+    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): state, catch-up and plain-step marking, step clock."""
     policy = getattr(getattr(worker, "adaptive_controller", None), "params", None)
     if not isinstance(policy, RespecStepPolicy):
         return original(worker, batch, *args, **kwargs)
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch) and not batch.forward_mode.is_idle()
-    try:
-        policy.rt.begin_step(decode)
-        policy.opted_out = decode and opted_out(batch)
-    except Exception:
-        logger.exception("respec: step bookkeeping failed")
-    result = original(worker, batch, *args, **kwargs)
+    ledger, bs = policy.ledger, len(batch.reqs)
     if decode:
-        policy.rt.end_step(policy.state, len(batch.reqs), mean_accept(result))
+        try:
+            policy.rt.begin_step(True)
+            state = policy.decide(bs, opted_out(batch))
+            ledger.keep_only([r.rid for r in batch.reqs])
+            if state is not None and ledger.pending:
+                worker.activate_step_by_batch(bs)  # the window of the state about to run
+                catch_up(worker, batch, ledger)
+            ledger.plain_step = state is None and policy.rt.cfg.eagle_off == "plain"
+        except Exception:
+            logger.exception("respec: step bookkeeping failed")
+    else:
+        policy.rt.begin_step(False)
+    try:
+        result = original(worker, batch, *args, **kwargs)
+    finally:
+        ledger.plain_step = False
+    if decode:
+        policy.rt.end_step(policy.state, bs, mean_accept(result))
     return result
+
+
+def h_draft_extend(original, draft_worker, batch, batch_result, *args, **kwargs):
+    """AROUND EagleDraftWorker._draft_extend_for_decode (R5): skipped in a plain step, its inputs kept for later."""
+    ledger = _ledger()
+    if ledger is None or not ledger.plain_step:
+        return original(draft_worker, batch, batch_result, *args, **kwargs)
+    ledger.record(batch, batch_result)
+    stub_draft_state(draft_worker, batch_result, len(batch.reqs))
+    return None
+
+
+_policy: Optional[RespecStepPolicy] = None
+
+
+def _ledger() -> Optional[DraftLedger]:
+    return _policy.ledger if _policy is not None else None

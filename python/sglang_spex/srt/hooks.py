@@ -26,6 +26,7 @@ PREFILL_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 RADIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+EAGLE_DRAFT_WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 ADAPTIVE_CONTROLLER = "sglang.srt.speculative.adaptive_runtime_state.AdaptiveController"
 _registered = False
 _config = SpexConfig()
@@ -121,7 +122,7 @@ def _register_respec() -> None:
     if not RespecConfig.from_env().enabled:
         return
     from sglang_spex.respec.adaptive import h_report_state
-    from sglang_spex.respec.eagle_policy import h_controller_init, h_eagle_forward
+    from sglang_spex.respec.eagle_policy import h_controller_init, h_draft_extend, h_eagle_forward
     from sglang_spex.respec.ngram_plain import h_ngram_forward
 
     # R1: a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says "no spec".
@@ -132,6 +133,8 @@ def _register_respec() -> None:
     HookRegistry.register(f"{ADAPTIVE_CONTROLLER}.__init__", h_controller_init, HookType.AFTER)
     # R4: EAGLE/EAGLE3 -- per decode batch: request opt-out in, step wall time and acceptance out.
     HookRegistry.register(f"{EAGLE_WORKER}.forward_batch_generation", h_eagle_forward, HookType.AROUND)
+    # R5: EAGLE/EAGLE3 -- a plain step skips the draft extend; R4 replays it in one catch-up when speculation resumes.
+    HookRegistry.register(f"{EAGLE_DRAFT_WORKER}._draft_extend_for_decode", h_draft_extend, HookType.AROUND)
 
 
 def register_all(cfg: SpexConfig) -> None:
