@@ -52,6 +52,9 @@ SPEX_DEFAULTS = {
     "--radix-eviction-policy": "priority",
 }
 
+# ReSpec's hooks (R1, R4/R5) act on the batch being run: the non-overlap scheduler (CPU's default anyway).
+RESPEC_DEFAULTS = {"--disable-overlap-schedule": None}
+
 
 def has_gpu() -> bool:
     if os.environ.get("SPEX_FORCE_CPU") == "1":
@@ -99,6 +102,8 @@ def prepare(argv: Sequence[str]) -> List[str]:
     respec, rest = parse_respec_args(rest)
     gpu = has_gpu()
     args = build_sglang_args(cfg, rest, gpu)
+    if respec.enabled:
+        args = _apply(args, RESPEC_DEFAULTS)
     if respec.enabled and respec.eagle:
         from sglang_spex.respec.eagle_policy import sglang_adaptive_args
 

@@ -65,3 +65,19 @@ def test_server_key_from_sglang_flags():
     eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
     cfg, _ = parse_respec_args(["--respec-adaptive", "--respec-drift", "0", *eagle])
     assert (cfg.algorithm, cfg.server_key, cfg.eagle, cfg.drift) == ("EAGLE3", "EAGLE3:s3t1n4", True, 0.0)
+
+
+def test_launcher_adds_sglang_adaptive_flags_for_eagle(monkeypatch):
+    from sglang_spex.config import ENV_VAR
+    from sglang_spex.launch_server import prepare
+
+    monkeypatch.setenv(ENV_VAR, "")
+    monkeypatch.setenv(RESPEC_ENV_VAR, "")
+    eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"]
+    args = prepare(["--model-path", "m", "--respec-adaptive", "--respec-force", "spec", *eagle])
+    assert "--speculative-adaptive" in args and "--disable-overlap-schedule" in args
+    path = args[args.index("--speculative-adaptive-config") + 1]
+    assert json.loads(open(path).read()) == {"1": {"candidate_steps": [0, 2]}}  # off and the server's own
+    assert not any(a.startswith("--respec") for a in args)
+    ngram = prepare(["--model-path", "m", "--respec-adaptive", *NGRAM, "--speculative-num-draft-tokens", "4"])
+    assert "--speculative-adaptive" not in ngram and "--disable-overlap-schedule" in ngram
