@@ -209,33 +209,39 @@ class GRPOLoop:
         config: Optional[GRPOConfig] = None,
         reward_fn: Optional[Callable[[str, Question], float]] = None,
         post_rollouts: bool = True,
+        mirrors: Sequence[ServerClient] = (),
     ):
         self.client = client
+        self.servers = [client, *mirrors]  # every one gets each policy push and each rollout batch
         self.policy = policy
         self.tokenizer = tokenizer
         self.task = task
         self.config = (config or GRPOConfig()).validate()
         self.reward_fn = reward_fn or verifier_reward(task)
         self.post = post_rollouts
-        self.swap = HotSwapClient(
-            client.url,
-            selector="target",
-            flush_cache=True,
-            pause_in_place=False,
-            version_prefix=POLICY_VERSION_PREFIX,
-            begin_retries=240,
-        )
+        self.swaps = [
+            HotSwapClient(
+                c.url,
+                selector="target",
+                flush_cache=True,
+                pause_in_place=False,
+                version_prefix=POLICY_VERSION_PREFIX,
+                begin_retries=240,
+            )
+            for c in self.servers
+        ]
+        self.last_questions: List[Question] = []
         self._rng = random.Random(self.config.seed)
         self._pool = task.questions(256, split=self.config.split, seed=self.config.seed)
         self.step_index = 0
 
-    def sample(self, questions: Sequence[Question]) -> List[Sample]:
-        """G completions per question from the server (sampled at the policy's temperature)."""
+    def sample(self, questions: Sequence[Question], client: Optional[ServerClient] = None) -> List[Sample]:
+        """G completions per question from the server (default: the rollout one) at the policy's temperature."""
         cfg = self.config
         prompts = [chat_prompt_ids(self.tokenizer, q.text) for q in questions]
         ids = [p for p in prompts for _ in range(cfg.group_size)]
         params = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
-        outs = self.client.generate(ids, params, concurrency=len(ids))
+        outs = (client or self.client).generate(ids, params, concurrency=len(ids))
         samples = []
         for i, out in enumerate(outs):
             q = questions[i // cfg.group_size]
@@ -244,10 +250,12 @@ class GRPOLoop:
             samples.append(Sample(q, ids[i], resp, text, self.reward_fn(text, q), out["meta_info"]))
         return samples
 
-    def evaluate(self, questions: Sequence[Question]) -> Dict[str, Optional[float]]:
+    def evaluate(
+        self, questions: Sequence[Question], client: Optional[ServerClient] = None
+    ) -> Dict[str, Optional[float]]:
         """Sample groups for ``questions`` without training or posting: reward, acceptance length, tokens/s."""
         t0 = time.perf_counter()
-        samples = self.sample(questions)
+        samples = self.sample(questions, client)
         dt = time.perf_counter() - t0
         tokens = sum(len(s.response_ids) for s in samples)
         return {
@@ -258,16 +266,17 @@ class GRPOLoop:
         }
 
     def push(self) -> None:
-        """Policy weights → the serving engine (and the learner's copy when configured)."""
+        """Policy weights → every serving engine (and each learner's copy when configured)."""
         named = self.policy.named_tensors()
-        self.swap.push(self.policy.version, named)
-        if self.post and self.config.sync_learner_policy:
-            self.client.post_policy(self.policy.version, named)
+        for client, swap in zip(self.servers, self.swaps):
+            swap.push(self.policy.version, named)
+            if self.post and self.config.sync_learner_policy:
+                client.post_policy(self.policy.version, named)
 
     def step(self) -> StepStats:
         cfg = self.config
         t0 = time.perf_counter()
-        questions = self._rng.sample(self._pool, cfg.prompts_per_step)
+        questions = self.last_questions = self._rng.sample(self._pool, cfg.prompts_per_step)
         samples = self.sample(questions)
         t_roll = time.perf_counter() - t0
         rewards = [s.reward for s in samples]
@@ -279,7 +288,7 @@ class GRPOLoop:
             rollouts = [
                 {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "reward": s.reward} for s in samples
             ]
-            learner = self.client.post_rollouts(rollouts)
+            learner = [c.post_rollouts(rollouts) for c in self.servers][0]
         tokens = sum(len(s.response_ids) for s in samples)
         stats = StepStats(
             step=self.step_index,
