@@ -7,7 +7,8 @@ ratio within 15%.
    *pair*: re-profile, measure the per-request latency outside the engine, then baseline and SPEX (T1+T2, pure
    scheduling) in alternating order, with the load, the client's CPU per request and the engine's busy/idle
    time recorded around each run.
-2. Workload fit (``calib_fit.py``): step lengths and path ends from the real trees.
+2. Workload fit (``calib_fit.py``): step lengths and path ends from the real trees, the path-end hazard
+   scaled so the simulated baseline's nodes per question match the real baseline's.
 3. Simulator: the same specs, k_total, concurrency and questions on :class:`~sglang_spex.sim.cost.MeasuredCost`
    built from *that pair's* profile, with the measured :class:`~sglang_spex.sim.client.ClientOverhead`
    (``request_s``/``response_s`` from the latency probe, ``cpu_s`` = the run's client CPU / its requests);
@@ -44,6 +45,8 @@ from sglang_spex.sim.workload import Workload, WorkloadParams
 from sglang_spex.tot.tasks import get_task
 
 MODES = cr.MODES
+# SGLang's CPU radix cache: single-token pages, and a prompt is cached once prefilled (cache_unfinished_req)
+SIM_ENGINE = {"cache_block": 1, "cache_on_prefill": True}
 Key = Tuple[str, int, str]
 
 
@@ -93,11 +96,16 @@ def run_real_half(args: argparse.Namespace, policies: List[str], concs: List[int
 
 def simulate_pairs(args: argparse.Namespace, real: Dict[str, Any]) -> Dict[str, Any]:
     """Per pair and mode: the simulator's q/min with and without the client overhead (mean over seeds)."""
-    q_words = len(get_task("toy_add").questions(1, split="test", seed=args.seed)[0].text.split()) + 2
+    # the simulated question prompt, in tokens: the real prompt (template + question) as the server tokenized it
+    q_words = int(statistics.median(p["latency"]["prompt_tokens"] for p in real["pairs"]))
     fits = {}
+    seeds = [args.seed + s for s in range(args.sim_seeds)]
     for preset, trees in real["trees"].items():
         params, measured = cf.fit_workload(trees, args.step_tokens, args.max_depth, q_words)
-        fits[preset] = {"measured": measured, "params": dataclasses.asdict(params)}
+        spec = cf.sim_spec_like(bench_tot.build_spec(preset, args.max_depth, args.step_tokens, args.seed))
+        target = statistics.median(p["runs"]["baseline"]["nodes_per_q"] for p in real["pairs"] if p["policy"] == preset)
+        params, size = cf.match_tree_size(params, spec, target, args.questions, seeds)
+        fits[preset] = {"measured": {**measured, **size}, "params": dataclasses.asdict(params)}
     jobs = [(i, mode) for i in range(len(real["pairs"])) for mode in MODES]
     sims: Dict[str, Dict[str, Any]] = {}
     for i, mode in tqdm(jobs, desc="calibration sim"):
@@ -105,25 +113,41 @@ def simulate_pairs(args: argparse.Namespace, real: Dict[str, Any]) -> Dict[str, 
         run, lat = pair["runs"][mode], pair["latency"]
         overhead = ClientOverhead(lat["request_s"], lat["response_s"], run["client_cpu_s_per_request"])
         profile = Profile.from_dict(pair["profile"])
+        server_profile = Profile.from_dict(profile.raw["server_profile"])
         spec = cf.sim_spec_like(bench_tot.build_spec(pair["policy"], args.max_depth, args.step_tokens, args.seed))
         out: Dict[str, Any] = {"overhead": overhead.to_dict()}
-        for label, client in (("sim", overhead), ("sim_no_overhead", ClientOverhead())):
+        variants = (
+            ("sim", profile, overhead),
+            ("sim_no_overhead", profile, ClientOverhead()),
+            ("sim_server_profile", server_profile, overhead),
+        )
+        for label, prof, client in variants:
             rows = []
-            for s in range(args.sim_seeds):
+            for s in seeds:
                 row = sb.run_mode(
                     pair["policy"],
                     MODES[mode],
-                    cost=MeasuredCost(profile, client=client),
+                    cost=MeasuredCost(prof, client=client),
                     questions=args.questions,
                     concurrency=pair["concurrency"],
                     k_total=args.k_total,
                     spec=spec,
-                    workload=Workload(WorkloadParams(**fits[pair["policy"]]["params"]), seed=args.seed + s),
+                    workload=Workload(WorkloadParams(**fits[pair["policy"]]["params"]), seed=s),
                     keep_results=True,
+                    engine_kwargs=SIM_ENGINE,
                 )
                 row.update(cf.tree_stats(cf.compact_trees(row.pop("_results"))))
                 rows.append(row)
-            keys = ("q_per_min", "virtual_time_s", "decode_s", "prefill_s", "mean_batch", "nodes_per_q")
+            keys = (
+                "q_per_min",
+                "virtual_time_s",
+                "decode_s",
+                "decode_steps",
+                "prefill_s",
+                "prefill_passes",
+                "mean_batch",
+                "nodes_per_q",
+            )
             out[label] = {k: round(statistics.mean(r[k] for r in rows), 3) for k in keys}
             out[label]["q_per_min_seeds"] = [r["q_per_min"] for r in rows]
         v = out["sim"]
@@ -148,11 +172,11 @@ def summarize(real: Dict[str, Any], sim: Dict[str, Any]) -> List[Dict[str, Any]]
             a["real"].append(r["q_per_min"])
             a["sim"].append(s["sim"]["q_per_min"])
             a["sim_no_overhead"].append(s["sim_no_overhead"]["q_per_min"])
+            a["sim_server_profile"].append(s["sim_server_profile"]["q_per_min"])
             a["real_ratio"].append(r["q_per_min"] / base_real)
             a["sim_ratio"].append(s["sim"]["q_per_min"] / base_sim["sim"]["q_per_min"])
-            a["sim_ratio_no_overhead"].append(
-                s["sim_no_overhead"]["q_per_min"] / base_sim["sim_no_overhead"]["q_per_min"]
-            )
+            for v in ("no_overhead", "server_profile"):
+                a[f"sim_ratio_{v}"].append(s[f"sim_{v}"]["q_per_min"] / base_sim[f"sim_{v}"]["q_per_min"])
             a["load"].append(pair["latency"]["load_before_pair"][0])
             a["other_cores"].append(r["cpu"]["other_cores_busy"])
             for k in ("decode_s", "prefill_s", "idle_s"):
@@ -170,17 +194,21 @@ def summarize(real: Dict[str, Any], sim: Dict[str, Any]) -> List[Dict[str, Any]]
         row = {"policy": policy, "concurrency": conc, "mode": mode, "median": m, "all": dict(a)}
         row["q_per_min_err"] = round(m["sim"] / m["real"] - 1, 3)
         row["q_per_min_err_no_overhead"] = round(m["sim_no_overhead"] / m["real"] - 1, 3)
+        row["q_per_min_err_server_profile"] = round(m["sim_server_profile"] / m["real"] - 1, 3)
         row["ratio_err"] = round(m["sim_ratio"] / m["real_ratio"] - 1, 3)
         row["ratio_err_no_overhead"] = round(m["sim_ratio_no_overhead"] / m["real_ratio"] - 1, 3)
+        row["ratio_err_server_profile"] = round(m["sim_ratio_server_profile"] / m["real_ratio"] - 1, 3)
         table.append(row)
     return table
 
 
 def report(table: List[Dict[str, Any]]) -> Dict[str, float]:
     print(
-        "\nmedians over repeats; sim = profile of the pair + measured client overhead; no-oh = without it"
+        "\nmedians over repeats; sim = the pair's stats-ring profile + measured client overhead; no-oh = without the "
+        "overhead; srv-prof = the server's /spex/profile instead of the stats-ring one"
         f"\n{'policy':9} {'conc':>4} {'mode':10} {'real q/min':>10} {'sim':>6} {'err':>5} {'no-oh':>6} {'err':>5} | "
-        f"{'ratio real':>10} {'sim':>5} {'err':>5} {'no-oh':>5} {'err':>5} | {'load':>4} {'other':>5}"
+        f"{'ratio real':>10} {'sim':>5} {'err':>5} {'no-oh':>5} {'err':>5} | {'srv-prof':>8} {'err':>5} {'ratio':>5} "
+        f"{'err':>5} | {'load':>4} {'other':>5}"
     )
     for r in table:
         m, rat = r["median"], r["mode"] != "baseline"
@@ -190,10 +218,13 @@ def report(table: List[Dict[str, Any]]) -> Dict[str, float]:
             if rat
             else f"{'':>10} {'':>5} {'':>5} {'':>5} {'':>5}"
         )
+        srv = f"{m['sim_server_profile']:>8.2f} {r['q_per_min_err_server_profile']:>+5.0%} " + (
+            f"{m['sim_ratio_server_profile']:>5.2f} {r['ratio_err_server_profile']:>+5.0%}" if rat else f"{'':>11}"
+        )
         print(
             f"{r['policy']:9} {r['concurrency']:>4} {r['mode']:10} {m['real']:>10.2f} {m['sim']:>6.2f} "
             f"{r['q_per_min_err']:>+5.0%} {m['sim_no_overhead']:>6.2f} {r['q_per_min_err_no_overhead']:>+5.0%} | "
-            f"{ratio} | {m['load']:>4.1f} {m['other_cores']:>5.2f}"
+            f"{ratio} | {srv} | {m['load']:>4.1f} {m['other_cores']:>5.2f}"
         )
     print(
         "\nwhere the time went (medians, real/sim): decode s, prefill s, engine idle s, mean decode batch, "
@@ -213,11 +244,14 @@ def report(table: List[Dict[str, Any]]) -> Dict[str, float]:
         "q_per_min_no_overhead": max(abs(r["q_per_min_err_no_overhead"]) for r in table),
         "ratio": max(abs(r["ratio_err"]) for r in spex),
         "ratio_no_overhead": max(abs(r["ratio_err_no_overhead"]) for r in spex),
+        "q_per_min_server_profile": max(abs(r["q_per_min_err_server_profile"]) for r in table),
+        "ratio_server_profile": max(abs(r["ratio_err_server_profile"]) for r in spex),
     }
     print(
         f"\nworst q/min error {worst['q_per_min']:.0%} (goal <= 20%; {worst['q_per_min_no_overhead']:.0%} without "
         f"the client overhead), worst SPEX/baseline ratio error {worst['ratio']:.0%} (goal <= 15%; "
-        f"{worst['ratio_no_overhead']:.0%} without)"
+        f"{worst['ratio_no_overhead']:.0%} without); with the server's profile: {worst['q_per_min_server_profile']:.0%}"
+        f" and {worst['ratio_server_profile']:.0%}"
     )
     return worst
 

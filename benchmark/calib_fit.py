@@ -41,7 +41,8 @@ def fit_workload(
 
     Lengths: a log-normal cut at the step cap, with (median, σ) chosen so that the share of steps cut at the
     cap and the mean step length both match. Path ends: the measured share of nodes at each depth < max_depth
-    that end their path (answer or EOS), as a hazard ``h0 · growth^(d − d0)`` fitted in log space."""
+    that end their path (answer or EOS), as a hazard ``h0 · growth^(d − d0)`` fitted in log space (a step cut at
+    the cap never ends its path, so the hazard is the measured share over the uncut share)."""
     nodes = [n for t in trees for n in t if n["depth"] > 0 and n["status"] == "done"]
     toks = [max(int(n["tokens"]), 1) for n in nodes]
     p_cut = sum(t >= step_tokens for t in toks) / max(len(toks), 1)
@@ -58,7 +59,9 @@ def fit_workload(
     for n in nodes:
         by_depth[n["depth"]].append(bool(n["terminal"]) and n["finish_reason"] != "length")
     rates = {d: sum(v) / len(v) for d, v in sorted(by_depth.items()) if v and d < max_depth}
-    ends = [(d, r) for d, r in rates.items() if r > 0]
+    # a simulated step that runs past the cap is cut before its answer: the hazard must be higher by 1/(1 - p_cut)
+    # for the share of nodes that end their path to match the measured one
+    ends = [(d, min(r / max(1.0 - p_cut, 0.05), 1.0)) for d, r in rates.items() if r > 0]
     min_d, h0, growth = (ends[0][0], ends[0][1], 1.0) if ends else (max_depth, 1e-3, 1.0)
     if len(ends) >= 2:  # least squares of log rate vs depth
         ds, ls = np.array([d for d, _ in ends], float), np.log([r for _, r in ends])
@@ -98,3 +101,44 @@ def tree_stats(trees: List[List[Dict[str, Any]]]) -> Dict[str, Any]:
 def sim_spec_like(real: SearchSpec) -> SearchSpec:
     """The real spec minus the task checker (the simulated workload has its own references)."""
     return dataclasses.replace(real, task=None)
+
+
+def match_tree_size(
+    params: WorkloadParams,
+    spec: SearchSpec,
+    target_nodes_per_q: float,
+    questions: int,
+    seeds: List[int],
+    iterations: int = 14,
+) -> Tuple[WorkloadParams, Dict[str, float]]:
+    """Scale the path-end hazard so the simulated baseline's nodes per question match the real trees'.
+
+    Per-depth end rates do not pin the tree size: siblings in a real tree share their parent's text, so their
+    ends are correlated, which the simulated workload (independent per node) does not model, and MCTS policies
+    steer rollouts towards unfinished branches. The baseline tree does not depend on timing, so any cost model
+    serves; the scale is found by bisection in log space."""
+    from sglang_spex.sim.run import simulate
+    from sglang_spex.sim.workload import Workload
+
+    def nodes_per_q(scale: float) -> float:
+        p = dataclasses.replace(params, answer_hazard=min(params.answer_hazard * scale, 1.0))
+        total = 0.0
+        for s in seeds:
+            run = simulate(spec, cost=("A100-80G", "Llemma-7B"), workload=Workload(p, seed=s), questions=questions)
+            total += tree_stats(compact_trees(run.results))["nodes_per_q"]
+        return total / len(seeds)
+
+    lo, hi = math.log(0.05), math.log(1.0 / max(params.answer_hazard, 1e-3))
+    for _ in range(iterations):  # more hazard -> shorter paths -> fewer nodes
+        mid = (lo + hi) / 2
+        if nodes_per_q(math.exp(mid)) > target_nodes_per_q:
+            lo = mid
+        else:
+            hi = mid
+    scale = math.exp((lo + hi) / 2)
+    fitted = dataclasses.replace(params, answer_hazard=min(params.answer_hazard * scale, 1.0))
+    return fitted, {
+        "hazard_scale": round(scale, 4),
+        "nodes_per_q_target": target_nodes_per_q,
+        "nodes_per_q_fitted": nodes_per_q(scale),
+    }

@@ -4,7 +4,9 @@ Each *pair* (one policy × concurrency: baseline and SPEX) is measured as close 
 
 1. the load: ``os.getloadavg()`` and the CPU other processes used (``/proc/stat`` minus this process and the
    server's process tree), so a reader can see whether the machine was quiet;
-2. a fresh roofline profile (``POST /spex/profile``), right before the pair;
+2. a fresh ``cpu-measured`` profile right before the pair: the server's own (``POST /spex/profile``, client
+   wall-time differences) and, used by the simulator, one from the scheduler's per-step times (stats ring), which
+   a busy host disturbs less (:func:`engine_probe`);
 3. the per-request latency outside the engine, from the scheduler's per-step stats ring (``GET /spex/stats``):
    for sequential requests on an idle engine, ``request_s`` = first scheduled step − send time and
    ``response_s`` = receive time − end of the last step (client and server share the host clock);
@@ -17,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import statistics
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import bench_tot
+import numpy as np
 import psutil
 import requests
 
@@ -34,6 +39,7 @@ from sglang_spex.tot.spec import SearchSpec
 
 MODES = {"baseline": None, "spex_sched": dict(components=("t1", "t2"), early_stop=False)}
 DECODE, PREFILL = 2, 1  # batch_stats modes
+_PROBE_WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta one two three plus equals so".split()
 
 
 class CountingPort(HttpPort):
@@ -56,6 +62,51 @@ def measure_profile(url: str, repeats: int = 2) -> Profile:
     d = r.json()
     d.pop("summary", None)
     return Profile.from_dict(d)
+
+
+def engine_probe(
+    url: str,
+    server_profile: Profile,
+    prompt_words: int = 60,
+    new_tokens: int = 24,
+    batch_sizes: Tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32),
+) -> Profile:
+    """The ``cpu-measured`` profile from the scheduler's own step times (stats ring) instead of client wall-time
+    differences: for each batch size B, B fresh prompts of ~``prompt_words`` words in one ``/generate`` call
+    (``ignore_eos``); decode step time at B = the median ``step_s`` of its decode steps, and a least-squares fit of
+    total prefill seconds = overhead · passes + prompt tokens / rate gives the prefill cost. The context slope
+    comes from ``server_profile`` (the probe's context is already search-like, so it only corrects deviations)."""
+    times, ptoks, prefill = [], [], []
+    for b in batch_sizes:
+        nonce = uuid.uuid4().hex[:8]
+        rng = random.Random(nonce)
+        texts = [f"{nonce} {i}: " + " ".join(rng.choice(_PROBE_WORDS) for _ in range(prompt_words)) for i in range(b)]
+        sp = {"max_new_tokens": new_tokens, "temperature": 0.8, "ignore_eos": True}
+        seq0 = stats_seq(url)
+        r = requests.post(url + "/generate", json={"text": texts, "sampling_params": sp}, timeout=300)
+        r.raise_for_status()
+        n_prompt = sum(int(o["meta_info"]["prompt_tokens"]) for o in r.json())
+        time.sleep(0.05)
+        rows = stats_rows(url, seq0)
+        steps = [x["step_s"] for x in rows if x["mode"] == DECODE and x["batch_size"] == b and x["step_s"] is not None]
+        if not steps:
+            raise RuntimeError(f"engine probe: no decode steps at batch {b}")
+        times.append(statistics.median(steps))
+        ptoks.append(n_prompt / b)
+        passes = [x["step_s"] for x in rows if x["mode"] == PREFILL]
+        if passes and None not in passes:  # the B prompts may arrive in several prefill passes
+            prefill.append((len(passes), n_prompt, sum(passes)))
+    kw: Dict[str, Any] = {"ctx_coef": server_profile.ctx_coef}
+    if len(prefill) >= 3:  # total prefill seconds = overhead · passes + tokens / rate, least squares
+        a = np.array([[n, tok] for n, tok, _ in prefill], dtype=float)
+        (overhead, per_token), *_ = np.linalg.lstsq(a, np.array([t for *_, t in prefill]), rcond=None)
+        if per_token > 0:
+            kw.update(prefill_tok_s=1.0 / per_token, prefill_overhead_s=max(float(overhead), 0.0))
+    if "prefill_tok_s" not in kw:
+        kw.update(prefill_tok_s=server_profile.prefill_tok_s, prefill_overhead_s=server_profile.prefill_overhead_s)
+    ctx = statistics.mean(ptoks) + new_tokens / 2
+    raw = {"method": "stats-ring engine probe", "prefill_passes": prefill, "prompt_tokens": ptoks}
+    return Profile.from_points(server_profile.key, batch_sizes, times, int(round(ctx)), raw=raw, **kw)
 
 
 def stats_seq(url: str) -> int:
@@ -137,13 +188,15 @@ def load_average() -> List[float]:
 
 def measure_latency(url: str, prompt: str, n: int = 8, new_tokens: int = 8) -> Dict[str, Any]:
     """Per-request latency outside the engine, from sequential requests on an idle engine (module docstring)."""
-    req_s, resp_s = [], []
+    req_s, resp_s, prompt_tokens = [], [], []
     for i in range(n):
         seq0 = stats_seq(url)
         body = {"text": f"{prompt} {i}", "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0}}
         t_send = time.time()
-        requests.post(url + "/generate", json=body, timeout=120).raise_for_status()
+        r = requests.post(url + "/generate", json=body, timeout=120)
         t_recv = time.time()
+        r.raise_for_status()
+        prompt_tokens.append(int(r.json().get("meta_info", {}).get("prompt_tokens", 0)))
         time.sleep(0.05)  # let the scheduler publish its idle step
         rows = [r for r in stats_rows(url, seq0) if r["mode"] in (DECODE, PREFILL)]
         if not rows:
@@ -159,6 +212,7 @@ def measure_latency(url: str, prompt: str, n: int = 8, new_tokens: int = 8) -> D
         "response_s": round(max(statistics.median(resp_s), 0.0), 4),
         "request_s_all": [round(x, 4) for x in req_s],
         "response_s_all": [round(x, 4) for x in resp_s],
+        "prompt_tokens": int(statistics.median(prompt_tokens)),  # the search's question prompt, tokenized
     }
 
 
@@ -231,9 +285,12 @@ def measure_pair(
     profile_repeats: int = 2,
     server_pid: Optional[int] = None,
 ) -> Tuple[Profile, Dict[str, Any], Dict[str, RealRun]]:
-    """Profile, latency probe, then baseline and SPEX in alternating order (baseline first in even pairs)."""
+    """Profiles (the server's and the stats-ring probe's, which keeps the server's under ``raw``), latency probe,
+    then baseline and SPEX in alternating order (baseline first in even pairs)."""
     load = load_average()
-    profile = measure_profile(url, profile_repeats)
+    server_profile = measure_profile(url, profile_repeats)
+    profile = engine_probe(url, server_profile)
+    profile.raw["server_profile"] = server_profile.to_dict()
     latency = measure_latency(url, bench_tot.PROMPT.format(question=questions[0].text))
     latency["load_before_pair"] = load
     order = list(MODES) if pair_index % 2 == 0 else list(reversed(MODES))

@@ -4,14 +4,16 @@ A real search talks to SGLang over HTTP. Between the moment the engine finishes 
 node reaches the engine there is work no decode step accounts for:
 
 - ``request_s``: the search issued a request; it can be scheduled ``request_s`` later (client JSON + HTTP,
-  SGLang's tokenizer, the hop to the scheduler);
+  SGLang's tokenizer, the hop to the scheduler). That path (SGLang's HTTP server and tokenizer are one event
+  loop) takes one request at a time: a wave of N requests reaches the scheduler spread over ``N · request_s``,
+  so the first one is often prefilled alone and the rest find its prompt in the radix cache;
 - ``response_s``: the engine finished a request; the search sees the result ``response_s`` later (detokenizer,
   HTTP response);
 - ``cpu_s``: client-process CPU per request (the search policy, SPEX's planning and bookkeeping, the reward,
   answer extraction, parsing). The client is one Python thread, so this work queues: N results that arrive
   together take ``N · cpu_s`` to digest, in arrival order.
 
-The first two are latencies (other processes; they overlap with each other), the third is a serial resource.
+The response path is a latency (requests overlap in it); the request path and the client thread are serial.
 :class:`~sglang_spex.sim.engine.SimPort` charges all three in virtual time around every ``generate``; the
 search, SPEX and budget code run unchanged. GPU device models default to zero (no overhead); the
 ``cpu-measured`` calibration measures them on the real server (``benchmark/calib_real.py``).
@@ -48,8 +50,9 @@ class ClientOverhead:
 NO_OVERHEAD = ClientOverhead()
 
 
-class ClientThread:
-    """The client's one Python thread in virtual time: CPU work runs first come, first served."""
+class SerialResource:
+    """One worker in virtual time (the client's Python thread, the request path): jobs run first come, first
+    served."""
 
     def __init__(self) -> None:
         self.free_at = 0.0

@@ -19,8 +19,11 @@ One engine task plays SGLang's scheduler loop on the event loop's clock (virtual
 - ``preempt``: a waiting request of higher priority than a running one retracts it when full (SGLang's
   ``--enable-priority-scheduling`` retraction); the retracted request later re-prefills its prompt and the
   tokens it had (mostly from the cache) and continues to the same output;
-- client overhead: ``cost.client`` (:mod:`sglang_spex.sim.client`) delays each request's arrival by
-  ``request_s``, its result by ``response_s``, then queues ``cpu_s`` on the one client thread.
+- ``cache_on_prefill``: a prompt enters the prefix cache once prefilled (SGLang's ``cache_unfinished_req``),
+  not only when its request finishes; off by default (the GPU figures were made without it);
+- client overhead: ``cost.client`` (:mod:`sglang_spex.sim.client`) passes each request through the serial
+  request path (``request_s`` each), delays its result by ``response_s``, then queues ``cpu_s`` on the one
+  client thread.
 
 Tokens are the simulated text's whitespace-separated words (:mod:`sglang_spex.sim.workload`).
 """
@@ -36,7 +39,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from sglang_spex.sim.client import ClientThread
+from sglang_spex.sim.client import SerialResource
 from sglang_spex.sim.cost import CostModel, default_attn_pairs
 from sglang_spex.sim.workload import SimOutput, Workload
 from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
@@ -146,15 +149,17 @@ class SimPort(EnginePort):
         cache_capacity: Optional[int] = None,
         preempt: bool = True,
         default_priority: int = 0,
+        cache_on_prefill: bool = False,
     ):
         self.cost, self.workload = cost, workload
         self.max_running, self.kv_capacity, self.prefill_chunk = max_running, kv_capacity, prefill_chunk
-        self.preempt, self.default_priority = preempt, default_priority
+        self.preempt, self.default_priority, self.cache_on_prefill = preempt, default_priority, cache_on_prefill
         self.cache = PrefixCache(cache_block, cache_capacity)
         self.waiting: List[_Req] = []
         self.running: List[_Req] = []
         self.metrics = EngineMetrics()
-        self.client = ClientThread()
+        self.frontend = SerialResource()  # the request path (HTTP server + tokenizer)
+        self.client = SerialResource()  # the client's Python thread
         self.last_step_time = 0.0
         self._seq = itertools.count()
         self._wake: Optional[asyncio.Event] = None
@@ -165,8 +170,7 @@ class SimPort(EnginePort):
 
     async def generate(self, req: GenRequest) -> GenResult:
         overhead = self.cost.client
-        if overhead.request_s > 0:
-            await asyncio.sleep(overhead.request_s)
+        await self.frontend.run(overhead.request_s)
         res = await self._submit(req)
         if overhead.response_s > 0:
             await asyncio.sleep(overhead.response_s)
@@ -337,6 +341,8 @@ class SimPort(EnginePort):
         m.prefill_tokens += new
         m.cached_tokens += cached
         for r in batch:
+            if self.cache_on_prefill:
+                self.cache.insert(r.prefill_words)
             if r.aborted:
                 self._finish(r, "abort")
                 continue
