@@ -183,6 +183,7 @@ def summarize(real: Dict[str, Any], sim: Dict[str, Any]) -> List[Dict[str, Any]]
                 a[f"real_{k}"].append(r["engine"][k])
                 a[f"sim_{k}"].append(s["sim"][k])
             a["real_batch"].append(r["engine"]["mean_decode_batch"])
+            a["decode_vs_profile"].append(r["engine"].get("decode_vs_profile", float("nan")))
             a["sim_batch"].append(s["sim"]["mean_batch"])
             a["real_nodes"].append(r["nodes_per_q"])
             a["sim_nodes"].append(s["sim"]["nodes_per_q"])
@@ -228,7 +229,8 @@ def report(table: List[Dict[str, Any]]) -> Dict[str, float]:
         )
     print(
         "\nwhere the time went (medians, real/sim): decode s, prefill s, engine idle s, mean decode batch, "
-        "nodes/q; client overhead: latency ms (request+response), client CPU ms/request"
+        "nodes/q; client overhead: latency ms (request+response), client CPU ms/request; real decode step time / "
+        "the profile's at the same batch sizes"
     )
     for r in table:
         m = r["median"]
@@ -237,6 +239,7 @@ def report(table: List[Dict[str, Any]]) -> Dict[str, float]:
             + "  ".join(f"{m['real_' + k]:.2f}/{m['sim_' + k]:.2f}" for k in ("decode_s", "prefill_s", "idle_s"))
             + f"  {m['real_batch']:.1f}/{m['sim_batch']:.1f}  {m['real_nodes']:.1f}/{m['sim_nodes']:.1f}"
             + f"  lat {m['latency_ms']:.0f} ms, cpu {m['cpu_ms_per_req']:.1f} ms/req"
+            + f"  step/profile {m['decode_vs_profile']:.2f}"
         )
     spex = [r for r in table if r["mode"] != "baseline"]
     worst = {

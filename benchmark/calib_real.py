@@ -121,9 +121,11 @@ def stats_rows(url: str, since: int) -> List[Dict[str, Any]]:
     return hist["rows"]
 
 
-def engine_summary(rows: List[Dict[str, Any]], wall: float) -> Dict[str, Any]:
+def engine_summary(rows: List[Dict[str, Any]], wall: float, profile: Optional[Profile] = None) -> Dict[str, Any]:
     """Busy time by step kind, idle time and mean decode batch from stats rows. A step followed by idle has no
-    recorded duration (``step_s`` None); it is charged the median duration of its kind."""
+    recorded duration (``step_s`` None); it is charged the median duration of its kind. With ``profile``:
+    ``decode_vs_profile`` = the decode steps' seconds over what the profile predicts for their batch sizes
+    (above 1: the engine ran slower during the run than when it was profiled)."""
     out: Dict[str, Any] = {}
     busy = 0.0
     for name, mode in (("decode", DECODE), ("prefill", PREFILL)):
@@ -138,6 +140,10 @@ def engine_summary(rows: List[Dict[str, Any]], wall: float) -> Dict[str, Any]:
     out["busy_s"] = round(busy, 3)
     out["idle_s"] = round(max(wall - busy, 0.0), 3)
     out["idle_periods"] = sum(1 for r in rows if r["step_s"] is None)
+    timed = [r for r in dec if r["step_s"] is not None]
+    if profile is not None and timed:
+        predicted = sum(profile.predict(int(r["batch_size"])) for r in timed)
+        out["decode_vs_profile"] = round(sum(r["step_s"] for r in timed) / predicted, 3)
     return out
 
 
@@ -259,6 +265,7 @@ def run_measured(
     mode: Optional[dict],
     k_total: int,
     server_pid: Optional[int] = None,
+    profile: Optional[Profile] = None,
 ) -> RealRun:
     """One real batch (``bench_tot.run_real``: radix cache flushed first) with the meters around it."""
     load = load_average()
@@ -271,7 +278,7 @@ def run_measured(
     client_cpu = time.process_time() - c0
     cpu = meter.stop()
     time.sleep(0.05)
-    engine = engine_summary(stats_rows(url, seq0), wall)
+    engine = engine_summary(stats_rows(url, seq0), wall, profile)
     return RealRun(results, wall, client_cpu, port.requests, engine, cpu, load)
 
 
@@ -296,7 +303,7 @@ def measure_pair(
     order = list(MODES) if pair_index % 2 == 0 else list(reversed(MODES))
     runs = {}
     for i, mode in enumerate(order):
-        run = run_measured(url, spec, questions, concurrency, MODES[mode], k_total, server_pid)
+        run = run_measured(url, spec, questions, concurrency, MODES[mode], k_total, server_pid, profile)
         run.extra["position_in_pair"] = i
         runs[mode] = run
     return profile, latency, runs
