@@ -23,8 +23,10 @@ from sglang_spex.serve import ServerProcess
 COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
 
 
-def _generate(url: str, texts: List[str]) -> List[dict]:
+def _generate(url: str, texts: List[str], custom: dict = None) -> List[dict]:
     params = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
+    if custom:
+        params["custom_params"] = custom
     r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
     r.raise_for_status()
     return r.json()
@@ -62,6 +64,8 @@ def adaptive(tiny_model, reference):  # after the reference server has stopped: 
         out = _collect(srv)
         out["meta"] = [x["meta_info"] for x in _generate(srv.url, WORKLOADS["b2_repetitive"])]
         after = _idle_state(srv.url)
+        opt = _generate(srv.url, WORKLOADS["b2_repetitive"], {"respec": "off"})
+        out["opt_out"] = ([x["output_ids"] for x in opt], [x["meta_info"] for x in opt], _idle_state(srv.url))
         return out, before, after
 
 
@@ -95,3 +99,12 @@ def test_runtime_modes_without_server():
     alt = Runtime(RespecConfig(enabled=True, force="alternate:2"), None)
     assert [alt.speculate(1) for _ in range(6)] == [True, True, False, False, True, True]
     assert not Runtime(RespecConfig(enabled=True, force="plain"), None).speculate(1)
+
+
+def test_opt_out_request_runs_plain(reference, adaptive):
+    out, _, after = adaptive
+    ids, meta, later = out["opt_out"]
+    assert ids == reference["b2_repetitive"]
+    assert later["respec"]["spec_steps"] == after["respec"]["spec_steps"]  # no speculative step since
+    assert later["respec"]["opt_out_steps"] - after["respec"]["opt_out_steps"] >= (N - 1) // 2
+    assert all(m.get("spec_accept_length", 1.0) <= N / (N - 1) + 1e-6 for m in meta)  # prefill token + 1 per step
