@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import requests
@@ -68,19 +69,29 @@ def test_grpo_step_moves_logprobs_with_the_advantage(tiny_model):
 # -- live server ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def live(tiny_model, tiny_target, tmp_path_factory):
-    """EAGLE3 server whose learner diverges on every update (lr 1e30, sync: the POST returns after it)."""
-    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
-    path = drafter.save_pretrained(tmp_path_factory.mktemp("drafter"), dtype=torch.float32)
-    spec = {
-        "drafter": str(path),
-        "target": tiny_model,
-        "learner": {"variant": "reward", "mode": "sync", "lr": 1e30, "train_steps": 3, "micro_batch": 2},
-    }
+def _server(tiny_model, drafter_dir, learner: dict):
+    spec = {"drafter": str(drafter_dir), "target": tiny_model, "learner": learner}
     args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]
-    args += ["--speculative-draft-model-path", str(path), *EAGLE_ARGS]
-    with ServerProcess(args, env={"SPEX_RESPEC": json.dumps(spec)}) as srv:
+    args += ["--speculative-draft-model-path", str(drafter_dir), *EAGLE_ARGS]
+    return ServerProcess(args, env={"SPEX_RESPEC": json.dumps(spec)})
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tiny_target, tmp_path_factory):
+    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
+    return drafter.save_pretrained(tmp_path_factory.mktemp("drafter"), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model, drafter_dir):
+    """EAGLE3 server whose learner diverges on every update (lr 1e30, sync: the POST returns after it)."""
+    with _server(tiny_model, drafter_dir, {"variant": "reward", "mode": "sync", "lr": 1e30, "train_steps": 3}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def healthy(tiny_model, drafter_dir, live):  # after the diverging server stopped (module order)
+    with _server(tiny_model, drafter_dir, {"variant": "reward", "mode": "async", "lr": 1e-3, "train_steps": 2}) as srv:
         yield srv
 
 
@@ -126,7 +137,8 @@ def test_diverged_update_rolled_back_old_drafter_keeps_serving(live):
     assert _greedy(url) == before
 
 
-def test_grpo_step_push_changes_what_the_server_computes(live, tiny_model):
+def test_grpo_step_push_changes_what_the_server_computes(healthy, tiny_model):
+    live = healthy
     from transformers import AutoTokenizer
 
     pol = _fresh_policy(tiny_model)
@@ -142,15 +154,22 @@ def test_grpo_step_push_changes_what_the_server_computes(live, tiny_model):
     before = {n: t.clone() for n, t in pol.named_tensors()}
     loop = GRPOLoop(ServerClient(live.url), pol, tok, ToyAdd(2, 10), cfg, reward_fn=reward)
     (stats,) = list(loop.run(1, progress=False))
-    assert stats.policy_version == 1 and stats.weight_version == "policy-1"
+    assert stats.policy_version == 1 and stats.weight_version in ("policy-1", "respec-1")
     assert stats.rollout_tokens > 0 and stats.accept_length is not None and stats.accept_length >= 1.0
     assert any(not torch.equal(before[n], t) for n, t in pol.named_tensors())
     new = _client_prompt_logprobs(pol)
     served = _server_prompt_logprobs(live.url)
     assert (new - old).abs().max() > 1e-2  # the step moved the policy visibly
     assert torch.allclose(served, new, atol=2e-3), (served - new).abs().max()  # and the server now runs it
-    state = requests.get(live.url + "/respec/state", timeout=60).json()
-    assert state["policy_version"] == 1 and state["rollouts_received"] == 4 + 6  # the loop posted its rollouts
+    for _ in range(600):  # the async learner trains on the posted rollouts and pushes drafter version 1
+        state = requests.get(live.url + "/respec/state", timeout=60).json()
+        if not state["updating"] and state["version"] >= 1:
+            break
+        time.sleep(0.2)
+    assert state["policy_version"] == 1 and state["rollouts_received"] == 6  # the loop posted its rollouts
+    assert state["version"] == 1 and state["updates"][-1]["outcome"] == "published", state["updates"]
+    # the learner's push reached this very server (the drafter changed under the served policy)
+    assert requests.get(live.url + "/model_info", timeout=60).json()["weight_version"] == "respec-1"
 
 
 def test_fit_drafter_keeps_a_given_vocabulary(tiny_target):

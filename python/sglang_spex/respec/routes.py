@@ -123,21 +123,33 @@ def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner
     return OnlineLearner(drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights)
 
 
+class LocalServerPublisher:
+    """Hot-swap into the SGLang server this learner runs in. Its port is only known once SGLang's HTTP state
+    exists (after the routes are installed), so it is looked up at the first publish; if that fails the publish
+    raises and the learner rolls the update back (never a silent "published" that reached no server)."""
+
+    def __init__(self) -> None:
+        self.client = None
+
+    def __call__(self, version: int, named) -> None:
+        if self.client is None:
+            from sglang_spex.respec.hotswap import HotSwapClient
+            from sglang_spex.srt.routes import tokenizer_manager
+
+            port = tokenizer_manager().server_args.port
+            self.client = HotSwapClient(f"http://127.0.0.1:{port}", begin_retries=240)
+        self.client.push(version, named)
+
+
 def install_from_env(app: FastAPI) -> Optional[OnlineLearner]:
     """Install the routes when ``SPEX_RESPEC`` is set (called from ``sglang_spex.srt.routes.install``)."""
     text = os.environ.get(ENV_VAR)
     if not text:
         return None
     spec = _load_spec(text)
-    url = spec.get("server_url")
-    if url is None:
-        try:
-            from sglang_spex.srt.routes import tokenizer_manager
-
-            url = f"http://127.0.0.1:{tokenizer_manager().server_args.port}"
-        except Exception:
-            url = None
-    learner = build_learner(spec, url)
+    learner = build_learner(spec)
+    if learner.publish is None:  # no server_url: publish into this server
+        learner.publish = LocalServerPublisher()
     install(app, learner)
     logger.info("respec: online learner installed (variant=%s)", learner.config.variant)
     return learner
