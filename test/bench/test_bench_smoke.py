@@ -39,3 +39,15 @@ def test_scripts_write_json_and_png(tmp_path, monkeypatch, script, extra):
     monkeypatch.setattr(sys, "argv", [script, *extra, "--out", str(out), "--plot", str(png)])
     mod.main()
     assert json.loads(out.read_text())["rows"] and png.stat().st_size > 0
+
+
+SCRIPTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "benchmark").glob("bench_*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_has_help(script, monkeypatch, capsys):
+    mod = __import__(script)
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 0 and "usage:" in capsys.readouterr().out
