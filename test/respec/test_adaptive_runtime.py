@@ -96,3 +96,15 @@ def test_step_policy_maps_states_to_steps():
     pol.decide(2, opted_out=True)
     assert pol.get_steps_for_batch(2) == 0 and rt.opt_out_steps == 1
     assert pol.on_verify_complete([1, 2], 2) is None
+
+
+def test_uniform_slowdown_refits_costs_but_keeps_the_plan():
+    prof = _profile()
+    plan0 = solve(prof, max_batch=16, configs=[KEY])
+    rp = OnlineReprofiler(prof, [KEY], max_batch=16, min_samples=8)
+    plan = None
+    for _ in range(8):  # another process halves the CPU: plain steps take twice as long as profiled
+        plan = rp.observe(None, 4, 0.020, 1.0) or plan
+    assert plan is not None and rp.reprofiles == 1
+    assert rp.profile.points[KEY][16].step_s == 0.024  # the unobserved spec curve slowed down alike
+    assert plan.choices == plan0.choices  # ratios unchanged: same choice at every batch size

@@ -3,9 +3,11 @@
 Every decode step reports (state, batch size, wall seconds, tokens per sequence). Per state, two
 :class:`~sglang_spex.profile.measure.DriftMonitor` windows compare them with the profile's prediction at that batch
 size (step cost, and tokens per step = acceptance): the median relative error over the window must exceed the
-threshold (default 20 %) once ``min_samples`` are in, so one slow step never triggers it. On drift, the drifting
-state's whole curve is scaled by the median error (a policy update moves acceptance at every batch size), every
-(state, batch size) with enough live samples then takes the medians of those samples, the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
+threshold (default 20 %) once ``min_samples`` are in, so one slow step never triggers it. On drift, step costs of
+*every* state scale by the trigger's median cost error (load or clocks slow all configs alike, so a uniform
+slowdown never flips the plan), the trigger's acceptance curve scales by its median acceptance error (a policy
+update moves acceptance at every batch size), the trigger's batch sizes seen live often enough take the medians
+of those samples, the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
 """
 
 from __future__ import annotations
@@ -81,22 +83,25 @@ class OnlineReprofiler:
 
     def _refit(self, trigger: str) -> Plan:
         before = self.drift()
-        # the drift seen at the live batch sizes scales the trigger's whole curve (a policy update moves acceptance
-        # at every batch size) ...
         cost = 1.0 + self._monitor(trigger, "cost").drift
         tokens = 1.0 + (self._monitor(trigger, "tokens").drift if trigger != PLAIN else 0.0)
-        for b, p in list(self.profile.points[trigger].items()):
-            tps = max(1.0, p.tokens_per_step * tokens) if trigger != PLAIN else 1.0
-            self.profile.add(trigger, Point(b, p.step_s * cost, tps, b * tps / (p.step_s * cost), p.accept_length))
-        # ... and every (state, batch size) measured live enough times takes its measured medians
+        # step-cost drift is the machine's (load, clocks, threads): every state's curve scales alike, so a uniform
+        # slowdown never flips the plan; acceptance drift is the workload's or the drafter's: the trigger's only
+        for key, pts in self.profile.points.items():
+            for b, p in list(pts.items()):
+                tps = max(1.0, p.tokens_per_step * tokens) if key == trigger and key != PLAIN else p.tokens_per_step
+                step = p.step_s * cost
+                self.profile.add(key, Point(b, step, tps, b * tps / step, tps if key != PLAIN else None))
+        # the trigger's batch sizes measured live often enough take their measured medians (curve shape)
         updated = []
         for (key, batch), samples in self._samples.items():
-            if len(samples) < self.min_point_samples:
+            if key != trigger or len(samples) < self.min_point_samples:
                 continue
             step_s = statistics.median(s for s, _ in samples)
             tps = statistics.median(t for _, t in samples) if key != PLAIN else 1.0
             self.profile.add(key, Point(batch, step_s, tps, batch * tps / step_s, tps if key != PLAIN else None))
             updated.append(f"{key}@{batch}")
+            samples.clear()
         self.model = SpeedupModel(self.profile)
         for mon in self._monitors.values():
             mon.reset()
