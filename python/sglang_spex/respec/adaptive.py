@@ -90,12 +90,13 @@ class Runtime:
         self.cfg = cfg
         self.plan = plan
         self.fsm = AdaptiveFSM(plan, Hysteresis.parse(cfg.hysteresis), max_batch=cfg.max_batch) if plan else None
+        # every config a (re-)plan may pick: the plan's and the profile's runnable ones
+        self.configs = sorted({c.config for c in plan.choices.values() if c.config} if plan else set())
+        if profile is not None:
+            self.configs = sorted(set(self.configs) | set(runnable_configs(profile, cfg)))
         self.reprofiler: Optional[OnlineReprofiler] = None
         if plan is not None and profile is not None and cfg.drift > 0:
-            configs = sorted(
-                {c.config for c in plan.choices.values() if c.config} | set(runnable_configs(profile, cfg))
-            )
-            self.reprofiler = OnlineReprofiler(profile, configs, max_batch=cfg.max_batch, threshold=cfg.drift)
+            self.reprofiler = OnlineReprofiler(profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift)
         self.decode_steps = 0
         self.plain_steps = 0
         self.spec_steps = 0

@@ -25,34 +25,29 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any, List, Optional, Sequence
+from typing import Any, Iterable, List, Optional, Sequence
 
 from sglang_spex.config import RespecConfig, flag_value
-from sglang_spex.respec.adaptive import Runtime, mean_accept, opted_out, runtime
+from sglang_spex.respec.adaptive import Runtime, load_profile_and_plan, mean_accept, opted_out, runtime
 from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up, stub_draft_state
 from sglang_spex.respec.fsm import State
 from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
-from sglang_spex.respec.solver import Plan
 
 logger = logging.getLogger(__name__)
 
 
-def candidate_steps(plan: Optional[Plan], server_steps: int) -> List[int]:
-    """Every ``speculative_num_steps`` the runtime may ask for: 0, the server's own, and the plan's configs."""
-    steps = {0, server_steps}
-    if plan is not None:
-        steps |= {SpecConfig.parse(c.config).num_steps for c in plan.choices.values() if c.config}
-    return sorted(steps)
+def candidate_steps(configs: Iterable[str], server_steps: int) -> List[int]:
+    """Every ``speculative_num_steps`` the runtime may ask for: 0, the server's own, and its configs'."""
+    return sorted({0, server_steps} | {SpecConfig.parse(k).num_steps for k in configs})
 
 
 def sglang_adaptive_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
     """SGLang flags that make it build an ``AdaptiveController`` with states for every candidate step count."""
     if flag_value(args, "--speculative-adaptive-config") is not None:
         return [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
-    from sglang_spex.respec.adaptive import load_plan
-
     server_steps = int(flag_value(args, "--speculative-num-steps") or 3)
-    steps = candidate_steps(load_plan(cfg, flag_value(args, "--model-path") or ""), server_steps)
+    profile, plan = load_profile_and_plan(cfg, flag_value(args, "--model-path") or "")
+    steps = candidate_steps(Runtime(cfg, plan, profile).configs, server_steps)
     body = json.dumps({"1": {"candidate_steps": steps}}, sort_keys=True)
     path = PROFILE_DIR / f"adaptive-{hashlib.sha1(body.encode()).hexdigest()[:12]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +63,7 @@ class RespecStepPolicy:
         self.rt = rt
         self.server_steps = server_steps
         self._sglang = sglang_policy  # keeps SGLang's graph-batch bookkeeping (cuda_graph_bs_for_step)
-        self._steps = candidate_steps(rt.plan, server_steps)
+        self._steps = candidate_steps(rt.configs, server_steps)
         self.state: State = None  # decided by R4 for the decode batch about to run
         self.ledger = DraftLedger()
 
