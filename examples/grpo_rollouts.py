@@ -2,8 +2,8 @@
 drafter aligned with the moving policy.
 
     python examples/grpo_rollouts.py --steps 5                      # tiny Llama, warm-started on toy_add 2..10
-    python examples/grpo_rollouts.py --model smollm2 --toy-range 2 50 --warm-steps 0 --draft-vocab 2048 \\
-        --dtype bfloat16 --steps 3
+    python examples/grpo_rollouts.py --model smollm2 --toy-range 2 50 --warm-steps 0 --dtype bfloat16 \\
+        --drafter ~/.cache/sglang-spex/models/SmolLM2-135M-Instruct-eagle3-respec --steps 3
 
 Launches ``python -m sglang_spex.launch_server`` with EAGLE3 (a drafter bootstrapped on the policy's own
 samples) and the learner (``SPEX_RESPEC``), then per step: G samples per prompt, verifier rewards, group-
@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--learner-mode", default="async", choices=["sync", "async"])
     ap.add_argument("--draft-vocab", type=int, default=256)
     ap.add_argument("--drafter-iters", type=int, default=150)
+    ap.add_argument("--drafter-samples", type=int, default=48, help="policy samples the bootstrap drafter fits")
+    ap.add_argument("--drafter", default=None, help="use this saved drafter instead of bootstrapping one")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--work-dir", default=None, help="where the policy/drafter go (default: a temp dir)")
     ap.add_argument("--seed", type=int, default=0)
@@ -62,8 +64,8 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="grpo-"))
     t0 = time.perf_counter()
     setup = prepare_run(
-        args.model, task, work, args.warm_steps, draft_vocab=args.draft_vocab, drafter_iters=args.drafter_iters,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+        args.model, task, work, args.warm_steps, args.drafter_samples, args.drafter_iters, args.draft_vocab,
+        args.max_new_tokens, args.temperature, args.seed, drafter_dir=args.drafter,
     )  # fmt: skip
     print(f"policy {setup.policy_dir}, drafter {setup.drafter_dir} ({time.perf_counter() - t0:.0f} s)")
     env = {"SPEX_RESPEC": learner_spec(setup, args.variant, args.learner_mode, lr=1e-3)}

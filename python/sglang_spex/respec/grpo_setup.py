@@ -63,9 +63,11 @@ def prepare_run(
     max_new_tokens: int = 32,
     temperature: float = 1.0,
     seed: int = 0,
+    drafter_dir: Optional[str] = None,
 ) -> RunSetup:
     """Initial policy (``warm_steps`` supervised steps on the task's worked answers, then saved with its
-    tokenizer) and a TTT bootstrap drafter on ``drafter_samples`` of its own samples."""
+    tokenizer) and a TTT bootstrap drafter on ``drafter_samples`` of its own samples, or ``drafter_dir`` as is
+    (e.g. ``scripts/respec_bootstrap.py``'s SmolLM2 drafter; then the learner has no probe)."""
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
@@ -78,6 +80,10 @@ def prepare_run(
         losses = warm_start(policy, pairs, warm_steps, seed=seed)
         info["warm_start_loss"] = [losses[0], losses[-1]]
     policy_dir = policy.save_pretrained(Path(work_dir) / "policy0", tok) if warm_steps > 0 else Path(src)
+    if drafter_dir is not None:
+        if not (Path(drafter_dir) / "config.json").exists():
+            raise FileNotFoundError(f"drafter {drafter_dir!r}: no config.json (an Eagle3Drafter.save_pretrained dir)")
+        return RunSetup(Path(policy_dir), Path(drafter_dir), [], {**info, "drafter": str(drafter_dir)})
     qs = task.questions(drafter_samples + 8, split="dev", seed=seed + 2000)
     samples = hf_samples(policy.model, tok, qs, temperature, max_new_tokens)
     drafter = fit_drafter(policy.model.eval(), samples[8:], draft_vocab, drafter_iters, seed=seed)
