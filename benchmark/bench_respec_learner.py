@@ -57,8 +57,8 @@ def run_variants(a, setup, task) -> Dict:
     from transformers import AutoTokenizer
 
     from sglang_spex.respec.drafter import Eagle3Drafter
-    from sglang_spex.respec.grpo import GRPOConfig, GRPOLoop, ServerClient, hf_samples, stats_dict
-    from sglang_spex.respec.grpo_setup import eagle3_server_args, learner_spec
+    from sglang_spex.respec.grpo import GRPOConfig, GRPOLoop, ServerClient, stats_dict
+    from sglang_spex.respec.grpo_setup import eagle3_server_args, hf_samples, learner_spec
     from sglang_spex.respec.hotswap import HotSwapClient
     from sglang_spex.respec.policy import Policy
     from sglang_spex.respec.ttt import fit_drafter

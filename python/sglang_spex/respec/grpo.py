@@ -1,4 +1,5 @@
-"""A small GRPO loop against a running SGLang server: the rollout side of ReSpec's online learner.
+"""A small GRPO loop against a running SGLang server: the rollout side of ReSpec's online learner
+(run setup — warm start, bootstrap drafter, server args — is in ``grpo_setup``).
 
 Per policy step: sample G completions for each of P prompts from the server (``/generate``, token ids in and
 out), score them with the task's verifier, normalise rewards within each group (the advantage), take a policy
@@ -53,44 +54,6 @@ def extract_number(text: str) -> Optional[str]:
         return m.group(0) if m else None
     nums = _NUMBER.findall(text)
     return nums[-1] if nums else None
-
-
-def answer_pairs(tokenizer, questions: Sequence[Question]) -> List[tuple]:
-    """(prompt ids, worked-answer ids + EOS) for a supervised warm start on a task (e.g. of a tiny random model)."""
-    out = []
-    for q in questions:
-        body = f"{q.meta['a']} + {q.meta['b']} = {q.reference}. " if {"a", "b"} <= set(q.meta) else ""
-        resp = tokenizer.encode(f"{body}The answer is {q.reference}.", add_special_tokens=False)
-        out.append((chat_prompt_ids(tokenizer, q.text), resp + [tokenizer.eos_token_id]))
-    return out
-
-
-def warm_start(policy: Policy, pairs: Sequence[tuple], steps: int, batch: int = 16, seed: int = 0) -> List[float]:
-    """``steps`` supervised steps on random batches of ``pairs`` (:func:`answer_pairs`); the loss curve."""
-    rng = random.Random(seed)
-    return [policy.sft_step(rng.sample(list(pairs), min(batch, len(pairs)))) for _ in range(steps)]
-
-
-@torch.no_grad()
-def hf_samples(model, tokenizer, questions: Sequence[Question], temperature: float, max_new_tokens: int) -> List[tuple]:
-    """(prompt ids, response ids) sampled from an HF copy of the policy (drafter bootstrap data), EOS-trimmed."""
-    model.eval()
-    out = []
-    for q in questions:
-        ids = torch.tensor([chat_prompt_ids(tokenizer, q.text)])
-        gen = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.eos_token_id,
-        )
-        resp = gen[0, ids.shape[1] :].tolist()
-        if tokenizer.eos_token_id in resp:
-            resp = resp[: resp.index(tokenizer.eos_token_id) + 1]
-        out.append((ids[0].tolist(), resp or [tokenizer.eos_token_id]))
-    return out
 
 
 def verifier_reward(task: TaskSet) -> Callable[[str, Question], float]:

@@ -6,18 +6,57 @@ a bootstrap EAGLE-3 drafter fitted on the policy's own samples, and the EAGLE3 s
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from sglang_spex.respec.grpo import answer_pairs, hf_samples, warm_start
+from sglang_spex.respec.grpo import chat_prompt_ids
 from sglang_spex.respec.policy import Policy
 from sglang_spex.respec.ttt import fit_drafter
-from sglang_spex.tot.tasks import TaskSet, ToyAdd, get_task
+from sglang_spex.tot.tasks import Question, TaskSet, ToyAdd, get_task
 
 EAGLE_ARGS = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def answer_pairs(tokenizer, questions: Sequence[Question]) -> List[tuple]:
+    """(prompt ids, worked-answer ids + EOS) for a supervised warm start on a task (e.g. of a tiny random model)."""
+    out = []
+    for q in questions:
+        body = f"{q.meta['a']} + {q.meta['b']} = {q.reference}. " if {"a", "b"} <= set(q.meta) else ""
+        resp = tokenizer.encode(f"{body}The answer is {q.reference}.", add_special_tokens=False)
+        out.append((chat_prompt_ids(tokenizer, q.text), resp + [tokenizer.eos_token_id]))
+    return out
+
+
+def warm_start(policy: Policy, pairs: Sequence[tuple], steps: int, batch: int = 16, seed: int = 0) -> List[float]:
+    """``steps`` supervised steps on random batches of ``pairs`` (:func:`answer_pairs`); the loss curve."""
+    rng = random.Random(seed)
+    return [policy.sft_step(rng.sample(list(pairs), min(batch, len(pairs)))) for _ in range(steps)]
+
+
+@torch.no_grad()
+def hf_samples(model, tokenizer, questions: Sequence[Question], temperature: float, max_new_tokens: int) -> List[tuple]:
+    """(prompt ids, response ids) sampled from an HF copy of the policy (drafter bootstrap data), EOS-trimmed."""
+    model.eval()
+    out = []
+    for q in questions:
+        ids = torch.tensor([chat_prompt_ids(tokenizer, q.text)])
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        resp = gen[0, ids.shape[1] :].tolist()
+        if tokenizer.eos_token_id in resp:
+            resp = resp[: resp.index(tokenizer.eos_token_id) + 1]
+        out.append((ids[0].tolist(), resp or [tokenizer.eos_token_id]))
+    return out
 
 
 def resolve_model(name: str) -> str:
