@@ -236,13 +236,16 @@ def h_report_state(result, scheduler, *args, **kwargs):
         from sglang_spex.respec.eagle_policy import _ledger
 
         ledger = _ledger()
+        running = len(scheduler.running_batch.reqs) if scheduler.running_batch is not None else 0
         if ledger is not None:
+            if not running:
+                ledger.keep_only([])  # the requests of the last decode step have finished
             info["drafter_ledger"] = ledger.info()
         info["pool"] = {
             "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
             "kv_evictable": int(scheduler.tree_cache.evictable_size()),
             "req_slots_free": int(scheduler.req_to_token_pool.available_size()),
-            "running": len(scheduler.running_batch.reqs) if scheduler.running_batch is not None else 0,
+            "running": running,
         }
         result.internal_state["respec"] = info
     except Exception:  # never break the scheduler for a report

@@ -1,13 +1,14 @@
 """ReSpec online re-profiling: when live decode steps drift from the profile, refit it from what was measured.
 
-Every decode step reports (state, batch size, wall seconds, tokens per sequence). Per state, two
+Every decode step reports (state, batch size, wall seconds, mean tokens per sequence). Per state, two
 :class:`~sglang_spex.profile.measure.DriftMonitor` windows compare them with the profile's prediction at that batch
-size (step cost, and tokens per step = acceptance): the median relative error over the window must exceed the
+size (step cost, and SGLang's accept length -- the same per-request mean the profile records next to its
+straggler-bound tokens per batch step): the median relative error over the window must exceed the
 threshold (default 20 %) once ``min_samples`` are in, so one slow step never triggers it. On drift, step costs of
 *every* state scale by the trigger's median cost error (load or clocks slow all configs alike, so a uniform
 slowdown never flips the plan), the trigger's acceptance curve scales by its median acceptance error (a policy
-update moves acceptance at every batch size), the trigger's batch sizes seen live often enough take the medians
-of those samples, the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
+update moves acceptance at every batch size; tokens per step and accept length move by the same factor), the
+trigger's profiled batch sizes seen live often enough then take their own measured medians, the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ class _Prediction:
 
     def __init__(self, fn: Callable[[int], float]):
         self.predict = fn
+
+
+def _scaled(p: Point, cost: float, tokens: float) -> Point:
+    """``p`` with its step cost times ``cost`` and its tokens per step / accept length times ``tokens``."""
+    tps = max(1.0, p.tokens_per_step * tokens)
+    acc = None if p.accept_length is None else max(1.0, p.accept_length * tokens)
+    step = p.step_s * cost
+    return Point(p.batch_size, step, tps, p.batch_size * tps / step, acc, p.verify_ct)
 
 
 class OnlineReprofiler:
@@ -58,7 +67,7 @@ class OnlineReprofiler:
         if mon is None:
 
             def predict(batch: int, k: str = key, f: str = what) -> float:  # reads the current (refitted) model
-                return self.model.step_s(k, batch) if f == "cost" else self.model.tokens_per_step(k, batch)
+                return self.model.step_s(k, batch) if f == "cost" else self.model.accept_length(k, batch)
 
             mon = DriftMonitor(_Prediction(predict), self.threshold, self.window, self.min_samples)  # type: ignore
             self._monitors[(key, what)] = mon
@@ -89,17 +98,17 @@ class OnlineReprofiler:
         # slowdown never flips the plan; acceptance drift is the workload's or the drafter's: the trigger's only
         for key, pts in self.profile.points.items():
             for b, p in list(pts.items()):
-                tps = max(1.0, p.tokens_per_step * tokens) if key == trigger and key != PLAIN else p.tokens_per_step
-                step = p.step_s * cost
-                self.profile.add(key, Point(b, step, tps, b * tps / step, tps if key != PLAIN else None))
-        # the trigger's batch sizes measured live often enough take their measured medians (curve shape)
+                scale = tokens if key == trigger and key != PLAIN else 1.0
+                self.profile.add(key, _scaled(p, cost, scale))
+        # the trigger's batch sizes seen live often enough: measured step cost, acceptance moved by the measured ratio
         updated = []
         for (key, batch), samples in self._samples.items():
-            if key != trigger or len(samples) < self.min_point_samples:
+            if key != trigger or len(samples) < self.min_point_samples or batch not in self.profile.points[key]:
                 continue
+            p = self.profile.points[key][batch]
             step_s = statistics.median(s for s, _ in samples)
-            tps = statistics.median(t for _, t in samples) if key != PLAIN else 1.0
-            self.profile.add(key, Point(batch, step_s, tps, batch * tps / step_s, tps if key != PLAIN else None))
+            ratio = statistics.median(t for _, t in samples) / (p.accept_length or p.tokens_per_step)
+            self.profile.add(key, _scaled(p, step_s / p.step_s, ratio if key != PLAIN else 1.0))
             updated.append(f"{key}@{batch}")
             samples.clear()
         self.model = SpeedupModel(self.profile)

@@ -42,9 +42,11 @@ class SpeedupModel:
             raise ValueError("profile has no no-speculation baseline ('none')")
         self.profile = profile
         self._curves: Dict[str, Tuple[List[int], List[float], List[float]]] = {}
+        self._accept: Dict[str, List[float]] = {}
         for key, pts in profile.points.items():
             bs = sorted(pts)
             self._curves[key] = (bs, [pts[b].step_s for b in bs], [pts[b].tokens_per_step for b in bs])
+            self._accept[key] = [pts[b].accept_length or pts[b].tokens_per_step for b in bs]
 
     @property
     def configs(self) -> List[str]:
@@ -58,6 +60,10 @@ class SpeedupModel:
     def tokens_per_step(self, key: str, batch: int) -> float:
         bs, _, tps = self._curves[key]
         return max(_interp(bs, tps, batch, extrapolate=False), 1.0 if key == PLAIN else 0.0)
+
+    def accept_length(self, key: str, batch: int) -> float:
+        """Mean tokens per request per step (SGLang's accept length), the quantity a live step reports."""
+        return max(_interp(self._curves[key][0], self._accept[key], batch, extrapolate=False), 1.0)
 
     def throughput(self, key: str, batch: int) -> float:
         return batch * self.tokens_per_step(key, batch) / self.step_s(key, batch)
