@@ -282,3 +282,51 @@ def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
         ns.respec_eagle_off,
     )
     return cfg, rest
+
+
+# ---------------------------------------------------------------- ReSpec online learner (issue 9)
+LEARNER_ENV_VAR = "SPEX_RESPEC"  # the learner's spec (JSON), read by respec/routes.py in the HTTP process
+LEARNER_FIELDS = ("drafter", "target", "learner", "probe", "server_url")
+
+
+def parse_learner_args(argv: Sequence[str]) -> Tuple[Optional[dict], List[str]]:
+    """``--respec-learner SPEC`` (a JSON object or the path of one: ``drafter``, ``target``, optional ``learner``,
+    ``probe``, ``server_url``) plus ``--respec-update-interval N``, ``--respec-kd frozen|unweighted|reward`` and
+    ``--respec-learner-mode sync|async`` overriding its ``learner`` fields. Returns (spec or None, the rest)."""
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    g = parser.add_argument_group("sglang-spex (ReSpec online learner)")
+    g.add_argument("--respec-learner", default=None, help="learner spec: JSON object or path (enables /respec/*)")
+    g.add_argument("--respec-update-interval", type=int, default=None, help="update the drafter every N batches")
+    g.add_argument("--respec-kd", default=None, choices=("frozen", "unweighted", "reward"), help="KD variant")
+    g.add_argument("--respec-learner-mode", default=None, choices=("sync", "async"), help="update mode")
+    ns, rest = parser.parse_known_args(list(argv))
+    overrides = {
+        k: v
+        for k, v in (
+            ("update_interval", ns.respec_update_interval),
+            ("variant", ns.respec_kd),
+            ("mode", ns.respec_learner_mode),
+        )
+        if v is not None
+    }
+    if ns.respec_learner is None:
+        if overrides:
+            raise ConfigError(f"--respec-{next(iter(overrides)).replace('_', '-')} needs --respec-learner")
+        return None, rest
+    text = ns.respec_learner.strip()
+    try:
+        spec = json.loads(text if text.startswith("{") else open(text).read())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--respec-learner {text[:80]!r}: not a JSON object or a readable JSON file ({e})") from None
+    if not isinstance(spec, dict):
+        raise ConfigError("--respec-learner: expected a JSON object")
+    unknown = sorted(set(spec) - set(LEARNER_FIELDS))
+    missing = [k for k in ("drafter", "target") if k not in spec]
+    if unknown or missing:
+        raise ConfigError(
+            f"--respec-learner: unknown field(s) {unknown}" if unknown else f"--respec-learner: needs {missing}"
+        )
+    if ns.respec_update_interval is not None and ns.respec_update_interval < 1:
+        raise ConfigError(f"--respec-update-interval {ns.respec_update_interval}: expected >= 1")
+    spec["learner"] = {**spec.get("learner", {}), **overrides}
+    return spec, rest

@@ -7,6 +7,7 @@ variable ``SGLANG_SPEX_CONFIG`` (see :mod:`sglang_spex.config`), which SGLang's 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import List, Optional, Sequence
 
 from sglang_spex.config import (
     ENV_VAR,
+    LEARNER_ENV_VAR,
     RESPEC_ENV_VAR,
     ConfigError,
     SpexConfig,
     flag_value,
+    parse_learner_args,
     parse_respec_args,
     parse_tot_args,
 )
@@ -99,6 +102,7 @@ def build_sglang_args(cfg: SpexConfig, rest: Sequence[str], gpu: bool) -> List[s
 def prepare(argv: Sequence[str]) -> List[str]:
     """Parse our flags, set the environment for SGLang's processes, return SGLang's arguments."""
     cfg, rest = parse_tot_args(argv)
+    learner, rest = parse_learner_args(rest)  # before parse_respec_args, which rejects unknown --respec-* flags
     respec, rest = parse_respec_args(rest)
     gpu = has_gpu()
     args = build_sglang_args(cfg, rest, gpu)
@@ -110,6 +114,8 @@ def prepare(argv: Sequence[str]) -> List[str]:
         args += sglang_adaptive_args(respec, args)
     os.environ[ENV_VAR] = cfg.to_json()
     os.environ[RESPEC_ENV_VAR] = respec.to_json()
+    if learner is not None:  # /respec/* routes in the HTTP process (respec/routes.py)
+        os.environ[LEARNER_ENV_VAR] = json.dumps(learner)
     if not gpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -81,3 +82,44 @@ def test_launcher_adds_sglang_adaptive_flags_for_eagle(monkeypatch):
     assert not any(a.startswith("--respec") for a in args)
     ngram = prepare(["--model-path", "m", "--respec-adaptive", *NGRAM, "--speculative-num-draft-tokens", "4"])
     assert "--speculative-adaptive" not in ngram and "--disable-overlap-schedule" in ngram
+
+
+def test_learner_flags(tmp_path, monkeypatch):
+    from sglang_spex.config import LEARNER_ENV_VAR, parse_learner_args
+    from sglang_spex.launch_server import prepare
+
+    assert parse_learner_args(["--model-path", "m"]) == (None, ["--model-path", "m"])
+    path = tmp_path / "learner.json"
+    path.write_text(json.dumps({"drafter": "d", "target": "t", "learner": {"train_steps": 2, "mode": "sync"}}))
+    argv = ["--respec-learner", str(path), "--respec-update-interval", "3", "--respec-kd", "unweighted", "-x"]
+    spec, rest = parse_learner_args(argv)
+    assert rest == ["-x"] and spec["learner"] == {
+        "train_steps": 2,
+        "mode": "sync",
+        "update_interval": 3,
+        "variant": "unweighted",
+    }
+    monkeypatch.setenv(LEARNER_ENV_VAR, "")
+    monkeypatch.setenv(RESPEC_ENV_VAR, "")
+    prepare(
+        ["--model-path", "m", "--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-learner-mode", "sync"]
+    )
+    assert json.loads(os.environ[LEARNER_ENV_VAR]) == {"drafter": "d", "target": "t", "learner": {"mode": "sync"}}
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--respec-update-interval", "2"], "--respec-update-interval needs --respec-learner"),
+        (["--respec-learner", "/nonexistent.json"], "--respec-learner"),
+        (["--respec-learner", '{"drafter": "d"}'], "needs \\['target'\\]"),
+        (["--respec-learner", '{"drafter": "d", "target": "t", "lr": 1}'], "unknown field"),
+        (["--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-kd", "distill"], "--respec-kd"),
+        (["--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-update-interval", "0"], ">= 1"),
+    ],
+)
+def test_bad_learner_flags_name_themselves(argv, needle):
+    from sglang_spex.config import parse_learner_args
+
+    with pytest.raises(ConfigError, match=needle):
+        parse_learner_args(argv)

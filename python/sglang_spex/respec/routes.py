@@ -8,7 +8,8 @@
   400 on a bad payload, the copy unchanged.
 - ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
 
-Inside the SGLang server these are installed by :func:`install_from_env` when ``SPEX_RESPEC`` is set (a JSON
+Inside the SGLang server these are installed by :func:`install_from_env` when ``SPEX_RESPEC`` is set (by the
+launcher's ``--respec-learner SPEC [--respec-update-interval N --respec-kd V --respec-learner-mode M]``; a JSON
 object or the path of a JSON file: ``drafter`` (checkpoint dir), ``target`` (HF model dir of the served model),
 optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, response_ids]), ``server_url``).
 """
@@ -24,11 +25,12 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from sglang_spex.config import LEARNER_ENV_VAR, LEARNER_FIELDS
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
 
 logger = logging.getLogger(__name__)
-ENV_VAR = "SPEX_RESPEC"
+ENV_VAR = LEARNER_ENV_VAR  # set by the launcher's --respec-learner (or directly)
 
 
 def install(app: FastAPI, learner: OnlineLearner) -> None:
@@ -110,7 +112,7 @@ def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner
     from sglang_spex.respec.hotswap import HotSwapClient
     from sglang_spex.respec.target import TargetFeatures
 
-    unknown = sorted(set(spec) - {"drafter", "target", "learner", "probe", "server_url"})
+    unknown = sorted(set(spec) - set(LEARNER_FIELDS))
     if unknown:
         raise ValueError(f"{ENV_VAR}: unknown field(s) {unknown}")
     drafter = Eagle3Drafter.from_pretrained(spec["drafter"]).float()

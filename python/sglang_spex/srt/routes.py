@@ -8,7 +8,7 @@ import os
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from sglang_spex.config import SpexConfig
+from sglang_spex.config import LEARNER_ENV_VAR, SpexConfig
 from sglang_spex.profile.routes import install_profile_routes
 
 
@@ -59,7 +59,7 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
 
     control_routes.install(app, cfg)  # /spex/budget, /spex/cancel, /spex/protect, /spex/release, /spex/stats
 
-    if os.environ.get("SPEX_RESPEC"):  # ReSpec online learner (/respec/*), only when SPEX_RESPEC is set
+    if os.environ.get(LEARNER_ENV_VAR):  # ReSpec online learner (/respec/*): --respec-learner
         from sglang_spex.respec.routes import install_from_env
 
         install_from_env(app)
