@@ -109,3 +109,26 @@ def test_uniform_slowdown_refits_costs_but_keeps_the_plan():
     assert plan is not None and rp.reprofiles == 1
     assert rp.profile.points[KEY][16].step_s == 0.024  # the unobserved spec curve slowed down alike
     assert plan.choices == plan0.choices  # ratios unchanged: same choice at every batch size
+
+
+def test_draft_ledger_records_prunes_and_caps():
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_spex.respec.eagle_catchup import DraftLedger
+
+    ledger = DraftLedger(max_positions=3)
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
+    for step in range(4):
+        hidden = torch.full((2, 6), float(step))
+        result = SimpleNamespace(
+            next_token_ids=torch.tensor([10 + step, 20 + step]), logits_output=SimpleNamespace(hidden_states=hidden)
+        )
+        ledger.record(batch, result)
+        if step == 1:
+            assert [t for t, _ in ledger.pending["a"]] == [10, 11] and ledger.pending["b"][1][1][0].item() == 1.0
+            assert ledger.pending["a"][0][1].device.type == "cpu"
+    assert ledger.info()["overflowed_requests"] == 2 and not ledger.pending  # past 3 positions: resume cold
+    ledger.keep_only(["a"])
+    assert ledger.lost == {"a"} and ledger.info()["skipped_positions"] == 8

@@ -12,7 +12,9 @@ When a decode batch speculates again, :func:`catch_up` replays the ledger throug
 in windows of ``n`` positions, writing the drafter's KV at the skipped positions and restoring each request's
 draft state (top-k, hidden) from its last window: the drafter then proposes from the same state as if it had
 run all along, and requests that finished while speculation was off never cost the drafter anything -- in an RL
-rollout, most of them. Rows of requests with fewer windows write only SGLang's padding slot 0.
+rollout, most of them. Rows of requests with fewer windows write only SGLang's padding slot 0. The ledger lives
+in host memory (one copy of the step's hidden states per plain step) and holds at most ``max_positions`` per
+request; a request past that drops its ledger and resumes cold (its drafter KV keeps holes; counted).
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ _BATCH_FIELDS = (
 class DraftLedger:
     """(next token, target hidden state) of every plain position the drafter has not seen, per request id."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_positions: int = 4096) -> None:
         self.pending: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+        self.max_positions = max_positions  # per request; past it the request resumes cold (counted in `lost`)
+        self.lost: set = set()  # requests whose ledger overflowed: no catch-up, the drafter resumes cold
         self.plain_step = False  # R5 skips the draft extend while True (set by R4 around a plain step)
         self.skipped = 0  # draft-extend positions never run (requests finished while off, or still pending)
         self.replayed = 0  # positions replayed by catch-up
@@ -55,13 +59,21 @@ class DraftLedger:
         live = set(rids)
         for rid in [r for r in self.pending if r not in live]:
             del self.pending[rid]
+        self.lost &= live
 
     def record(self, batch: Any, result: Any) -> None:
         """A plain step's output: one (token, hidden) per request, in batch order."""
         tokens = result.next_token_ids.tolist()
-        hidden = result.logits_output.hidden_states
+        host = result.logits_output.hidden_states.detach().to("cpu", copy=True)  # off the accelerator: one copy
         for i, req in enumerate(batch.reqs):
-            self.pending.setdefault(req.rid, []).append((int(tokens[i]), hidden[i].detach().clone()))
+            if req.rid in self.lost:
+                continue
+            entries = self.pending.setdefault(req.rid, [])
+            if len(entries) >= self.max_positions:
+                del self.pending[req.rid]
+                self.lost.add(req.rid)
+                continue
+            entries.append((int(tokens[i]), host[i]))
         self.skipped += len(batch.reqs)
 
     def info(self) -> dict:
@@ -70,6 +82,7 @@ class DraftLedger:
             "skipped_positions": self.skipped,
             "replayed_positions": self.replayed,
             "catch_ups": self.catch_ups,
+            "overflowed_requests": len(self.lost),
         }
 
 
