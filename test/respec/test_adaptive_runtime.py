@@ -60,7 +60,7 @@ def test_runtime_follows_the_refitted_plan():
     cfg = RespecConfig(enabled=True, hysteresis="0,0,1", server_key=KEY, algorithm="NGRAM")
     rt = Runtime(cfg, solve(prof, max_batch=16, configs=[KEY]), prof)
     states = []
-    for _ in range(30):
+    for _ in range(80):  # the default window needs 64 steps
         state = rt.decide(4)
         states.append(state)
         rt.record(state, 4, 0.012 if state else 0.010, 1.0)  # as profiled, but no draft is ever accepted

@@ -47,8 +47,8 @@ class OnlineReprofiler:
         configs: Sequence[str],
         max_batch: int = 256,
         threshold: float = 0.2,
-        window: int = 32,
-        min_samples: int = 16,
+        window: int = 128,
+        min_samples: int = 64,  # one spec step accepts 1..n+1 tokens: a short window is noise
         min_point_samples: int = 4,
     ):
         self.profile = copy.deepcopy(profile)
