@@ -132,3 +132,11 @@ def test_draft_ledger_records_prunes_and_caps():
     assert ledger.info()["overflowed_requests"] == 2 and not ledger.pending  # past 3 positions: resume cold
     ledger.keep_only(["a"])
     assert ledger.lost == {"a"} and ledger.info()["skipped_positions"] == 8
+
+
+def test_acceptance_is_compared_in_means_not_medians():
+    prof = _profile(spec_tps=1.4)  # a chain accepting its draft 40 % of the time: mean 1.4 tokens per step
+    rp = OnlineReprofiler(prof, [KEY], max_batch=16, min_samples=8)
+    for i in range(100):  # 1, 2, 1, 1, 2, ...: median 1 (-29 % "drift"), mean 1.4 (no drift)
+        assert rp.observe(KEY, 4, 0.012, 2.0 if i % 5 in (1, 4) else 1.0) is None
+    assert rp.reprofiles == 0

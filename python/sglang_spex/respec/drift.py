@@ -3,7 +3,9 @@
 Every decode step reports (state, batch size, wall seconds, mean tokens per sequence). Per state, two
 :class:`~sglang_spex.profile.measure.DriftMonitor` windows compare them with the profile's prediction at that batch
 size (step cost, and SGLang's accept length -- the same per-request mean the profile records next to its
-straggler-bound tokens per batch step): the median relative error over the window must exceed the
+straggler-bound tokens per batch step): the median relative error of step costs (robust to one slow step) or the
+relative error of the window's mean acceptance (a per-step count of 1..n+1 tokens: its median is not its mean)
+must exceed the
 threshold (default 20 %) once ``min_samples`` are in, so one slow step never triggers it. On drift, step costs of
 *every* state scale by the trigger's median cost error (load or clocks slow all configs alike, so a uniform
 slowdown never flips the plan), the trigger's acceptance curve scales by its median acceptance error (a policy
@@ -38,6 +40,32 @@ def _scaled(p: Point, cost: float, tokens: float) -> Point:
     return Point(p.batch_size, step, tps, p.batch_size * tps / step, acc, p.verify_ct)
 
 
+class _MeanDrift:
+    """Drift of a window's *mean* from the predictions' mean (``DriftMonitor``'s interface). Acceptance per step
+    is a small integer (1..n+1 tokens): its median is not its mean (a 1-draft chain accepting 40 % of the time has
+    median 1 and mean 1.4), so acceptance is compared in means; step times keep the robust median."""
+
+    def __init__(self, profile: _Prediction, threshold: float, window: int, min_samples: int):
+        self.profile, self.threshold, self.min_samples = profile, threshold, min_samples
+        self._pairs: Deque[Tuple[float, float]] = deque(maxlen=window)
+
+    def observe(self, batch: int, value: float) -> bool:
+        self._pairs.append((value, self.profile.predict(batch)))
+        return self.drifted
+
+    @property
+    def drift(self) -> float:
+        pred = sum(p for _, p in self._pairs)
+        return sum(v for v, _ in self._pairs) / pred - 1.0 if pred else 0.0
+
+    @property
+    def drifted(self) -> bool:
+        return len(self._pairs) >= self.min_samples and abs(self.drift) > self.threshold
+
+    def reset(self, profile: Optional[_Prediction] = None) -> None:
+        self._pairs.clear()
+
+
 class OnlineReprofiler:
     """Drift detection and profile refit for the configs a server can run (``configs``) plus plain decode."""
 
@@ -62,14 +90,15 @@ class OnlineReprofiler:
         self.reprofiles = 0
         self.history: List[dict] = []  # one entry per refit (last 16)
 
-    def _monitor(self, key: str, what: str) -> DriftMonitor:
+    def _monitor(self, key: str, what: str):
         mon = self._monitors.get((key, what))
         if mon is None:
 
             def predict(batch: int, k: str = key, f: str = what) -> float:  # reads the current (refitted) model
                 return self.model.step_s(k, batch) if f == "cost" else self.model.accept_length(k, batch)
 
-            mon = DriftMonitor(_Prediction(predict), self.threshold, self.window, self.min_samples)  # type: ignore
+            kind = DriftMonitor if what == "cost" else _MeanDrift
+            mon = kind(_Prediction(predict), self.threshold, self.window, self.min_samples)  # type: ignore
             self._monitors[(key, what)] = mon
         return mon
 
@@ -107,7 +136,7 @@ class OnlineReprofiler:
                 continue
             p = self.profile.points[key][batch]
             step_s = statistics.median(s for s, _ in samples)
-            ratio = statistics.median(t for _, t in samples) / (p.accept_length or p.tokens_per_step)
+            ratio = statistics.fmean(t for _, t in samples) / (p.accept_length or p.tokens_per_step)
             self.profile.add(key, _scaled(p, step_s / p.step_s, ratio if key != PLAIN else 1.0))
             updated.append(f"{key}@{batch}")
             samples.clear()
