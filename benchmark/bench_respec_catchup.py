@@ -36,26 +36,17 @@ MODES = ("on", "warm", "plain", "cold")
 
 def run_mode(args: List[str], env: Dict[str, str], prompts: List[str], tokens: int, repeats: int) -> dict:
     """Best-of-``repeats`` cold runs of one batch of greedy requests; the runtime's report after them."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        with ServerProcess(args) as srv:
-            best, outs = 0.0, []
-            for _ in range(repeats):
-                flush(srv.url)
-                t0 = time.perf_counter()
-                params = {"temperature": 0, "max_new_tokens": tokens}
-                r = requests.post(srv.url + "/generate", json={"text": prompts, "sampling_params": params}, timeout=900)
-                r.raise_for_status()
-                outs = r.json()
-                best = max(best, sum(len(o["output_ids"]) for o in outs) / (time.perf_counter() - t0))
-            info = requests.get(srv.url + "/get_server_info", timeout=60).json()["internal_states"][0]
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with ServerProcess(args, env=env) as srv:
+        best, outs = 0.0, []
+        for _ in range(repeats):
+            flush(srv.url)
+            t0 = time.perf_counter()
+            params = {"temperature": 0, "max_new_tokens": tokens}
+            r = requests.post(srv.url + "/generate", json={"text": prompts, "sampling_params": params}, timeout=900)
+            r.raise_for_status()
+            outs = r.json()
+            best = max(best, sum(len(o["output_ids"]) for o in outs) / (time.perf_counter() - t0))
+        info = requests.get(srv.url + "/get_server_info", timeout=60).json()["internal_states"][0]
     rs = info.get("respec") or {}
     return {
         "tok_s": best,

@@ -14,18 +14,16 @@ to its start.
 
 from __future__ import annotations
 
-import time
 from typing import Dict, List
 
 import pytest
 import requests
 from conftest import make_drafter
-from workloads import BASE, REPEAT, N
+from workloads import BASE, COMMON, REPEAT, N, generate, idle_state
 
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
 from sglang_spex.serve import ServerProcess
 
-COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
 EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 S3, S1 = "EAGLE3:s3t1n4", "EAGLE3:s1t1n2"
 BATCHES = {  # each sent as one /generate call; all requests run N tokens, so the batch stays this size
@@ -47,26 +45,8 @@ def _profile() -> Profile:
     return prof
 
 
-def _generate(url: str, texts: List[str], custom: dict = None) -> List[dict]:
-    params = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
-    if custom:
-        params["custom_params"] = custom
-    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
-    r.raise_for_status()
-    return r.json()
-
-
-def _respec(url: str) -> dict:
-    for _ in range(50):
-        st = requests.get(url + "/get_server_info", timeout=60).json()["internal_states"][0]["respec"]
-        if st["pool"]["running"] == 0:
-            return st
-        time.sleep(0.2)
-    return st
-
-
 def _collect(url: str) -> Dict[str, List[List[int]]]:
-    return {k: [x["output_ids"] for x in _generate(url, texts)] for k, texts in BATCHES.items()}
+    return {k: [x["output_ids"] for x in generate(url, texts)] for k, texts in BATCHES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +71,11 @@ def run(tiny_model, tiny_target, tiny_seqs, reference, tmp_path_factory):  # one
         "0",
     ]
     with ServerProcess(["--model-path", tiny_model, *COMMON, *spec, *respec, "--enable-metrics"]) as srv:
-        before = _respec(srv.url)
+        before = idle_state(srv.url)["respec"]
         out = _collect(srv.url)
-        mid = _respec(srv.url)
-        out["opt_out"] = [x["output_ids"] for x in _generate(srv.url, BATCHES["b1"], {"respec": "off"})]
-        after = _respec(srv.url)
+        mid = idle_state(srv.url)["respec"]
+        out["opt_out"] = [x["output_ids"] for x in generate(srv.url, BATCHES["b1"], custom={"respec": "off"})]
+        after = idle_state(srv.url)["respec"]
         info = requests.get(srv.url + "/spex/info", timeout=60).json()
         metrics = requests.get(srv.url + "/metrics", timeout=60).text
         yield dict(out=out, before=before, mid=mid, after=after, info=info, metrics=metrics)
@@ -108,9 +88,9 @@ def alternating(tiny_model, tiny_target, tiny_seqs, reference, run, tmp_path_fac
     with ServerProcess(
         ["--model-path", tiny_model, *COMMON, *spec, "--respec-adaptive", "--respec-force", "alternate:3"]
     ) as srv:
-        before = _respec(srv.url)
+        before = idle_state(srv.url)["respec"]
         out = _collect(srv.url)
-        yield dict(out=out, before=before, after=_respec(srv.url))
+        yield dict(out=out, before=before, after=idle_state(srv.url)["respec"])
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))

@@ -8,45 +8,19 @@ reference (nothing lost or duplicated at a switch) and the KV pool must return t
 
 from __future__ import annotations
 
-import time
 from typing import Dict, List
 
 import pytest
-import requests
-from workloads import WORKLOADS, N
+from workloads import COMMON, WORKLOADS, N, generate, idle_state
 
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.adaptive import Runtime
 from sglang_spex.respec.solver import Choice, Plan
 from sglang_spex.serve import ServerProcess
 
-COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
-
-
-def _generate(url: str, texts: List[str], custom: dict = None) -> List[dict]:
-    params = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
-    if custom:
-        params["custom_params"] = custom
-    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
-    r.raise_for_status()
-    return r.json()
-
-
-def _state(url: str) -> dict:
-    return requests.get(url + "/get_server_info", timeout=60).json()["internal_states"][0]
-
-
-def _idle_state(url: str) -> dict:
-    for _ in range(50):
-        st = _state(url)
-        if st["respec"]["pool"]["running"] == 0:
-            return st
-        time.sleep(0.2)
-    return st
-
 
 def _collect(srv: ServerProcess) -> Dict[str, List[List[int]]]:
-    return {k: [x["output_ids"] for x in _generate(srv.url, texts)] for k, texts in WORKLOADS.items()}
+    return {k: [x["output_ids"] for x in generate(srv.url, texts)] for k, texts in WORKLOADS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +34,12 @@ def adaptive(tiny_model, reference):  # after the reference server has stopped: 
     spec = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
     respec = ["--respec-adaptive", "--respec-force", "alternate:3"]
     with ServerProcess(["--model-path", tiny_model, *COMMON, *spec, *respec]) as srv:
-        before = _idle_state(srv.url)
+        before = idle_state(srv.url)
         out = _collect(srv)
-        out["meta"] = [x["meta_info"] for x in _generate(srv.url, WORKLOADS["b2_repetitive"])]
-        after = _idle_state(srv.url)
-        opt = _generate(srv.url, WORKLOADS["b2_repetitive"], {"respec": "off"})
-        out["opt_out"] = ([x["output_ids"] for x in opt], [x["meta_info"] for x in opt], _idle_state(srv.url))
+        out["meta"] = [x["meta_info"] for x in generate(srv.url, WORKLOADS["b2_repetitive"])]
+        after = idle_state(srv.url)
+        opt = generate(srv.url, WORKLOADS["b2_repetitive"], custom={"respec": "off"})
+        out["opt_out"] = ([x["output_ids"] for x in opt], [x["meta_info"] for x in opt], idle_state(srv.url))
         return out, before, after
 
 

@@ -16,7 +16,7 @@ from typing import Dict, List
 import pytest
 import requests
 import torch
-from workloads import BASE, REPEAT, WORKLOADS, N
+from workloads import BASE, COMMON, REPEAT, WORKLOADS, generate
 
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import WEIGHT_VERSION_PREFIX, HotSwapClient
@@ -24,21 +24,13 @@ from sglang_spex.serve import ServerProcess
 
 LOAD = [BASE + " traded wheat", REPEAT + " a", "Once upon a time"]  # streamed across the hot-swap
 N_LOAD = 160
-COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
 EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 DRAFT_VOCAB = 128
 
 
-def _generate(url: str, texts: List[str], n: int = N) -> List[dict]:
-    params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
-    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
-    r.raise_for_status()
-    return r.json()
-
-
 def _collect(url: str) -> Dict[str, List[List[int]]]:
-    out = {k: [x["output_ids"] for x in _generate(url, texts)] for k, texts in WORKLOADS.items()}
-    out["load"] = [x["output_ids"] for x in _generate(url, LOAD, N_LOAD)]
+    out = {k: [x["output_ids"] for x in generate(url, texts)] for k, texts in WORKLOADS.items()}
+    out["load"] = [x["output_ids"] for x in generate(url, LOAD, N_LOAD)]
     return out
 
 
@@ -77,7 +69,7 @@ def eagle3_outputs(eagle3_server):
     meta: list = []
     out = {}
     for k, texts in WORKLOADS.items():
-        res = _generate(eagle3_server.url, texts)
+        res = generate(eagle3_server.url, texts)
         out[k] = [x["output_ids"] for x in res]
         meta.extend(x["meta_info"] for x in res)
     return out, meta
@@ -134,4 +126,4 @@ def test_hot_swap_under_load(eagle3_server, eagle3_outputs, reference, tiny_targ
     print("weight_versions:", spans)
     assert ["default", f"{WEIGHT_VERSION_PREFIX}7"] in spans
     # after the swap, new requests still decode greedily with the new drafter
-    assert [x["output_ids"] for x in _generate(url, WORKLOADS["b4_mixed"])] == reference["b4_mixed"]
+    assert [x["output_ids"] for x in generate(url, WORKLOADS["b4_mixed"])] == reference["b4_mixed"]

@@ -1,4 +1,9 @@
-"""Prompt sets shared by the real-server ReSpec tests (speculative vs plain greedy comparisons)."""
+"""Prompt sets and request helpers shared by the real-server ReSpec tests (speculative vs plain greedy)."""
+
+import time
+from typing import List, Optional
+
+import requests
 
 BASE = "The history of the old harbour town begins with a small settlement near the river, where farmers"
 REPEAT = "a b c a b c a b c a b c a b c a b c"
@@ -8,3 +13,24 @@ WORKLOADS = {
     "b2_repetitive": [REPEAT, REPEAT + " a b"],
 }
 N = 24  # new tokens per request
+COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]  # tiny model: batch-independent greedy
+
+
+def generate(url: str, texts: List[str], n: int = N, custom: Optional[dict] = None) -> List[dict]:
+    """Greedy ``n`` tokens per text (EOS ignored), optionally with ``custom_params``."""
+    params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+    if custom:
+        params["custom_params"] = custom
+    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+def idle_state(url: str) -> dict:
+    """The scheduler's internal state once no request is running (the ReSpec report's pool figures)."""
+    for _ in range(50):
+        st = requests.get(url + "/get_server_info", timeout=60).json()["internal_states"][0]
+        if st["respec"]["pool"]["running"] == 0:
+            return st
+        time.sleep(0.2)
+    return st

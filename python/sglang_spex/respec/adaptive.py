@@ -51,6 +51,12 @@ def runnable_configs(profile: Profile, cfg: RespecConfig) -> List[str]:
     return keys
 
 
+def switchable_configs(cfg: RespecConfig, plan: Optional[Plan], profile: Optional[Profile]) -> List[str]:
+    """Every config a (re-)plan may pick: the plan's and the profile's runnable ones."""
+    keys = {c.config for c in plan.choices.values() if c.config} if plan else set()
+    return sorted(keys | set(runnable_configs(profile, cfg) if profile is not None else ()))
+
+
 def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
     """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known)."""
     if cfg.profile != "auto":
@@ -90,10 +96,7 @@ class Runtime:
         self.cfg = cfg
         self.plan = plan
         self.fsm = AdaptiveFSM(plan, Hysteresis.parse(cfg.hysteresis), max_batch=cfg.max_batch) if plan else None
-        # every config a (re-)plan may pick: the plan's and the profile's runnable ones
-        self.configs = sorted({c.config for c in plan.choices.values() if c.config} if plan else set())
-        if profile is not None:
-            self.configs = sorted(set(self.configs) | set(runnable_configs(profile, cfg)))
+        self.configs = switchable_configs(cfg, plan, profile)
         self.reprofiler: Optional[OnlineReprofiler] = None
         if plan is not None and profile is not None and cfg.drift > 0:
             self.reprofiler = OnlineReprofiler(profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift)

@@ -28,7 +28,14 @@ import logging
 from typing import Any, Iterable, List, Optional, Sequence
 
 from sglang_spex.config import RespecConfig, flag_value
-from sglang_spex.respec.adaptive import Runtime, load_profile_and_plan, mean_accept, opted_out, runtime
+from sglang_spex.respec.adaptive import (
+    Runtime,
+    load_profile_and_plan,
+    mean_accept,
+    opted_out,
+    runtime,
+    switchable_configs,
+)
 from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up, stub_draft_state
 from sglang_spex.respec.fsm import State
 from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
@@ -47,7 +54,7 @@ def sglang_adaptive_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
         return [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
     server_steps = int(flag_value(args, "--speculative-num-steps") or 3)
     profile, plan = load_profile_and_plan(cfg, flag_value(args, "--model-path") or "")
-    steps = candidate_steps(Runtime(cfg, plan, profile).configs, server_steps)
+    steps = candidate_steps(switchable_configs(cfg, plan, profile), server_steps)
     body = json.dumps({"1": {"candidate_steps": steps}}, sort_keys=True)
     path = PROFILE_DIR / f"adaptive-{hashlib.sha1(body.encode()).hexdigest()[:12]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +72,7 @@ class RespecStepPolicy:
         self._sglang = sglang_policy  # keeps SGLang's graph-batch bookkeeping (cuda_graph_bs_for_step)
         self._steps = candidate_steps(rt.configs, server_steps)
         self.state: State = None  # decided by R4 for the decode batch about to run
+        self._cuda_graph_bs: Optional[List[int]] = None
         self.ledger = DraftLedger()
 
     @property
@@ -76,7 +84,7 @@ class RespecStepPolicy:
         self._sglang.set_cuda_graph_bs(cuda_graph_bs)
 
     def cuda_graph_bs_for_step(self, step: int) -> Optional[List[int]]:
-        return getattr(self, "_cuda_graph_bs", None)
+        return self._cuda_graph_bs
 
     def decide(self, batch_size: int, opted_out: bool = False) -> State:
         """R4, once per decode batch: the runtime's state for it (read back by :meth:`get_steps_for_batch`)."""
