@@ -22,11 +22,11 @@ from tqdm import tqdm
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.serve import ServerProcess
-from sglang_spex.spec.runner import SpecBudget, context_factory
+from sglang_spex.speculation.runner import SpecBudget, context_factory
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.policies import PRESETS
 from sglang_spex.tot.search import run_batch
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tasks import get_task
 
 PROMPT = (

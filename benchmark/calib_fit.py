@@ -17,7 +17,7 @@ import numpy as np
 
 from sglang_spex.sim.workload import WorkloadParams
 from sglang_spex.tot.search import SearchResult
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 
 NODE_KEYS = ("depth", "tokens", "finish_reason", "terminal", "status")
 

@@ -35,7 +35,7 @@ from sglang_spex.profile.cache import Profile
 from sglang_spex.tot.engine import GenRequest, GenResult
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import SearchResult
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 
 MODES = {"baseline": None, "spex_sched": dict(components=("t1", "t2"), early_stop=False)}
 DECODE, PREFILL = 2, 1  # batch_stats modes

@@ -15,7 +15,7 @@ from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
 from sglang_spex.sim.workload import Workload
 from sglang_spex.tot.policies import BFS_POLICIES, PRESETS
-from sglang_spex.tot.spec import PolicyConfig, SearchSpec
+from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
 FIG10_POLICIES = ("rest-5", "rest-10", "rstar-5", "rstar-10", "rebase-8", "rebase-16", "ets-8", "ets-16")
 # mode name -> SpexConfig overrides (None = baseline)

@@ -36,6 +36,6 @@ def test_program_batch_and_invalid_spec(spex_server):
     assert [r.question for r in res] == ["What is 1 + 2?", "What is 3 + 4?"]
     bad = tot.Program.from_json(solve.to_json())
     bad._spec.policy = tot.rebase(width=0)
-    with pytest.raises(tot.SpecError) as e:
+    with pytest.raises(tot.SearchSpecError) as e:
         bad.run(QUESTION, tot.Endpoint(spex_server.url))
     assert e.value.field == "policy.width"

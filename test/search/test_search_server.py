@@ -7,7 +7,7 @@ import pytest
 
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_batch, run_search
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 
 from .helpers import (
     QUESTION,

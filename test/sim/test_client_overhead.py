@@ -15,7 +15,7 @@ from sglang_spex.sim.engine import SimPort
 from sglang_spex.sim.run import simulate
 from sglang_spex.sim.workload import Workload, WorkloadParams
 from sglang_spex.tot.engine import GenRequest
-from sglang_spex.tot.spec import PolicyConfig, SearchSpec
+from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
 STEP_TOKENS = 5  # every node: 5 tokens = 1 from the prefill pass + 4 decode steps
 OVERHEAD = ClientOverhead(request_s=0.5, response_s=0.25, cpu_s=0.125)  # binary fractions: exact sums

@@ -14,7 +14,7 @@ from sglang_spex.sim.run import simulate
 from sglang_spex.sim.workload import Workload, WorkloadParams
 from sglang_spex.tot.answers import extract_answer
 from sglang_spex.tot.engine import GenRequest
-from sglang_spex.tot.spec import DEFAULT_ANSWER_PATTERN, PolicyConfig, SearchSpec
+from sglang_spex.tot.search_spec import DEFAULT_ANSWER_PATTERN, PolicyConfig, SearchSpec
 
 
 def _req(prompt: str, path: str, max_new: int = 256, priority=None) -> GenRequest:

@@ -14,7 +14,7 @@ def _done_nodes(run):
 
 @pytest.mark.parametrize("policy,bs", [("rstar-5", 1), ("rebase-8", 2), ("rest-5", 1)])
 def test_spex_equals_baseline_with_t3_off(policy, bs):
-    from sglang_spex.tot.spec import PolicyConfig, SearchSpec
+    from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
     spec = SearchSpec(policy=PolicyConfig(policy), seed=5)
     cfg = SpexConfig(enabled=True, k_total=None, early_stop=False)  # k_total from the simulated knee

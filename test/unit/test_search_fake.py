@@ -9,7 +9,7 @@ import pytest
 
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.search import run_batch, run_search
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 
 from .fake_port import FakePort
 

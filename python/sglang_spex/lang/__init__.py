@@ -14,13 +14,13 @@ from sglang_spex.lang.program import (
     search,
     verifier,
 )
-from sglang_spex.tot.spec import SearchSpec, SpecError
+from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 __all__ = [
     "Endpoint",
     "Program",
     "SearchSpec",
-    "SpecError",
+    "SearchSpecError",
     "callback",
     "ets",
     "logprob",

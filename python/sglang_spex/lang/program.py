@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from sglang_spex.tot.spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SpecError
+from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
 
 # ---- declarations -------------------------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ class Program:
         try:
             self._spec.step = dataclasses.replace(self._spec.step, **changes)
         except TypeError as e:
-            raise SpecError("step", str(e))
+            raise SearchSpecError("step", str(e))
         if seed is not None:
             self._spec.seed = seed
         return self
@@ -215,7 +215,7 @@ class Program:
                     r = await client.post(ep.url.rstrip("/") + "/tot/search", json=payload)
                     if r.status_code == 400:
                         err = r.json().get("error", {})
-                        raise SpecError(err.get("field", "spec"), err.get("reason", r.text))
+                        raise SearchSpecError(err.get("field", "spec"), err.get("reason", r.text))
                     r.raise_for_status()
                     res = SearchResult.from_dict(r.json())
                 if on_result is not None:

@@ -1,7 +1,7 @@
 """Run the real search code on the simulator, in virtual time.
 
 >>> from sglang_spex.sim.run import simulate
->>> from sglang_spex.tot.spec import PolicyConfig, SearchSpec
+>>> from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 >>> run = simulate(SearchSpec(policy=PolicyConfig("rebase-8")), cost=("A100-80G", "Llemma-7B"), questions=4)
 >>> run.questions_per_min, run.accuracy, run.engine["mean_batch"]
 
@@ -23,7 +23,7 @@ from sglang_spex.sim.workload import Workload
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.rewards import Reward
 from sglang_spex.tot.search import SearchResult, run_batch
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import Node
 
 CostSpec = Union[CostModel, Tuple[str, str], str]
@@ -147,7 +147,7 @@ def spex_factory(cfg, cost: Optional[CostModel] = None) -> Callable[..., SearchC
     """SPEX contexts for :func:`simulate` (``cfg``: a :class:`~sglang_spex.config.SpexConfig`; ``k_total=None``
     takes the knee of ``cost``, as ``--tot-k-total auto`` takes the live profile's)."""
     from sglang_spex.config import replace
-    from sglang_spex.spec.runner import context_factory
+    from sglang_spex.speculation.runner import context_factory
 
     if cfg.k_total is None and cost is not None:
         cfg = replace(cfg, k_total=cost.k_total())

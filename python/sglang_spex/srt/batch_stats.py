@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from sglang_spex.srt.guard import HookGuard
+from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def _mode(batch) -> int:
 
 
 def _publish(plan, scheduler) -> None:
-    from sglang_spex.srt import prefix_guard, scheduling
+    from sglang_spex.srt import prefix_protection, scheduling
 
     writer = _writer_for_process()
     batch = plan.batch_to_run
@@ -227,7 +227,7 @@ def _publish(plan, scheduler) -> None:
         "waiting": len(waiting),
         "waiting_spec": sum(1 for r in waiting if is_spec(r)),
     }
-    st, pg = scheduling.STATE, prefix_guard.GUARD
+    st, pg = scheduling.STATE, prefix_protection.GUARD
     counters: Dict[str, float] = {
         "preempt_for_primary": st.counters.get("preempt_for_primary", 0),
         "spec_retracted_for_budget": st.counters.get("spec_retracted_for_budget", 0),

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from sglang.srt.managers.io_struct import BaseReq
 
-from sglang_spex.srt.guard import HookGuard
+from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ def register_types() -> None:
 
 # ---------------------------------------------------------------- scheduler side
 def apply(scheduler, req: SpexControlReq) -> None:
-    from sglang_spex.srt import prefix_guard, scheduling
+    from sglang_spex.srt import prefix_protection, scheduling
 
-    guard = prefix_guard.GUARD
+    guard = prefix_protection.GUARD
     if req.op == "budget":
         scheduling.STATE.budget = None if req.value is None or req.value < 0 else int(req.value)
     elif req.op == "cancel":
@@ -97,13 +97,13 @@ def h_add_dispatch(result, scheduler, *args, **kwargs):
 
 def sched_report(scheduler) -> Dict[str, Any]:
     """Scheduler-side spex state with live pool figures (answered inside ``get_internal_state``)."""
-    from sglang_spex.srt import prefix_guard, scheduling
-    from sglang_spex.srt.guard import guard_report
+    from sglang_spex.srt import prefix_protection, scheduling
+    from sglang_spex.srt.hook_guard import guard_report
 
     tree = scheduler.tree_cache
     return {
         **scheduling.STATE.report(),
-        "protection": prefix_guard.GUARD.report(),
+        "protection": prefix_protection.GUARD.report(),
         "hooks": guard_report(),
         "pool": {
             "kv_total": int(scheduler.max_total_num_tokens),

@@ -152,7 +152,7 @@ def register_all(cfg: SpexConfig) -> None:
     HookRegistry.register(f"{SAMPLING_INFO}.from_schedule_batch", _h2_seeded_sampling, HookType.AFTER)
     HookRegistry.register(f"{SAMPLING_INFO}.merge_batch", _h2_merge_seeds, HookType.BEFORE)
     # H3-H13 (issue 6): ranking, admission cap, immediate cancel, prefix protection, batch stats.
-    from sglang_spex.srt import batch_stats, control, prefix_guard, scheduling
+    from sglang_spex.srt import batch_stats, control, prefix_protection, scheduling
 
     control.register_types()  # IPC decoder learns SpexControlReq (not a HookRegistry hook; see docs/upstream.md)
     batch_stats.prepare_channel()  # stats file path, fixed before SGLang forks its subprocesses
@@ -175,8 +175,8 @@ def register_all(cfg: SpexConfig) -> None:
     # H10: at the next scheduling point, finish cancelled running requests without another decode step.
     reg(f"{SCHEDULER}.get_next_batch_to_run", scheduling.h_pre_step, B)
     # H11: lock the cached prefixes of finished nodes of live searches before any allocation; expire leases.
-    reg(f"{SCHEDULER}.get_next_batch_to_run", prefix_guard.h_pre_step, B)
+    reg(f"{SCHEDULER}.get_next_batch_to_run", prefix_protection.h_pre_step, B)
     # H12: a node of a live search that finished normally is queued for protection once it is in the tree.
-    reg(f"{RADIX}.on_release", prefix_guard.h_on_release, A)
+    reg(f"{RADIX}.on_release", prefix_protection.h_on_release, A)
     # H13: publish each step's batch size, role split, KV use and step time to shared memory.
     reg(f"{SCHEDULER}.get_next_batch_to_run", batch_stats.h_publish, A)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from sglang_spex.srt.guard import HookGuard
+from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def _before_abort(scheduler, recv_req) -> List[Any]:
 
 
 def _after_abort(scheduler, recv_req, seen: List[Any]) -> None:
-    from sglang_spex.srt import prefix_guard
+    from sglang_spex.srt import prefix_protection
 
     now = time.monotonic()
     inflight = {id(r) for r in scheduler.collect_inflight_reqs()}
@@ -272,7 +272,7 @@ def _after_abort(scheduler, recv_req, seen: List[Any]) -> None:
         elif id(r) not in inflight:
             STATE.bump("cancel_waiting")
     for search in ended:
-        prefix_guard.GUARD.end_search(scheduler.tree_cache, search)
+        prefix_protection.GUARD.end_search(scheduler.tree_cache, search)
 
 
 def h_abort(original, scheduler, recv_req, *args, **kwargs):
@@ -295,9 +295,9 @@ def cancel(scheduler, prefix: str, search_id: str = "") -> None:
     STATE.bump("cancel_calls")
     scheduler.abort_request(AbortReq(rid=prefix))
     if search_id:
-        from sglang_spex.srt import prefix_guard
+        from sglang_spex.srt import prefix_protection
 
-        prefix_guard.GUARD.end_search(scheduler.tree_cache, search_id)
+        prefix_protection.GUARD.end_search(scheduler.tree_cache, search_id)
 
 
 def _record_extra(w: _Watch) -> None:

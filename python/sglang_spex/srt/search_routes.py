@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt.search_service import SearchHandle, SearchService, parse_body
 from sglang_spex.tot.engine import search_rid_prefix
-from sglang_spex.tot.spec import SpecError
+from sglang_spex.tot.search_spec import SearchSpecError
 
 DISCONNECT_POLL_S = 0.25
 _service: Optional[SearchService] = None
@@ -32,7 +32,7 @@ def service() -> Optional[SearchService]:
     return _service
 
 
-def _bad(e: SpecError) -> JSONResponse:
+def _bad(e: SearchSpecError) -> JSONResponse:
     return JSONResponse({"error": e.to_dict(), "detail": str(e)}, status_code=400)
 
 
@@ -77,11 +77,11 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
         try:
             body = await request.json()
         except Exception:
-            return _bad(SpecError("body", "must be valid JSON"))
+            return _bad(SearchSpecError("body", "must be valid JSON"))
         try:
             parsed = parse_body(body)
             handle = svc.submit(parsed)
-        except SpecError as e:
+        except SearchSpecError as e:
             return _bad(e)
         if parsed["stream"]:
             queue = handle.subscribe()

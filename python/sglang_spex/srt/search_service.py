@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.engine import EnginePort
 from sglang_spex.tot.search import ContextFactory, SearchResult, build_result, run_context
-from sglang_spex.tot.spec import SearchSpec, SpecError
+from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 QUEUED, RUNNING = "queued", "running"
 FINISHED = ("done", "cancelled", "failed")
@@ -70,23 +70,23 @@ class SearchHandle:
 
 
 def parse_body(body: Any) -> Dict[str, Any]:
-    """Validate a ``POST /tot/search`` body; raises :class:`SpecError` naming the field."""
+    """Validate a ``POST /tot/search`` body; raises :class:`SearchSpecError` naming the field."""
     if not isinstance(body, dict):
-        raise SpecError("body", "must be a JSON object")
+        raise SearchSpecError("body", "must be a JSON object")
     unknown = sorted(set(body) - BODY_FIELDS)
     if unknown:
-        raise SpecError(unknown[0], f"unknown field; expected {sorted(BODY_FIELDS)}")
+        raise SearchSpecError(unknown[0], f"unknown field; expected {sorted(BODY_FIELDS)}")
     q = body.get("question")
     if not isinstance(q, str) or not q.strip():
-        raise SpecError("question", "must be a non-empty string")
+        raise SearchSpecError("question", "must be a non-empty string")
     ref = body.get("reference")
     if ref is not None and not isinstance(ref, (str, int, float)):
-        raise SpecError("reference", "must be a string or a number")
+        raise SearchSpecError("reference", "must be a string or a number")
     if not isinstance(body.get("stream", False), bool):
-        raise SpecError("stream", "must be a boolean")
+        raise SearchSpecError("stream", "must be a boolean")
     sid = body.get("search_id")
     if sid is not None and (not isinstance(sid, str) or not _ID.match(sid)):
-        raise SpecError("search_id", "must match [A-Za-z0-9_-]{1,64}")
+        raise SearchSpecError("search_id", "must match [A-Za-z0-9_-]{1,64}")
     spec = SearchSpec.from_dict(body.get("spec", {}))
     return {
         "spec": spec,
@@ -125,7 +125,7 @@ class SearchService:
         """Start a search from a body parsed by :func:`parse_body`."""
         sid = parsed["search_id"] or uuid.uuid4().hex[:16]
         if sid in self.searches and not self.searches[sid].finished:
-            raise SpecError("search_id", f"search {sid!r} is already running")
+            raise SearchSpecError("search_id", f"search {sid!r} is already running")
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.max_concurrent)
         ctx = self.context_factory(

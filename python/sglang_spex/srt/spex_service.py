@@ -13,7 +13,7 @@ import logging
 from typing import Optional
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.spec.runner import SpecBudget, SpexContext, context_factory, make_budget
+from sglang_spex.speculation.runner import SpecBudget, SpexContext, context_factory, make_budget
 from sglang_spex.srt import metrics
 
 logger = logging.getLogger(__name__)

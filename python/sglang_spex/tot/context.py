@@ -19,7 +19,7 @@ from sglang_spex.tot.answers import extract_answer
 from sglang_spex.tot.engine import ROLE_PRIMARY, EnginePort, GenRequest, GenResult, node_rid, search_rid_prefix
 from sglang_spex.tot.policies import mcts
 from sglang_spex.tot.rewards import Reward, build_reward
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import (
     CANCELLED,
     DONE,

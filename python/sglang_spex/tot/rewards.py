@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import httpx
 
-from sglang_spex.tot.spec import RewardConfig
+from sglang_spex.tot.search_spec import RewardConfig
 from sglang_spex.tot.tree import Node
 
 VerifierFn = Callable[[str, List[str]], float]

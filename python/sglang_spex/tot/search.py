@@ -16,7 +16,7 @@ from sglang_spex.tot.answers import aggregate, candidates, check_answer
 from sglang_spex.tot.context import ProgressFn, SearchContext
 from sglang_spex.tot.engine import EnginePort
 from sglang_spex.tot.policies import POLICIES
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import FAILED
 
 ContextFactory = Callable[..., SearchContext]

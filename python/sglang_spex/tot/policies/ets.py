@@ -31,15 +31,15 @@ class Params:
 
     def validate(self) -> None:
         from sglang_spex.tot.policies.rebase import Params as RebaseParams
-        from sglang_spex.tot.spec import SpecError
+        from sglang_spex.tot.search_spec import SearchSpecError
 
         RebaseParams(self.width, self.softmax_temperature, self.max_depth).validate()
         if self.lambda_c < 0 or self.lambda_s < 0:
-            raise SpecError("policy.lambda_c" if self.lambda_c < 0 else "policy.lambda_s", "must be >= 0")
+            raise SearchSpecError("policy.lambda_c" if self.lambda_c < 0 else "policy.lambda_s", "must be >= 0")
         if not 0 < self.cluster_threshold < 2:
-            raise SpecError("policy.cluster_threshold", "must be in (0, 2)")
+            raise SearchSpecError("policy.cluster_threshold", "must be in (0, 2)")
         if self.embedder not in ("auto", "minilm", "tfidf"):
-            raise SpecError("policy.embedder", "must be auto, minilm or tfidf")
+            raise SearchSpecError("policy.embedder", "must be auto, minilm or tfidf")
 
 
 def outcome_scores(scores: Sequence[float], width: int, temperature: float) -> List[float]:

@@ -26,14 +26,14 @@ class Params:
     max_depth: int = 25
 
     def validate(self) -> None:
-        from sglang_spex.tot.spec import SpecError
+        from sglang_spex.tot.search_spec import SearchSpecError
 
         if not isinstance(self.width, int) or self.width < 1:
-            raise SpecError("policy.width", "must be an integer >= 1")
+            raise SearchSpecError("policy.width", "must be an integer >= 1")
         if self.softmax_temperature <= 0:
-            raise SpecError("policy.softmax_temperature", "must be > 0")
+            raise SearchSpecError("policy.softmax_temperature", "must be > 0")
         if not isinstance(self.max_depth, int) or self.max_depth < 1:
-            raise SpecError("policy.max_depth", "must be an integer >= 1")
+            raise SearchSpecError("policy.max_depth", "must be an integer >= 1")
 
 
 def allocate_widths(scores: Sequence[float], width: int, temperature: float) -> List[int]:

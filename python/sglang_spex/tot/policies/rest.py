@@ -33,20 +33,20 @@ class Params:
     target_answers: Optional[int] = None  # collect this many answer nodes instead of stopping at the first solution
 
     def validate(self) -> None:
-        from sglang_spex.tot.spec import SpecError
+        from sglang_spex.tot.search_spec import SearchSpecError
 
         for name in ("iterations", "max_depth", "branch", "roll_branch"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise SpecError(f"policy.{name}", "must be an integer >= 1")
+                raise SearchSpecError(f"policy.{name}", "must be an integer >= 1")
         if not isinstance(self.roll_forward_steps, int) or self.roll_forward_steps < 0:
-            raise SpecError("policy.roll_forward_steps", "must be an integer >= 0")
+            raise SearchSpecError("policy.roll_forward_steps", "must be an integer >= 0")
         if not 0 <= self.alpha <= 1:
-            raise SpecError("policy.alpha", "must be in [0, 1]")
+            raise SearchSpecError("policy.alpha", "must be in [0, 1]")
         if self.exploration_constant < 0:
-            raise SpecError("policy.exploration_constant", "must be >= 0")
+            raise SearchSpecError("policy.exploration_constant", "must be >= 0")
         if self.target_answers is not None and (not isinstance(self.target_answers, int) or self.target_answers < 1):
-            raise SpecError("policy.target_answers", "must be an integer >= 1 or null")
+            raise SearchSpecError("policy.target_answers", "must be an integer >= 1 or null")
 
 
 def is_terminal(ctx, path: str) -> bool:

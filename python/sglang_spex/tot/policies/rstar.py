@@ -25,16 +25,16 @@ class Params:
     target_answers: Optional[int] = None  # stop once this many answer nodes exist
 
     def validate(self) -> None:
-        from sglang_spex.tot.spec import SpecError
+        from sglang_spex.tot.search_spec import SearchSpecError
 
         for name in ("num_rollouts", "max_depth", "branch"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise SpecError(f"policy.{name}", "must be an integer >= 1")
+                raise SearchSpecError(f"policy.{name}", "must be an integer >= 1")
         if self.exploration_weight < 0:
-            raise SpecError("policy.exploration_weight", "must be >= 0")
+            raise SearchSpecError("policy.exploration_weight", "must be >= 0")
         if self.target_answers is not None and (not isinstance(self.target_answers, int) or self.target_answers < 1):
-            raise SpecError("policy.target_answers", "must be an integer >= 1 or null")
+            raise SearchSpecError("policy.target_answers", "must be an integer >= 1 or null")
 
 
 def terminal_reward(node: Node) -> float:

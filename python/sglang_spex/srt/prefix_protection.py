@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from sglang_spex.srt.guard import HookGuard
+from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
 

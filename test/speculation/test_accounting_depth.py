@@ -8,8 +8,8 @@ from collections import Counter
 from test_spex_fake import POLICIES, JitterPort, make_spec
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.spec.accounting import SpecAccounting
-from sglang_spex.spec.runner import context_factory
+from sglang_spex.speculation.accounting import SpecAccounting
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.engine import ROLE_PRIMARY, ROLE_SPEC
 from sglang_spex.tot.search import run_search
 

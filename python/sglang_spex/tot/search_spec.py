@@ -2,7 +2,7 @@
 
 The DSL (``sglang_spex.lang``) builds it, ``POST /tot/search`` receives it as JSON, and both the
 server-side and the client-side runner execute it. :meth:`SearchSpec.validate` raises
-:class:`SpecError` naming the offending field, so a bad spec is refused before anything starts.
+:class:`SearchSpecError` naming the offending field, so a bad spec is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ AGGREGATES = ("majority", "weighted", "best_of_n")
 SCORE_AGGS = ("last", "min", "mean", "prod")
 
 
-class SpecError(ValueError):
+class SearchSpecError(ValueError):
     """A search spec field is invalid; ``field`` names it (dotted), ``reason`` says why."""
 
     def __init__(self, field_name: str, reason: str):
@@ -32,7 +32,7 @@ class SpecError(ValueError):
 
 def _check(ok: bool, name: str, reason: str) -> None:
     if not ok:
-        raise SpecError(name, reason)
+        raise SearchSpecError(name, reason)
 
 
 def _from_dict(cls, data: Any, prefix: str):
@@ -122,7 +122,7 @@ class AnswerConfig:
         try:
             re.compile(self.pattern)
         except (re.error, TypeError) as e:
-            raise SpecError(f"{p}.pattern", f"invalid regex: {e}")
+            raise SearchSpecError(f"{p}.pattern", f"invalid regex: {e}")
         _check(self.aggregate in AGGREGATES, f"{p}.aggregate", f"must be one of {list(AGGREGATES)}")
         _check(self.score in SCORE_AGGS, f"{p}.score", f"must be one of {list(SCORE_AGGS)}")
 
@@ -135,7 +135,7 @@ class PolicyConfig:
     params: Dict[str, Any] = field(default_factory=dict)
 
     def resolved(self):
-        """``(base policy name, params dataclass instance)``; raises SpecError naming a bad knob."""
+        """``(base policy name, params dataclass instance)``; raises SearchSpecError naming a bad knob."""
         from sglang_spex.tot.policies import POLICIES, PRESETS
 
         base, params = self.name, dict(self.params)
@@ -185,7 +185,7 @@ class SearchSpec:
             try:
                 get_task(self.task)
             except KeyError as e:
-                raise SpecError("task", str(e.args[0]))
+                raise SearchSpecError("task", str(e.args[0]))
         _check(
             self.reward_timeout is None or (_is_num(self.reward_timeout) and self.reward_timeout > 0),
             "reward_timeout",
@@ -210,7 +210,7 @@ class SearchSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "SearchSpec":
-        """Parse and validate a JSON spec; raises :class:`SpecError` naming the bad field."""
+        """Parse and validate a JSON spec; raises :class:`SearchSpecError` naming the bad field."""
         _check(isinstance(data, dict), "spec", "must be an object")
         data = dict(data)
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})

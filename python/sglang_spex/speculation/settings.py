@@ -6,33 +6,33 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 from sglang_spex.config import COMPONENTS, ConfigError, SpexConfig
-from sglang_spex.tot.spec import SpecError
+from sglang_spex.tot.search_spec import SearchSpecError
 
 # Fields a search may override (server-wide limits such as k_total and max searches stay the server's).
 OVERRIDABLE = ("enabled", "components", "lookahead", "early_stop", "early_stop_alpha", "early_stop_min_answers")
 
 
 def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConfig:
-    """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SpecError naming them."""
+    """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SearchSpecError naming them."""
     if not overrides:
         return server
     if not isinstance(overrides, dict):
-        raise SpecError("speculation", "must be an object")
+        raise SearchSpecError("speculation", "must be an object")
     changes: Dict[str, Any] = {}
     for key, value in overrides.items():
         if key not in OVERRIDABLE:
-            raise SpecError(f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}")
+            raise SearchSpecError(f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}")
         if key == "components":
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
             if not isinstance(value, list) or any(v not in COMPONENTS for v in value):
-                raise SpecError("speculation.components", f"must be a subset of {list(COMPONENTS)}")
+                raise SearchSpecError("speculation.components", f"must be a subset of {list(COMPONENTS)}")
             value = tuple(value)
         elif key in ("enabled", "early_stop") and not isinstance(value, bool):
-            raise SpecError(f"speculation.{key}", "must be true or false")
+            raise SearchSpecError(f"speculation.{key}", "must be true or false")
         changes[key] = value
     try:
         return dataclasses.replace(server, **changes).validate()
     except (ConfigError, TypeError) as e:
         field = next((k for k in changes if k.replace("_", "-") in str(e)), next(iter(changes)))
-        raise SpecError(f"speculation.{field}", str(e))
+        raise SearchSpecError(f"speculation.{field}", str(e))

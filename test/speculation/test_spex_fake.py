@@ -9,9 +9,9 @@ import pytest
 from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.spec.runner import context_factory
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.search import run_batch, run_search
-from sglang_spex.tot.spec import SearchSpec, SpecError
+from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 POLICIES = {
     "rebase": {"name": "rebase", "width": 6, "max_depth": 3},
@@ -103,7 +103,7 @@ def test_t2_budget_is_shared_across_queries():
 
 
 def test_bad_speculation_override_names_the_field():
-    with pytest.raises(SpecError, match="speculation.lookahead"):
+    with pytest.raises(SearchSpecError, match="speculation.lookahead"):
         asyncio.run(
             run_search(
                 make_spec(POLICIES["rstar"], speculation={"lookahead": 0}),
@@ -112,7 +112,7 @@ def test_bad_speculation_override_names_the_field():
                 context_factory=context_factory(SpexConfig(enabled=True)),
             )
         )
-    with pytest.raises(SpecError, match="speculation.bogus"):
+    with pytest.raises(SearchSpecError, match="speculation.bogus"):
         asyncio.run(
             run_search(
                 make_spec(POLICIES["rstar"], speculation={"bogus": 1}),

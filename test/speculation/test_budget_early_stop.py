@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sglang_spex.spec.budget import QueryDemand, effective_k_total, running_hit_rate, split_budget
-from sglang_spex.spec.early_stop import EarlyStop
+from sglang_spex.speculation.budget import QueryDemand, effective_k_total, running_hit_rate, split_budget
+from sglang_spex.speculation.early_stop import EarlyStop
 
 
 def demands(*specs):

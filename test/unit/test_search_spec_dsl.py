@@ -10,7 +10,7 @@ import sglang_spex.lang as tot
 from sglang_spex.tot.answers import Candidate, aggregate, check_answer, extract_answer, path_score
 from sglang_spex.tot.policies import PRESETS
 from sglang_spex.tot.rewards import arith_verifier, check_arith_equations
-from sglang_spex.tot.spec import DEFAULT_ANSWER_PATTERN, SearchSpec, SpecError
+from sglang_spex.tot.search_spec import DEFAULT_ANSWER_PATTERN, SearchSpec, SearchSpecError
 from sglang_spex.tot.tasks import get_task
 
 
@@ -56,7 +56,7 @@ def test_presets_resolve(preset):
     ],
 )
 def test_spec_errors_name_the_field(data, field):
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(SearchSpecError) as e:
         SearchSpec.from_dict(data)
     assert e.value.field == field
 

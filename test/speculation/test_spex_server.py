@@ -8,10 +8,10 @@ import pytest
 import requests
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.spec.runner import context_factory
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_search
-from sglang_spex.tot.spec import SearchSpec
+from sglang_spex.tot.search_spec import SearchSpec
 
 STEP = {"max_tokens": 6, "stop": ["\n\n"], "temperature": 1.0}
 POLICIES = {

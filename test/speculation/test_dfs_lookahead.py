@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from sglang_spex.spec.dfs_lookahead import NodeFacts, predict_expansions
+from sglang_spex.speculation.dfs_lookahead import NodeFacts, predict_expansions
 from sglang_spex.tot.policies import mcts
 
 

@@ -20,13 +20,13 @@ import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.spec import bfs_early, dfs_lookahead
-from sglang_spex.spec.accounting import SpecAccounting
-from sglang_spex.spec.budget import QueryDemand, effective_k_total, running_hit_rate, split_budget
-from sglang_spex.spec.early_stop import EarlyStop
-from sglang_spex.spec.settings import resolve
-from sglang_spex.spec.store import CANCELLED as SPEC_CANCELLED
-from sglang_spex.spec.store import READY, RUNNING, SpecEntry, SpecStore, adopt
+from sglang_spex.speculation import bfs_early, dfs_lookahead
+from sglang_spex.speculation.accounting import SpecAccounting
+from sglang_spex.speculation.budget import QueryDemand, effective_k_total, running_hit_rate, split_budget
+from sglang_spex.speculation.early_stop import EarlyStop
+from sglang_spex.speculation.settings import resolve
+from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
+from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.engine import ROLE_SPEC, node_rid
 from sglang_spex.tot.policies import BFS_POLICIES, mcts
