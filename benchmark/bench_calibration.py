@@ -113,7 +113,7 @@ def simulate_pairs(args: argparse.Namespace, real: Dict[str, Any]) -> Dict[str, 
         run, lat = pair["runs"][mode], pair["latency"]
         overhead = ClientOverhead(lat["request_s"], lat["response_s"], run["client_cpu_s_per_request"])
         profile = Profile.from_dict(pair["profile"])
-        server_profile = Profile.from_dict(profile.raw["server_profile"])
+        server_profile = Profile.from_dict(profile.meta["server_profile"])
         spec = cf.sim_spec_like(bench_tot.build_spec(pair["policy"], args.max_depth, args.step_tokens, args.seed))
         out: Dict[str, Any] = {"overhead": overhead.to_dict()}
         inrun = scaled_profile(profile, run["engine"].get("decode_vs_profile") or 1.0)

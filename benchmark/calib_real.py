@@ -105,8 +105,8 @@ def engine_probe(
     if "prefill_tok_s" not in kw:
         kw.update(prefill_tok_s=server_profile.prefill_tok_s, prefill_overhead_s=server_profile.prefill_overhead_s)
     ctx = statistics.mean(ptoks) + new_tokens / 2
-    raw = {"method": "stats-ring engine probe", "prefill_passes": prefill, "prompt_tokens": ptoks}
-    return Profile.from_points(server_profile.key, batch_sizes, times, int(round(ctx)), raw=raw, **kw)
+    meta = {"method": "stats-ring engine probe", "prefill_passes": prefill, "prompt_tokens": ptoks}
+    return Profile.from_points(server_profile.key, batch_sizes, times, int(round(ctx)), meta=meta, **kw)
 
 
 def stats_seq(url: str) -> int:
@@ -292,12 +292,12 @@ def measure_pair(
     profile_repeats: int = 2,
     server_pid: Optional[int] = None,
 ) -> Tuple[Profile, Dict[str, Any], Dict[str, RealRun]]:
-    """Profiles (the server's and the stats-ring probe's, which keeps the server's under ``raw``), latency probe,
+    """Profiles (the server's and the stats-ring probe's, which keeps the server's under ``meta``), latency probe,
     then baseline and SPEX in alternating order (baseline first in even pairs)."""
     load = load_average()
     server_profile = measure_profile(url, profile_repeats)
     profile = engine_probe(url, server_profile)
-    profile.raw["server_profile"] = server_profile.to_dict()
+    profile.meta["server_profile"] = server_profile.to_dict()
     latency = measure_latency(url, bench_tot.PROMPT.format(question=questions[0].text))
     latency["load_before_pair"] = load
     order = list(MODES) if pair_index % 2 == 0 else list(reversed(MODES))

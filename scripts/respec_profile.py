@@ -16,7 +16,13 @@ import logging
 import sys
 from pathlib import Path
 
-from sglang_spex.respec.profiler import SpecConfig, default_drafter, profile_configs, prompt_set
+from sglang_spex.respec.profiler import (
+    SpecConfig,
+    default_drafter,
+    default_profile_path,
+    profile_configs,
+    prompt_set,
+)
 from sglang_spex.respec.solver import solve
 
 
@@ -57,7 +63,7 @@ def main(argv=None) -> int:
     prof = profile_configs(
         model, configs, a.batch_sizes, a.n_short, a.n_long, a.repeats, server_args, drafter, prompts=prompts
     )
-    path = prof.save(a.out)
+    path = prof.save(a.out or default_profile_path(prof.model, prof.drafter, prof.device))
     print(f"profile: {path}")
     for key, pts in prof.points.items():
         for b, p in sorted(pts.items()):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 import pytest
 
 from sglang_spex.profile import cache
-from sglang_spex.profile.cache import Profile
-from sglang_spex.profile.measure import DriftMonitor
+from sglang_spex.profile.cache import PLAIN, Point, Profile
+from sglang_spex.profile.drift import DriftMonitor
 from sglang_spex.profile.roofline import find_knee, k_total_from_knee
 
 B = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], dtype=float)
@@ -72,9 +73,42 @@ def test_cache_roundtrip_and_staleness(tmp_path):
 
 def test_drift_monitor():
     prof = _profile()
-    mon = DriftMonitor(prof, threshold=0.2, min_samples=4)
+    mon = DriftMonitor(prof.predict, threshold=0.2, min_samples=4)
     for _ in range(10):
         assert not mon.observe(4, prof.predict(4) * 1.1)  # 10% off: fine
     mon.reset()
     flags = [mon.observe(4, prof.predict(4) * 1.3) for _ in range(6)]
     assert flags[:3] == [False] * 3 and flags[-1] and mon.drift == pytest.approx(0.3)
+
+
+def test_one_profile_for_roofline_and_respec_curves(tmp_path):
+    prof = _profile()
+    assert prof.batch_sizes == [1, 2, 4, 8] and prof.points[PLAIN][4].step_s == 0.067 and prof.configs == []
+    prof.add("NGRAM:s4t1n4", Point(4, 0.08, 2.0, 100.0, 2.1, 7))  # a ReSpec curve in the same profile
+    again = Profile.load(prof.save(tmp_path / "p.json"))
+    assert again.points == prof.points and again.fit == prof.fit and again.key == prof.key
+    assert again.configs == ["NGRAM:s4t1n4"] and again.k_total == prof.k_total
+
+
+def test_profile_built_point_by_point_fits_its_roofline_on_demand():
+    prof = Profile("m", "", "cpu")
+    for b in (1, 2, 4, 8, 16, 32):
+        prof.add(PLAIN, Point.plain(b, 0.05 + 0.004 * b))
+    assert prof.fit is None and prof.predict(4) == pytest.approx(0.066)
+    assert prof.knee == pytest.approx(0.05 / 0.004, rel=1e-6) and prof.k_total >= 1
+    with pytest.raises(ValueError):
+        Profile("m").predict(1)
+    with pytest.raises(ValueError):
+        Profile.from_points({"model": "m", "gpu": "x"}, [1, 2], [0.1, 0.2], 1)
+
+
+def test_format_1_roofline_profile_is_read_and_stale(tmp_path):
+    key = {"model": "m", "hardware": "h", "flags": {"dtype": "bfloat16"}}
+    old = _profile(key).to_dict()
+    v1 = {k: old[k] for k in ("key", "batch_sizes", "step_times", "context_len", "fit", "k_total", "created_at")}
+    v1.update(raw={"spec": {"repeats": 2}}, versions={**old["versions"], "format": "1"})
+    cache.path_for(key, tmp_path).write_text(json.dumps(v1))
+    prof = Profile.from_dict(v1)
+    assert prof.step_times == list(old["step_times"]) and prof.key == key and prof.meta["spec"] == {"repeats": 2}
+    assert cache.load(key, tmp_path) is None  # another file format: re-measure
+    assert cache.latest_profile(tmp_path).step_times == prof.step_times

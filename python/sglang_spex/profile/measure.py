@@ -14,19 +14,17 @@ for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import time
 import uuid
 import zlib
-from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from sglang_spex.profile import cache
-from sglang_spex.profile.cache import Profile
+from sglang_spex.profile.cache import Profile, device_name
+from sglang_spex.profile.drift import DriftMonitor
 from sglang_spex.tot.engine import EnginePort, GenRequest
 
 PROFILE_RID_PREFIX = "spexprof:"
@@ -129,7 +127,7 @@ async def measure_profile(
         bar.set_postfix_str(f"B={b}: {t * 1e3:.1f} ms/step")
         bar.update(1)
     ctx_len = float(np.mean(ptok)) + (spec.short_tokens + spec.long_tokens) / 2.0
-    raw: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok}
+    meta: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok}
     kw: Dict[str, Any] = {}
     if spec.ctx_prefix_words:
         prefix = _prompt("ctx" + uuid.uuid4().hex[:6], 0, words=spec.ctx_prefix_words) + " "
@@ -138,7 +136,7 @@ async def measure_profile(
         base = float(np.interp(spec.ctx_batch, spec.batch_sizes, times))
         extra_ctx = spec.ctx_batch * max(p_ctx - float(np.mean(ptok)), 1.0)
         kw["ctx_coef"] = max((t_ctx - base) / extra_ctx, 0.0)
-        raw["ctx_probe"] = {"batch": spec.ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
+        meta["ctx_probe"] = {"batch": spec.ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
         bar.update(1)
     if spec.prefill_words:
         nonce = uuid.uuid4().hex[:6]
@@ -148,11 +146,11 @@ async def measure_profile(
             rate = (p_big - p_small) / (t_big - t_small)
             kw["prefill_tok_s"] = rate
             kw["prefill_overhead_s"] = max(t_small - p_small / rate, 0.0)
-        raw["prefill_probe"] = {"small": [p_small, t_small], "big": [p_big, t_big]}
+        meta["prefill_probe"] = {"small": [p_small, t_small], "big": [p_big, t_big]}
         bar.update(1)
     bar.close()
     return Profile.from_points(
-        key, spec.batch_sizes, times, int(round(ctx_len)), duration_s=time.perf_counter() - t_start, raw=raw, **kw
+        key, spec.batch_sizes, times, int(round(ctx_len)), duration_s=time.perf_counter() - t_start, meta=meta, **kw
     )
 
 
@@ -160,26 +158,6 @@ def _bar(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="spex roofline profile", disable=not enabled, leave=True)
-
-
-def device_name() -> str:
-    """GPU name, or the CPU model plus the thread count torch uses."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except Exception:
-        pass
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu:{cpu}:{os.cpu_count()}c:omp{os.environ.get('OMP_NUM_THREADS', '?')}"
 
 
 def profile_key(server_args: Dict[str, Any], device: Optional[str] = None) -> Dict[str, Any]:
@@ -215,41 +193,6 @@ async def ensure_profile(
     return prof
 
 
-class DriftMonitor:
-    """Flags when observed decode step times drift from the profile by more than ``threshold``.
-
-    ``observe(batch, step_time)`` keeps a window of relative errors against the profile's prediction; drift
-    is their median (robust to one slow step), reported once ``min_samples`` are in.
-    """
-
-    def __init__(self, profile: Profile, threshold: float = 0.2, window: int = 32, min_samples: int = 8):
-        self.profile = profile
-        self.threshold = threshold
-        self.min_samples = min_samples
-        self._errors: Deque[float] = deque(maxlen=window)
-
-    def observe(self, batch: int, step_time: float) -> bool:
-        """Record one observation; True when the profile no longer describes the engine."""
-        if batch <= 0 or step_time <= 0:
-            return False
-        pred = self.profile.predict(batch)
-        self._errors.append((step_time - pred) / pred)
-        return self.drifted
-
-    @property
-    def drift(self) -> float:
-        return float(np.median(self._errors)) if self._errors else 0.0
-
-    @property
-    def drifted(self) -> bool:
-        return len(self._errors) >= self.min_samples and abs(self.drift) > self.threshold
-
-    def reset(self, profile: Optional[Profile] = None) -> None:
-        if profile is not None:
-            self.profile = profile
-        self._errors.clear()
-
-
 class ProfileManager:
     """Holds a server's current profile; re-measures in the background when observations drift.
 
@@ -269,7 +212,7 @@ class ProfileManager:
         self.port, self.key, self.spec = port, key, spec
         self.threshold, self.cooldown_s, self.on_update = threshold, cooldown_s, on_update
         self.profile: Optional[Profile] = cache.load(key)
-        self.monitor: Optional[DriftMonitor] = DriftMonitor(self.profile, threshold) if self.profile else None
+        self.monitor: Optional[DriftMonitor] = DriftMonitor(self.profile.predict, threshold) if self.profile else None
         self._task: Optional[asyncio.Task] = None
         self._lock = asyncio.Lock()
         self._last_measure = 0.0
@@ -288,7 +231,7 @@ class ProfileManager:
             if self.profile is None or force or self.profile.is_stale():
                 self.profile = await ensure_profile(self.port, self.key, self.spec, force=force, progress=progress)
                 self._last_measure = time.monotonic()
-                self.monitor = DriftMonitor(self.profile, self.threshold)
+                self.monitor = DriftMonitor(self.profile.predict, self.threshold)
                 if self.on_update:
                     self.on_update(self.profile)
             return self.profile

@@ -1,16 +1,16 @@
 """ReSpec online re-profiling: when live decode steps drift from the profile, refit it from what was measured.
 
 Every decode step reports (state, batch size, wall seconds, mean tokens per sequence). Per state, two
-:class:`~sglang_spex.profile.measure.DriftMonitor` windows compare them with the profile's prediction at that batch
-size (step cost, and SGLang's accept length -- the same per-request mean the profile records next to its
-straggler-bound tokens per batch step): the median relative error of step costs (robust to one slow step) or the
-relative error of the window's mean acceptance (a per-step count of 1..n+1 tokens: its median is not its mean)
-must exceed the
-threshold (default 20 %) once ``min_samples`` are in, so one slow step never triggers it. On drift, step costs of
-*every* state scale by the trigger's median cost error (load or clocks slow all configs alike, so a uniform
-slowdown never flips the plan), the trigger's acceptance curve scales by its median acceptance error (a policy
-update moves acceptance at every batch size; tokens per step and accept length move by the same factor), the
-trigger's profiled batch sizes seen live often enough then take their own measured medians, the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
+:class:`~sglang_spex.profile.drift.DriftMonitor` windows (128 steps, a verdict only after 64: one spec step
+accepts 1..n+1 tokens, so a short window is noise) compare them with the profile's prediction at that batch size:
+step cost by the median relative error (robust to one slow step), and SGLang's accept length -- the same
+per-request mean the profile records next to its straggler-bound tokens per batch step -- by the window's mean
+over the predictions' mean (a per-step count's median is not its mean). A drift beyond the threshold (default
+20 %) triggers a refit: step costs of *every* state scale by the trigger's cost drift (load or clocks slow all
+configs alike, so a uniform slowdown never flips the plan), the trigger's acceptance curve scales by its
+acceptance drift (a policy update moves acceptance at every batch size; tokens per step and accept length move by
+the same factor), the trigger's profiled batch sizes seen live often enough then take their own measured values,
+the solver re-plans, and the FSM carries on with the new plan (no server restart, no offline run).
 """
 
 from __future__ import annotations
@@ -18,18 +18,11 @@ from __future__ import annotations
 import copy
 import statistics
 from collections import defaultdict, deque
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
-from sglang_spex.profile.measure import DriftMonitor
+from sglang_spex.profile.drift import DriftMonitor
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
 from sglang_spex.respec.solver import Plan, SpeedupModel, solve
-
-
-class _Prediction:
-    """``predict(batch)`` of one profile curve, read through the re-profiler's current model (duck-typed profile)."""
-
-    def __init__(self, fn: Callable[[int], float]):
-        self.predict = fn
 
 
 def _scaled(p: Point, cost: float, tokens: float) -> Point:
@@ -38,32 +31,6 @@ def _scaled(p: Point, cost: float, tokens: float) -> Point:
     acc = None if p.accept_length is None else max(1.0, p.accept_length * tokens)
     step = p.step_s * cost
     return Point(p.batch_size, step, tps, p.batch_size * tps / step, acc, p.verify_ct)
-
-
-class _MeanDrift:
-    """Drift of a window's *mean* from the predictions' mean (``DriftMonitor``'s interface). Acceptance per step
-    is a small integer (1..n+1 tokens): its median is not its mean (a 1-draft chain accepting 40 % of the time has
-    median 1 and mean 1.4), so acceptance is compared in means; step times keep the robust median."""
-
-    def __init__(self, profile: _Prediction, threshold: float, window: int, min_samples: int):
-        self.profile, self.threshold, self.min_samples = profile, threshold, min_samples
-        self._pairs: Deque[Tuple[float, float]] = deque(maxlen=window)
-
-    def observe(self, batch: int, value: float) -> bool:
-        self._pairs.append((value, self.profile.predict(batch)))
-        return self.drifted
-
-    @property
-    def drift(self) -> float:
-        pred = sum(p for _, p in self._pairs)
-        return sum(v for v, _ in self._pairs) / pred - 1.0 if pred else 0.0
-
-    @property
-    def drifted(self) -> bool:
-        return len(self._pairs) >= self.min_samples and abs(self.drift) > self.threshold
-
-    def reset(self, profile: Optional[_Prediction] = None) -> None:
-        self._pairs.clear()
 
 
 class OnlineReprofiler:
@@ -90,20 +57,21 @@ class OnlineReprofiler:
         self.reprofiles = 0
         self.history: List[dict] = []  # one entry per refit (last 16)
 
-    def _monitor(self, key: str, what: str):
+    def _monitor(self, key: str, what: str) -> DriftMonitor:
         mon = self._monitors.get((key, what))
         if mon is None:
 
             def predict(batch: int, k: str = key, f: str = what) -> float:  # reads the current (refitted) model
                 return self.model.step_s(k, batch) if f == "cost" else self.model.accept_length(k, batch)
 
-            kind = DriftMonitor if what == "cost" else _MeanDrift
-            mon = kind(_Prediction(predict), self.threshold, self.window, self.min_samples)  # type: ignore
+            # step costs: median relative error (one slow step never counts); acceptance: window means
+            statistic = "median" if what == "cost" else "mean"
+            mon = DriftMonitor(predict, self.threshold, self.window, self.min_samples, statistic=statistic)
             self._monitors[(key, what)] = mon
         return mon
 
     def drift(self) -> Dict[str, float]:
-        """Current median relative error per ``state/cost`` and ``state/tokens`` window."""
+        """Current relative drift per ``state/cost`` (median) and ``state/tokens`` (window means) window."""
         return {f"{k}/{w}": round(m.drift, 4) for (k, w), m in self._monitors.items()}
 
     def observe(self, key: Optional[str], batch: int, step_s: float, tokens_per_step: float) -> Optional[Plan]:

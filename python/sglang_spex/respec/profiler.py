@@ -11,26 +11,27 @@ overhead, so a :class:`Point` holds pure decode numbers:
 * ``throughput``: output tokens per second of the batch.
 
 Acceptance comes from SGLang itself: ``meta_info.spec_accept_length`` / ``spec_verify_ct`` per request and
-``/get_server_info`` ``avg_spec_accept_length``. Profiles are JSON, one per (model, drafter, device).
+``/get_server_info`` ``avg_spec_accept_length``. The result is the shared
+:class:`~sglang_spex.profile.cache.Profile` (one curve per config plus :data:`PLAIN`), saved as JSON, one per
+(model, drafter, device).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import platform
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
-import requests
+import httpx
+
+from sglang_spex.profile.cache import CACHE_DIR, PLAIN, Point, Profile, device_name
 
 logger = logging.getLogger(__name__)
 
-PROFILE_DIR = Path.home() / ".cache" / "sglang-spex" / "profiles" / "respec"
-PLAIN = "none"  # key of the no-speculation baseline
+PROFILE_DIR = CACHE_DIR / "respec"
 
 # Calibration prompts: free text (drafts rarely accepted) mixed with repetitive text (n-gram friendly), like a
 # rollout where some answers repeat structure.
@@ -80,75 +81,8 @@ def ngram(n: int, t: int = 1) -> SpecConfig:
     return SpecConfig("NGRAM", max(1, n // t), t, n)
 
 
-@dataclass
-class Point:
-    """Decode measurements of one config at one batch size."""
-
-    batch_size: int
-    step_s: float
-    tokens_per_step: float
-    throughput: float
-    accept_length: Optional[float] = None  # SGLang's mean spec_accept_length over the batch (None: plain)
-    verify_ct: Optional[int] = None  # steps of the long run (max over the batch)
-
-
-@dataclass
-class Profile:
-    """Measured points of the baseline (``PLAIN``) and every config, keyed by config key then batch size."""
-
-    model: str
-    drafter: str
-    device: str
-    points: Dict[str, Dict[int, Point]] = field(default_factory=dict)
-    meta: Dict[str, object] = field(default_factory=dict)
-
-    def add(self, key: str, point: Point) -> None:
-        self.points.setdefault(key, {})[point.batch_size] = point
-
-    @property
-    def configs(self) -> List[str]:
-        return [k for k in self.points if k != PLAIN]
-
-    def to_json(self) -> str:
-        pts = {k: {str(b): asdict(p) for b, p in sorted(v.items())} for k, v in self.points.items()}
-        body = {"model": self.model, "drafter": self.drafter, "device": self.device, "points": pts, "meta": self.meta}
-        return json.dumps(body, indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Profile":
-        d = json.loads(text)
-        prof = cls(d["model"], d["drafter"], d["device"], meta=d.get("meta", {}))
-        for key, pts in d["points"].items():
-            for p in pts.values():
-                prof.add(key, Point(**p))
-        return prof
-
-    def save(self, path: Optional[Path] = None) -> Path:
-        path = Path(path) if path else default_profile_path(self.model, self.drafter, self.device)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
-        return path
-
-    @classmethod
-    def load(cls, path: Path) -> "Profile":
-        return cls.from_json(Path(path).read_text())
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(text).name or text).strip("_") or "x"
-
-
-def device_name() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return _slug(torch.cuda.get_device_name(0))
-    except Exception:
-        pass
-    return _slug(f"cpu-{platform.machine()}")
 
 
 def default_profile_path(model: str, drafter: str, device: str) -> Path:
@@ -160,7 +94,7 @@ def default_profile_path(model: str, drafter: str, device: str) -> Path:
 
 def _generate(url: str, texts: List[str], n: int) -> List[dict]:
     params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
-    r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=900)
+    r = httpx.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=900)
     r.raise_for_status()
     return [x["meta_info"] for x in r.json()]
 
@@ -168,7 +102,7 @@ def _generate(url: str, texts: List[str], n: int) -> List[dict]:
 def flush(url: str, tries: int = 100) -> None:
     """``/flush_cache``: empties the radix cache and SGLang's NGRAM corpus (only when the server is idle)."""
     for _ in range(tries):
-        if requests.post(url + "/flush_cache", timeout=60).status_code == 200:
+        if httpx.post(url + "/flush_cache", timeout=60).status_code == 200:
             return
         time.sleep(0.1)
     raise RuntimeError("server never idle for /flush_cache")
@@ -274,7 +208,7 @@ def profile_configs(
                 logger.info("respec profile %s B=%d: %s", key, b, p)
                 prof.add(key, p)
             if cfg is not None:
-                info = requests.get(srv.url + "/get_server_info", timeout=60).json()
+                info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
                 states = info.get("internal_states") or [{}]
                 prof.meta.setdefault("avg_spec_accept_length", {})[key] = states[0].get("avg_spec_accept_length")
     return prof
