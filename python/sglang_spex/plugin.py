@@ -1,29 +1,23 @@
-"""The ``sglang.srt.plugins`` entry point. Decides which hooks to register; nothing else.
+"""The ``sglang.srt.plugins`` entry point: hands this process's config to :mod:`sglang_spex.srt.hooks`.
 
-SGLang calls :func:`register` early in every process it starts (HTTP server, scheduler, detokenizer).
-Without ``--tot-speculation`` only the read-only report hook is registered, so ``/spex/info`` can prove
-that the plugin is inert; the server otherwise behaves as plain SGLang.
+SGLang calls :func:`register` early in every process it starts (HTTP server, scheduler, detokenizer), then applies
+the registered hooks. Which touch points a process gets (the report hook always, the HTTP routes in the HTTP
+process, SPEX hooks only with ``--tot-speculation``) is decided by the feature table in ``srt/hooks.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.srt import hooks
 
 logger = logging.getLogger(__name__)
 
-HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
-
 
 def register() -> None:
-    from sglang_spex.srt import hooks
-
+    """Register this process's features (SGLang's plugin entry point)."""
     cfg = SpexConfig.from_env()
-    hooks.register_all(cfg)
-    if HTTP_SERVER_MODULE in sys.modules:  # the process that serves HTTP
-        from sglang_spex.srt import routes
-
-        routes.install(sys.modules[HTTP_SERVER_MODULE].app, cfg)
-    logger.info("sglang-spex plugin registered (speculation=%s)", cfg.enabled)
+    plan = hooks.register_all(cfg)
+    logger.info("sglang-spex plugin registered (speculation=%s, features=%s, disabled=%s)", cfg.enabled,
+                plan.enabled, sorted(plan.disabled))  # fmt: skip

@@ -1,67 +1,437 @@
-"""Every ``HookRegistry`` registration sglang-spex makes, each with its one-line reason.
+"""Every SGLang touch point of sglang-spex: one record each, and the code that registers them.
 
-The list is mirrored in ``docs/upstream.md``; a hook must never raise into SGLang (that kills the
-scheduler), so each one guards its own body.
+``TOUCH_POINTS`` is the table (``docs/upstream.md`` lists the same ids; ``test/srt/test_hook_contracts.py`` checks
+that, and that every target resolves with the signature recorded for SGLang 0.5.23 in ``hook_signatures.json``).
+``register_all`` walks it feature by feature (``FEATURES``): a feature whose condition holds is registered only if
+every SGLang target it touches resolves in the installed SGLang; otherwise none of its hooks is registered, an
+ERROR names the feature and the target, and ``scheduler_report()["hooks"]`` (``/spex/info``) lists it as disabled.
+
+Our code is named by ``"module:qualname"`` strings and imported only when its feature is on (the ReSpec and
+scheduler modules never load in a process that does not need them). ``"sglang_spex.srt.hooks:HookPlan.x"`` names a
+method of the process's :class:`HookPlan`, bound at registration. A hook must never raise into SGLang (that kills
+the scheduler), so each hook body guards itself.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import json
 import logging
 import os
 import sys
-from typing import Any, Dict
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+import sglang
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_spex import __version__
-from sglang_spex.config import SpexConfig
+from sglang_spex.config import RespecConfig, SpexConfig
 
 logger = logging.getLogger(__name__)
+
+SIGNATURES_FILE = Path(__file__).with_name("hook_signatures.json")
+HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
+HOOK_KINDS = tuple(t.name for t in HookType)  # BEFORE AFTER AROUND REPLACE: a HookRegistry hook
+OTHER_KINDS = ("registry", "types", "routes", "call")  # touch points made without HookRegistry
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SAMPLING_INFO = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 PREFILL_ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 RADIX = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 EAGLE_DRAFT_WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 ADAPTIVE_CONTROLLER = "sglang.srt.speculative.adaptive_runtime_state.AdaptiveController"
-_registered = False
-_config = SpexConfig()
+DRAFT_FACTORY = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
+SELF = "sglang_spex.srt.hooks"
+SCHED = "sglang_spex.srt.scheduling"
+PROTECT = "sglang_spex.srt.prefix_protection"
+KERNEL_EXT = "sgl_kernel_ext.attention"
+
+
+@dataclass(frozen=True)
+class TouchPoint:
+    """One place where sglang-spex touches SGLang."""
+
+    id: str
+    target: str  # dotted path of the SGLang object
+    kind: str  # a HookType name (HookRegistry hook) or one of OTHER_KINDS
+    feature: str
+    why: str
+    fn: str = ""  # "module:qualname" of our hook body ('' for touch points that are calls into SGLang)
+    by: str = ""  # who makes it when not register_all itself ("module:qualname"); informational
+
+    @property
+    def is_hook(self) -> bool:
+        return self.kind in HOOK_KINDS
+
+    @property
+    def registered_here(self) -> bool:
+        """A hook ``register_all`` registers itself (the others are made by ``by`` or are plain calls)."""
+        return self.is_hook and not self.by
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A group of touch points that is registered whole or not at all."""
+
+    name: str
+    condition: str  # a key of CONDITIONS
+    setup: str = ""  # "module:qualname" called (no arguments) before the feature's own hooks are registered
+
+
+def _respec_on(cfg: SpexConfig) -> bool:
+    return RespecConfig.from_env().enabled
+
+
+CONDITIONS: Mapping[str, Callable[[SpexConfig], bool]] = MappingProxyType(
+    {
+        "always": lambda cfg: True,
+        "HTTP process": lambda cfg: HTTP_SERVER_MODULE in sys.modules,
+        "sgl-kernel-ext installed": lambda cfg: importlib.util.find_spec("sgl_kernel_ext") is not None,
+        "--tot-speculation": lambda cfg: cfg.enabled,
+        "--respec-adaptive": _respec_on,
+    }
+)
+
+FEATURES: Tuple[Feature, ...] = (
+    Feature("report", "always"),
+    Feature("cpu_attention", "sgl-kernel-ext installed", f"{KERNEL_EXT}:register"),
+    Feature("respec_ngram", "--respec-adaptive"),
+    Feature("respec_report", "--respec-adaptive"),
+    Feature("respec_eagle", "--respec-adaptive"),
+    Feature("seeded_sampling", "--tot-speculation"),
+    Feature("scheduler", "--tot-speculation", f"{SELF}:HookPlan.setup_scheduler"),
+    Feature("routes", "HTTP process", f"{SELF}:HookPlan.install_routes"),
+)
+
+# fmt: off
+_T = TouchPoint
+TOUCH_POINTS: Tuple[TouchPoint, ...] = (
+    # ---- report (always): /spex/info proves the plugin runs in the scheduler
+    _T("H1", f"{SCHEDULER}.get_internal_state", "AFTER", "report",
+       "the plugin's scheduler-side report (pid, config, hooks applied) for /spex/info",
+       f"{SELF}:HookPlan.report_state"),
+    # ---- routes (HTTP process)
+    _T("W1", f"{HTTP_SERVER_MODULE}.app", "routes", "routes",
+       "/spex/*, /tot/*, /respec/* routes added to SGLang's FastAPI app (a module global)",
+       by="sglang_spex.srt.routes:install"),
+    _T("W2", f"{HTTP_SERVER_MODULE}.get_global_state", "call", "routes",
+       "the tokenizer manager the routes send requests through", by="sglang_spex.srt.routes:tokenizer_manager"),
+    _T("W3", f"{TOKENIZER_MANAGER}.get_internal_state", "call", "routes",
+       "one round trip to the scheduler: /spex/info's scheduler part, the control channel's acknowledgement"),
+    _T("W4", f"{TOKENIZER_MANAGER}._dispatch_to_scheduler", "call", "routes",
+       "(private) sends SpexControlReq on the tokenizer manager's socket, in order with generate requests"),
+    # ---- cpu_attention (sgl-kernel-ext installed): the spex_cpu attention backend, selectable with any flags
+    _T("A1", "sglang.srt.layers.attention.attention_registry.register_attention_backend", "registry",
+       "cpu_attention", "the spex_cpu batched CPU attention backend in SGLang's backend registry",
+       by=f"{KERNEL_EXT}:register"),
+    _T("A2", "sglang.srt.arg_groups.choices.add_attention_backend_choices", "registry", "cpu_attention",
+       "--attention-backend spex_cpu passes argparse (also run by the sgl-kernel-ext .pth import hook)",
+       by=f"{KERNEL_EXT}:register"),
+    _T("A3", f"{DRAFT_FACTORY}.create_decode_backend", "AROUND", "cpu_attention",
+       "EAGLE/EAGLE3/STANDALONE multi-step draft decode on spex_cpu (the factory's backend map is a local dict)",
+       f"{KERNEL_EXT}.draft:h_create_decode_backend", by=f"{KERNEL_EXT}.draft:register_draft_hooks"),
+    _T("A4", f"{DRAFT_FACTORY}.create_draft_extend_backend", "AROUND", "cpu_attention",
+       "draft extend with a plain spex_cpu backend",
+       f"{KERNEL_EXT}.draft:h_create_draft_extend_backend", by=f"{KERNEL_EXT}.draft:register_draft_hooks"),
+    # ---- respec_* (--respec-adaptive), independent of --tot-speculation
+    _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
+       "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",
+       "sglang_spex.respec.ngram_plain:h_ngram_forward"),
+    _T("R2", f"{SCHEDULER}.get_internal_state", "AFTER", "respec_report",
+       "FSM state, switch/step counts and KV pool figures in /get_server_info (internal_states[0]['respec'])",
+       "sglang_spex.respec.adaptive:h_report_state"),
+    _T("R3", f"{ADAPTIVE_CONTROLLER}.__init__", "AFTER", "respec_eagle",
+       "the ReSpec runtime becomes SGLang's AdaptiveSpecPolicy (steps per batch, 0 = no drafting)",
+       "sglang_spex.respec.eagle_policy:h_controller_init"),
+    _T("R4", f"{EAGLE_WORKER}.forward_batch_generation", "AROUND", "respec_eagle",
+       "per decode batch: request opt-out in, step wall time and acceptance out; drafter catch-up on resume",
+       "sglang_spex.respec.eagle_policy:h_eagle_forward"),
+    _T("R5", f"{EAGLE_DRAFT_WORKER}._draft_extend_for_decode", "AROUND", "respec_eagle",
+       "a plain step skips the draft extend; R4 replays it in one catch-up when speculation resumes",
+       "sglang_spex.respec.eagle_policy:h_draft_extend"),
+    _T("P1", "sglang.srt.speculative.eagle_utils.get_draft_recurrent_hidden_state_spec", "call", "respec_eagle",
+       "shape of the drafter's recurrent state rows the catch-up restores", by="sglang_spex.respec.eagle_catchup"),
+    _T("P2", "sglang.srt.managers.utils.GenerationBatchResult", "call", "respec_ngram",
+       "the plain step's result in the form SGLang's spec bookkeeping expects", by="sglang_spex.respec.ngram_plain"),
+    _T("P3", "sglang.srt.speculative.ngram_info.NgramVerifyInput", "call", "respec_ngram",
+       "a verify that accepted only the bonus token, for the plain step", by="sglang_spex.respec.ngram_plain"),
+    # ---- seeded_sampling (--tot-speculation)
+    _T("H2", f"{SAMPLING_INFO}.from_schedule_batch", "AFTER", "seeded_sampling",
+       "honour per-request sampling_seed: a node's sample depends on (seed, position), not on its batch",
+       f"{SELF}:_h2_seeded_sampling"),
+    _T("H2b", f"{SAMPLING_INFO}.merge_batch", "BEFORE", "seeded_sampling",
+       "give the unseeded side random seeds so seeded and unseeded batches merge with matching lengths",
+       f"{SELF}:_h2_merge_seeds"),
+    # ---- scheduler (--tot-speculation): ranking, admission cap, immediate cancel, prefix protection, stats
+    _T("C1", "sglang.srt.managers.io_struct.hook_custom_types", "types", "scheduler",
+       "the IPC decoder of every process learns SpexControlReq", "sglang_spex.srt.control:SpexControlReq",
+       by="sglang_spex.srt.control:register_types"),
+    _T("H3", f"{SCHEDULER}.init_request_dispatcher", "AFTER", "scheduler",
+       "our control messages (budget, cancel, protect, release) reach the scheduler in order with requests",
+       "sglang_spex.srt.control:h_add_dispatch"),
+    _T("H4", f"{SCHEDULER}._add_request_to_queue", "BEFORE", "scheduler",
+       "speculative requests get the lowest priority, unlabelled/primary ones a neutral one",
+       f"{SCHED}:h_assign_priority"),
+    _T("H5", f"{SCHEDULE_BATCH}._get_decode_retraction_order", "AFTER", "scheduler",
+       "under KV pressure in decode, speculative requests are retracted before any primary one",
+       f"{SCHED}:h_retraction_order"),
+    _T("H6", f"{PREFILL_ADDER}.add_one_req", "AROUND", "scheduler",
+       "a primary short of KV preempts running speculative work instead of waiting for it to finish",
+       f"{SCHED}:h_preempt_on_kv_short"),
+    _T("H7", f"{SCHEDULER}._get_new_batch_prefill_raw", "AROUND", "scheduler",
+       "speculative admission never takes the running batch above the budget; a lowered budget retracts",
+       f"{SCHED}:h_cap_prefill"),
+    _T("H8", f"{SCHEDULER}.update_running_batch", "BEFORE", "scheduler",
+       "the same budget trim on the decode-only path", f"{SCHED}:h_cap_decode"),
+    _T("H9", f"{SCHEDULER}.abort_request", "AROUND", "scheduler",
+       "remember cancelled running requests (immediate finish, its measurement); end their searches",
+       f"{SCHED}:h_abort"),
+    _T("H10", f"{SCHEDULER}.get_next_batch_to_run", "BEFORE", "scheduler",
+       "at the next scheduling point, finish cancelled running requests without another decode step",
+       f"{SCHED}:h_pre_step"),
+    _T("H11", f"{SCHEDULER}.get_next_batch_to_run", "BEFORE", "scheduler",
+       "lock the cached prefixes of finished nodes of live searches before any allocation; expire leases",
+       f"{PROTECT}:h_pre_step"),
+    _T("H12", f"{RADIX}.on_release", "AFTER", "scheduler",
+       "a node of a live search that finished normally is queued for protection once it is in the tree",
+       f"{PROTECT}:h_on_release"),
+    _T("H13", f"{SCHEDULER}.get_next_batch_to_run", "AFTER", "scheduler",
+       "publish each step's batch size, role split, KV use and step time to shared memory",
+       "sglang_spex.srt.batch_stats:h_publish"),
+    _T("P4", f"{PREFILL_ADDER}.preempt_to_schedule", "call", "scheduler",
+       "H6 preempts lower-priority running requests with SGLang's own preemption", by=SCHED),
+    _T("P5", "sglang.srt.mem_cache.common.release_kv_cache", "call", "scheduler",
+       "H10 frees a cancelled request's KV (with checkpoint) as SGLang's finish path does", by=SCHED),
+    _T("P6", "sglang.srt.mem_cache.common._req_radix_key", "call", "scheduler",
+       "(private) the radix key of a finished node's tokens, for H11's lock", by=PROTECT),
+)
+# fmt: on
+
+
+def load_ref(spec: str) -> Any:
+    """The object a ``"module:qualname"`` string names (imports the module)."""
+    module, _, qualname = spec.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split(".") if qualname else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve_target(target: str) -> Any:
+    """The SGLang object at a dotted ``target``: import the leading modules, then follow attributes.
+
+    Raises ``ImportError`` or ``AttributeError`` naming the first part that is missing.
+    """
+    parts = target.split(".")
+    obj: Any = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 1):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        if inspect.ismodule(obj):
+            name = ".".join(parts[: i + 1])
+            try:
+                obj = importlib.import_module(name)
+                continue
+            except ModuleNotFoundError as e:
+                if e.name != name:
+                    raise  # the module exists but one of its own imports is missing
+        raise AttributeError(f"{'.'.join(parts[:i])} has no attribute {part!r}")
+    return obj
+
+
+def describe(obj: Any) -> str:
+    """The recorded form of a target: its ``inspect.signature`` for a callable, else its type."""
+    if isinstance(obj, type) or inspect.isroutine(obj):
+        try:
+            return str(inspect.signature(obj))
+        except (TypeError, ValueError):
+            return f"<{type(obj).__name__}>"
+    return f"<{type(obj).__module__}.{type(obj).__qualname__}>"
+
+
+def recorded_signatures(path: Path = SIGNATURES_FILE) -> Dict[str, Any]:
+    """``{"sglang_version": ..., "targets": {target: signature}}`` as recorded by scripts/record_hook_signatures.py."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"sglang_version": None, "targets": {}}
+
+
+def check_contracts(points: Tuple[TouchPoint, ...] = TOUCH_POINTS, recorded: Optional[Mapping] = None) -> List[str]:
+    """Every way the installed SGLang differs from the recorded contract (empty when all targets match)."""
+    targets = (recorded if recorded is not None else recorded_signatures())["targets"]
+    problems = []
+    for tp in points:
+        try:
+            found = describe(resolve_target(tp.target))
+        except Exception as e:
+            problems.append(f"{tp.id} {tp.target}: does not resolve ({e})")
+            continue
+        if tp.target not in targets:
+            problems.append(f"{tp.id} {tp.target}: no recorded signature")
+        elif found != targets[tp.target]:
+            problems.append(f"{tp.id} {tp.target}: signature {found} != recorded {targets[tp.target]}")
+    return problems
+
+
+def points_of(feature: str) -> List[TouchPoint]:
+    """The touch points of one feature, in table order."""
+    return [tp for tp in TOUCH_POINTS if tp.feature == feature]
+
+
+class HookPlan:
+    """What ``register_all`` did in this process; lives in ``HookRegistry`` as the owner of H1's bound hook."""
+
+    def __init__(self, cfg: SpexConfig):
+        self.cfg = cfg
+        self.enabled: List[str] = []
+        self.off: List[str] = []  # condition not met in this process
+        self.disabled: Dict[str, str] = {}  # feature -> reason
+        self.drift: List[str] = []  # targets whose signature differs from the recorded one
+        self.fns: Dict[str, Callable] = {}  # hook id -> the hook callable handed to HookRegistry
+        self._sched_report: Optional[Callable] = None
+
+    # --------------------------------------------------------------- registration
+    def bind(self, spec: str) -> Any:
+        """``load_ref`` that binds ``HookPlan.*`` methods of this module to this plan."""
+        prefix = f"{SELF}:HookPlan."
+        return getattr(self, spec[len(prefix) :]) if spec.startswith(prefix) else load_ref(spec)
+
+    def enable(self, feature: Feature, recorded: Mapping) -> None:
+        """Register ``feature`` whole if its condition holds and every target resolves, else record why not."""
+        if not CONDITIONS[feature.condition](self.cfg):
+            self.off.append(feature.name)
+            return
+        points = points_of(feature.name)
+        for tp in points:
+            try:
+                found = describe(resolve_target(tp.target))
+            except Exception as e:  # ImportError/AttributeError, or a module that fails while importing
+                self._disable(feature, f"{tp.id} target {tp.target} does not resolve: {type(e).__name__}: {e}")
+                return
+            expected = recorded["targets"].get(tp.target)
+            if expected is not None and found != expected:
+                self.drift.append(f"{tp.id} {tp.target}: {found} (recorded {expected})")
+                logger.warning("spex: %s %s signature changed: %s (recorded for sglang %s: %s)", tp.id, tp.target,
+                               found, recorded.get("sglang_version"), expected)  # fmt: skip
+        try:
+            fns = {tp.id: self.bind(tp.fn) for tp in points if tp.is_hook}
+            if feature.setup:
+                self.bind(feature.setup)()
+        except Exception as e:  # our own module failed to import or set up: same treatment
+            logger.exception("spex: setting up feature %r failed", feature.name)
+            self._disable(feature, f"setup failed: {type(e).__name__}: {e}")
+            return
+        for tp in points:
+            if tp.registered_here:
+                HookRegistry.register(tp.target, fns[tp.id], HookType[tp.kind])
+        self.fns.update(fns)
+        self.enabled.append(feature.name)
+
+    def _disable(self, feature: Feature, reason: str) -> None:
+        self.disabled[feature.name] = reason
+        logger.error("spex: feature %r DISABLED (none of its hooks registered) with sglang %s: %s",
+                     feature.name, sglang.__version__, reason)  # fmt: skip
+
+    def setup_scheduler(self) -> None:
+        """Scheduler feature: IPC type, stats channel (fixed before SGLang forks), budget config, report."""
+        load_ref("sglang_spex.srt.control:register_types")()
+        load_ref("sglang_spex.srt.batch_stats:prepare_channel")()
+        load_ref(f"{SCHED}:configure")(self.cfg.k_total, self.cfg.spec_priority)
+        self._sched_report = load_ref("sglang_spex.srt.control:sched_report")
+
+    def install_routes(self) -> None:
+        load_ref("sglang_spex.srt.routes:install")(sys.modules[HTTP_SERVER_MODULE].app, self.cfg)
+
+    # --------------------------------------------------------------- report
+    def hooks_report(self) -> Dict[str, Any]:
+        """The touch points in effect (hooks: registered *and* applied by SGLang), and the features left out."""
+        applied, not_applied = [], []
+        for tp in TOUCH_POINTS:
+            if tp.feature not in self.enabled:
+                continue
+            row = {"id": tp.id, "target": tp.target, "kind": tp.kind, "feature": tp.feature}
+            if tp.is_hook:
+                fn = self.fns.get(tp.id)
+                if not any(h == fn for _, h, _ in HookRegistry._hooks.get(tp.target, ())):
+                    not_applied.append({**row, "state": "not registered"})
+                    continue
+                if tp.target not in HookRegistry._patched:
+                    not_applied.append({**row, "state": "registered, not applied"})
+                    continue
+            applied.append(row)
+        return {
+            "applied": applied,
+            "not_applied": not_applied,
+            "disabled": [{"feature": f, "reason": r} for f, r in self.disabled.items()],
+            "off": list(self.off),
+            "signature_drift": list(self.drift),
+        }
+
+    def report(self) -> Dict[str, Any]:
+        """What the scheduler process says about the plugin (pid and module prove where it ran)."""
+        return {
+            "plugin_loaded": True,
+            "process": "scheduler",
+            "pid": os.getpid(),
+            "hooks_module": __name__,
+            "hooked_in": sorted(m for m in ("sglang.srt.managers.scheduler",) if m in sys.modules),
+            "sglang_version": sglang.__version__,
+            "spex_version": __version__,
+            "config": json.loads(self.cfg.to_json()),
+            "hooks": self.hooks_report(),
+        }
+
+    def report_state(self, result, scheduler, *args, **kwargs):
+        """H1 (AFTER Scheduler.get_internal_state): add the plugin's scheduler-side report."""
+        try:
+            report = self.report()
+            if self._sched_report is not None:
+                report["sched"] = self._sched_report(scheduler)
+            result.internal_state["spex"] = report
+        except Exception:  # never break the scheduler for a report
+            logger.exception("spex: H1 report failed")
+        return result
+
+
+def current_plan() -> Optional[HookPlan]:
+    """This process's plan: the owner of the H1 hook in ``HookRegistry`` (None before ``register_all``)."""
+    for _, hook, _ in HookRegistry._hooks.get(f"{SCHEDULER}.get_internal_state", ()):
+        owner = getattr(hook, "__self__", None)
+        if isinstance(owner, HookPlan):
+            return owner
+    return None
+
+
+def register_all(cfg: SpexConfig) -> HookPlan:
+    """Register every feature ``cfg`` and this process need (idempotent per process; see the module docstring)."""
+    plan = current_plan()
+    if plan is not None:
+        plan.cfg = cfg
+        return plan
+    plan = HookPlan(cfg)
+    recorded = recorded_signatures()
+    for feature in FEATURES:
+        plan.enable(feature, recorded)
+    return plan
 
 
 def scheduler_report() -> Dict[str, Any]:
-    """What the scheduler process says about the plugin (pid and module prove where it ran)."""
-    import sglang
-
-    return {
-        "plugin_loaded": True,
-        "process": "scheduler",
-        "pid": os.getpid(),
-        "hooks_module": __name__,
-        "hooked_in": sorted(m for m in ("sglang.srt.managers.scheduler",) if m in sys.modules),
-        "sglang_version": sglang.__version__,
-        "spex_version": __version__,
-        "config": json.loads(_config.to_json()),
-    }
+    """This process's plugin report (``/spex/info``'s scheduler part when run in the scheduler)."""
+    return (current_plan() or HookPlan(SpexConfig())).report()
 
 
-def _h1_report_state(result, scheduler, *args, **kwargs):
-    """H1 (AFTER Scheduler.get_internal_state): add the plugin's scheduler-side report."""
-    try:
-        report = scheduler_report()
-        if _config.enabled:
-            from sglang_spex.srt.control import sched_report
-
-            report["sched"] = sched_report(scheduler)
-        result.internal_state["spex"] = report
-    except Exception:  # never break the scheduler for a report
-        logger.exception("spex: H1 report failed")
-    return result
-
-
+# ------------------------------------------------------------------- H2 bodies (seeded sampling)
 def _random_seeds(n: int, device):
     import torch
 
@@ -101,82 +471,3 @@ def _h2_merge_seeds(self, other, *args, **kwargs):
     except Exception:
         logger.exception("spex: H2b seed merge failed")
     return None
-
-
-def _register_cpu_attention() -> None:
-    """The ``spex_cpu`` attention backend (sgl-kernel-ext) in SGLang's registry, if that package is installed."""
-    try:
-        from sgl_kernel_ext.attention import register
-    except ImportError:
-        return
-    try:
-        register()
-    except Exception:
-        logger.exception("spex: registering the spex_cpu attention backend failed")
-
-
-def _register_respec() -> None:
-    """ReSpec adaptive server hooks, only under ``--respec-adaptive`` (logic in :mod:`sglang_spex.respec.adaptive`)."""
-    from sglang_spex.config import RespecConfig
-
-    if not RespecConfig.from_env().enabled:
-        return
-    from sglang_spex.respec.adaptive import h_report_state
-    from sglang_spex.respec.eagle_policy import h_controller_init, h_draft_extend, h_eagle_forward
-    from sglang_spex.respec.ngram_plain import h_ngram_forward
-
-    # R1: a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says "no spec".
-    HookRegistry.register(f"{NGRAM_WORKER}.forward_batch_generation", h_ngram_forward, HookType.AROUND)
-    # R2: FSM state, switch/step counts and KV pool figures in /get_server_info (internal_states[0]["respec"]).
-    HookRegistry.register(f"{SCHEDULER}.get_internal_state", h_report_state, HookType.AFTER)
-    # R3: EAGLE/EAGLE3 -- the ReSpec runtime becomes SGLang's AdaptiveSpecPolicy (steps per batch, 0 = no drafting).
-    HookRegistry.register(f"{ADAPTIVE_CONTROLLER}.__init__", h_controller_init, HookType.AFTER)
-    # R4: EAGLE/EAGLE3 -- per decode batch: request opt-out in, step wall time and acceptance out.
-    HookRegistry.register(f"{EAGLE_WORKER}.forward_batch_generation", h_eagle_forward, HookType.AROUND)
-    # R5: EAGLE/EAGLE3 -- a plain step skips the draft extend; R4 replays it in one catch-up when speculation resumes.
-    HookRegistry.register(f"{EAGLE_DRAFT_WORKER}._draft_extend_for_decode", h_draft_extend, HookType.AROUND)
-
-
-def register_all(cfg: SpexConfig) -> None:
-    """Register the hooks ``cfg`` needs (idempotent per process)."""
-    global _registered, _config
-    _config = cfg
-    if _registered:
-        return
-    _registered = True
-    HookRegistry.register(f"{SCHEDULER}.get_internal_state", _h1_report_state, HookType.AFTER)
-    _register_cpu_attention()  # selectable with or without --tot-speculation
-    _register_respec()  # --respec-adaptive, independent of --tot-speculation
-    if not cfg.enabled:
-        return  # without --tot-speculation the plugin only reports; SGLang runs unchanged
-    HookRegistry.register(f"{SAMPLING_INFO}.from_schedule_batch", _h2_seeded_sampling, HookType.AFTER)
-    HookRegistry.register(f"{SAMPLING_INFO}.merge_batch", _h2_merge_seeds, HookType.BEFORE)
-    # H3-H13 (issue 6): ranking, admission cap, immediate cancel, prefix protection, batch stats.
-    from sglang_spex.srt import batch_stats, control, prefix_protection, scheduling
-
-    control.register_types()  # IPC decoder learns SpexControlReq (not a HookRegistry hook; see docs/upstream.md)
-    batch_stats.prepare_channel()  # stats file path, fixed before SGLang forks its subprocesses
-    scheduling.configure(cfg.k_total, cfg.spec_priority)
-    reg, B, A, R = HookRegistry.register, HookType.BEFORE, HookType.AFTER, HookType.AROUND
-    # H3: our control messages (budget, cancel, protect, release) reach the scheduler in order with requests.
-    reg(f"{SCHEDULER}.init_request_dispatcher", control.h_add_dispatch, A)
-    # H4: speculative requests get the lowest priority, unlabelled/primary ones a neutral one (not SGLang's lowest).
-    reg(f"{SCHEDULER}._add_request_to_queue", scheduling.h_assign_priority, B)
-    # H5: under KV pressure in decode, speculative requests are retracted before any primary one.
-    reg(f"{SCHEDULE_BATCH}._get_decode_retraction_order", scheduling.h_retraction_order, A)
-    # H6: a primary short of KV preempts running speculative work instead of waiting for it to finish.
-    reg(f"{PREFILL_ADDER}.add_one_req", scheduling.h_preempt_on_kv_short, R)
-    # H7: speculative admission never takes the running batch above the budget; a lowered budget retracts.
-    reg(f"{SCHEDULER}._get_new_batch_prefill_raw", scheduling.h_cap_prefill, R)
-    # H8: the same budget trim on the decode-only path.
-    reg(f"{SCHEDULER}.update_running_batch", scheduling.h_cap_decode, B)
-    # H9: remember cancelled running requests (for immediate finish and its measurement); end their searches.
-    reg(f"{SCHEDULER}.abort_request", scheduling.h_abort, R)
-    # H10: at the next scheduling point, finish cancelled running requests without another decode step.
-    reg(f"{SCHEDULER}.get_next_batch_to_run", scheduling.h_pre_step, B)
-    # H11: lock the cached prefixes of finished nodes of live searches before any allocation; expire leases.
-    reg(f"{SCHEDULER}.get_next_batch_to_run", prefix_protection.h_pre_step, B)
-    # H12: a node of a live search that finished normally is queued for protection once it is in the tree.
-    reg(f"{RADIX}.on_release", prefix_protection.h_on_release, A)
-    # H13: publish each step's batch size, role split, KV use and step time to shared memory.
-    reg(f"{SCHEDULER}.get_next_batch_to_run", batch_stats.h_publish, A)
