@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-import requests
+import httpx
 import torch
 
 from sglang_spex.respec.hotswap import HotSwapClient, serialize_named_tensors
@@ -141,7 +141,7 @@ class ServerClient:
             return list(ex.map(lambda b: self._post(self.url + "/generate", b), bodies))
 
     def weight_version(self) -> str:
-        return requests.get(self.url + "/model_info", timeout=60).json()["weight_version"]
+        return httpx.get(self.url + "/model_info", timeout=60).json()["weight_version"]
 
     def post_rollouts(self, rollouts: List[dict]) -> dict:
         return self._post(self.learner_url + "/respec/rollouts", {"rollouts": rollouts})
@@ -151,10 +151,10 @@ class ServerClient:
         return self._post(self.learner_url + "/respec/policy", body)
 
     def learner_state(self) -> dict:
-        return requests.get(self.learner_url + "/respec/state", timeout=60).json()
+        return httpx.get(self.learner_url + "/respec/state", timeout=60).json()
 
     def _post(self, url: str, body: dict):
-        r = requests.post(url, json=body, timeout=self.timeout)
+        r = httpx.post(url, json=body, timeout=self.timeout)
         if r.status_code != 200:
             raise RuntimeError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()

@@ -29,6 +29,7 @@ import pickle
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+import httpx
 import torch
 
 WEIGHT_VERSION_PREFIX = "respec-"
@@ -62,10 +63,8 @@ def deserialize_named_tensors(data: str) -> List[Tuple[str, torch.Tensor]]:
 
 
 def _default_post(timeout: float) -> Callable[..., Any]:
-    import requests
-
-    def post(url: str, json: dict):
-        return requests.post(url, json=json, timeout=timeout)
+    def post(url: str, json: dict) -> httpx.Response:
+        return httpx.post(url, json=json, timeout=timeout)
 
     return post
 
