@@ -1,8 +1,8 @@
 """``/respec/*`` routes for the online learner, installable on SGLang's FastAPI app.
 
 - ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?}]}``:
-  200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad payload → 400 ``{"error", "field"}`` and
-  the buffer is unchanged.
+  200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad payload → 400
+  ``{"error": {"field", "reason"}, "field"}`` and the buffer is unchanged.
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload, the copy unchanged.
@@ -20,80 +20,78 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Callable, Optional, Sequence, Tuple
 
+import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from transformers import AutoModelForCausalLM
 
 from sglang_spex.config import LEARNER_ENV_VAR, LEARNER_FIELDS
 from sglang_spex.respec.buffer import RolloutError
+from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.hotswap import HotSwapClient, deserialize_named_tensors
 from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
+from sglang_spex.respec.target import TargetFeatures
+from sglang_spex.srt.http_api import BodyError, PolicyBody, RolloutsBody, parse_body, read_json
 
 logger = logging.getLogger(__name__)
 ENV_VAR = LEARNER_ENV_VAR  # set by the launcher's --respec-learner (or directly)
+LEARNER_ATTR = "respec_learner"  # the learner lives on ``app.state.respec_learner``
+
+
+def _bad(field_name: str, reason: str) -> JSONResponse:
+    # the plugin's error shape; the top-level "field" stays for clients of the earlier {"error": str, "field"}
+    return JSONResponse({"error": {"field": field_name, "reason": reason}, "field": field_name}, status_code=400)
+
+
+def _learner(request: Request) -> OnlineLearner:
+    return getattr(request.app.state, LEARNER_ATTR)
+
+
+async def post_rollouts(request: Request) -> Response:
+    try:
+        body = parse_body(RolloutsBody, await read_json(request))
+        # sync mode trains here; run it off the event loop so other requests keep flowing
+        result = await run_in_threadpool(_learner(request).submit, body.rollouts)
+    except BodyError as e:
+        return _bad(e.field, e.reason)
+    except RolloutError as e:
+        return _bad(e.field, str(e).removeprefix(f"{e.field}: "))
+    return JSONResponse(result)
+
+
+async def post_policy(request: Request) -> Response:
+    try:
+        body = parse_body(PolicyBody, await read_json(request))
+    except BodyError as e:
+        return _bad(e.field, e.reason)
+    try:
+        named = deserialize_named_tensors(body.serialized_named_tensors[0])
+    except Exception as e:  # whatever the payload decodes to (pickle, base64): the learner stays unchanged
+        return _bad("serialized_named_tensors", f"{type(e).__name__}: {e}")
+    try:
+        n = await run_in_threadpool(_learner(request).set_policy, body.version, named)
+    except RuntimeError as e:
+        return _bad("learner", str(e))
+    except Exception as e:  # tensors that do not fit the learner's policy copy: 400, the copy unchanged
+        return _bad("serialized_named_tensors", f"{type(e).__name__}: {e}")
+    return JSONResponse({"loaded": n, "policy_version": body.version})
+
+
+async def get_state(request: Request) -> Response:
+    return JSONResponse(_learner(request).state())
 
 
 def install(app: FastAPI, learner: OnlineLearner) -> None:
-    """Add the routes to ``app`` once, bound to ``learner``."""
-    if getattr(app.state, "respec_learner", None) is not None:  # (not id(app): ids of dead apps are reused)
+    """Add the routes to ``app`` once, bound to ``learner`` (stored on ``app.state``)."""
+    if getattr(app.state, LEARNER_ATTR, None) is not None:  # (not id(app): ids of dead apps are reused)
         return
-    app.state.respec_learner = learner
-
-    @app.post("/respec/rollouts")
-    async def _rollouts(request: Request):
-        try:
-            body: Any = await request.json()
-        except Exception:
-            return JSONResponse({"error": "body must be JSON", "field": "body"}, status_code=400)
-        if not isinstance(body, dict):
-            return JSONResponse({"error": "body must be an object", "field": "body"}, status_code=400)
-        unknown = sorted(set(body) - {"rollouts"})
-        if unknown:
-            return JSONResponse({"error": f"unknown field {unknown[0]!r}", "field": unknown[0]}, status_code=400)
-        if "rollouts" not in body:
-            return JSONResponse({"error": "missing field 'rollouts'", "field": "rollouts"}, status_code=400)
-        try:
-            # sync mode trains here; run it off the event loop so other requests keep flowing
-            from starlette.concurrency import run_in_threadpool
-
-            result = await run_in_threadpool(learner.submit, body["rollouts"])
-        except RolloutError as e:
-            return JSONResponse({"error": str(e), "field": e.field}, status_code=400)
-        return JSONResponse(result)
-
-    @app.post("/respec/policy")
-    async def _policy(request: Request):
-        from starlette.concurrency import run_in_threadpool
-
-        from sglang_spex.respec.hotswap import deserialize_named_tensors
-
-        try:
-            body: Any = await request.json()
-        except Exception:
-            return JSONResponse({"error": "body must be JSON", "field": "body"}, status_code=400)
-        if not isinstance(body, dict) or set(body) != {"version", "serialized_named_tensors"}:
-            return JSONResponse(
-                {"error": "body must be {version, serialized_named_tensors}", "field": "body"}, status_code=400
-            )
-        version, data = body["version"], body["serialized_named_tensors"]
-        if isinstance(version, bool) or not isinstance(version, int):
-            return JSONResponse({"error": "version must be an int", "field": "version"}, status_code=400)
-        if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], str):
-            return JSONResponse(
-                {"error": "one base64 payload expected", "field": "serialized_named_tensors"}, status_code=400
-            )
-        try:
-            named = deserialize_named_tensors(data[0])
-            n = await run_in_threadpool(learner.set_policy, version, named)
-        except RuntimeError as e:
-            return JSONResponse({"error": str(e), "field": "learner"}, status_code=400)
-        except Exception as e:
-            return JSONResponse({"error": f"{type(e).__name__}: {e}", "field": "serialized_named_tensors"}, 400)
-        return JSONResponse({"loaded": n, "policy_version": version})
-
-    @app.get("/respec/state")
-    async def _state():
-        return JSONResponse(learner.state())
+    setattr(app.state, LEARNER_ATTR, learner)
+    app.add_api_route("/respec/rollouts", post_rollouts, methods=["POST"])
+    app.add_api_route("/respec/policy", post_policy, methods=["POST"])
+    app.add_api_route("/respec/state", get_state, methods=["GET"])
 
 
 def _load_spec(text: str) -> dict:
@@ -105,13 +103,6 @@ def _load_spec(text: str) -> dict:
 
 def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner:
     """A learner from an ``SPEX_RESPEC`` spec: HF target copy for features, hot-swap into ``server_url``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from sglang_spex.respec.drafter import Eagle3Drafter
-    from sglang_spex.respec.hotswap import HotSwapClient
-    from sglang_spex.respec.target import TargetFeatures
-
     unknown = sorted(set(spec) - set(LEARNER_FIELDS))
     if unknown:
         raise ValueError(f"{ENV_VAR}: unknown field(s) {unknown}")
@@ -127,31 +118,32 @@ def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner
 
 class LocalServerPublisher:
     """Hot-swap into the SGLang server this learner runs in. Its port is only known once SGLang's HTTP state
-    exists (after the routes are installed), so it is looked up at the first publish; if that fails the publish
-    raises and the learner rolls the update back (never a silent "published" that reached no server)."""
+    exists (after the routes are installed), so ``server_port`` is called at the first publish; if that fails
+    the publish raises and the learner rolls the update back (never a silent "published" that reached no
+    server)."""
 
-    def __init__(self) -> None:
-        self.client = None
+    def __init__(self, server_port: Callable[[], int]) -> None:
+        self.server_port = server_port
+        self.client: Optional[HotSwapClient] = None
 
-    def __call__(self, version: int, named) -> None:
+    def __call__(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> None:
         if self.client is None:
-            from sglang_spex.respec.hotswap import HotSwapClient
-            from sglang_spex.srt.routes import tokenizer_manager
-
-            port = tokenizer_manager().server_args.port
-            self.client = HotSwapClient(f"http://127.0.0.1:{port}", begin_retries=240)
+            self.client = HotSwapClient(f"http://127.0.0.1:{self.server_port()}", begin_retries=240)
         self.client.push(version, named)
 
 
-def install_from_env(app: FastAPI) -> Optional[OnlineLearner]:
-    """Install the routes when ``SPEX_RESPEC`` is set (called from ``sglang_spex.srt.routes.install``)."""
+def install_from_env(app: FastAPI, server_port: Optional[Callable[[], int]] = None) -> Optional[OnlineLearner]:
+    """Install the routes when ``SPEX_RESPEC`` is set (called from ``sglang_spex.srt.routes.install``);
+    ``server_port`` gives this server's port for a spec without ``server_url``."""
     text = os.environ.get(ENV_VAR)
     if not text:
         return None
     spec = _load_spec(text)
     learner = build_learner(spec)
     if learner.publish is None:  # no server_url: publish into this server
-        learner.publish = LocalServerPublisher()
+        if server_port is None:
+            raise ValueError(f"{ENV_VAR}: no server_url and no server to publish into")
+        learner.publish = LocalServerPublisher(server_port)
     install(app, learner)
     logger.info("respec: online learner installed (variant=%s)", learner.config.variant)
     return learner

@@ -7,18 +7,23 @@ without an HTTP round trip back to ourselves.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+from sglang_spex.srt import control
 from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
 
 
 class TokenizerManagerPort(EnginePort):
-    def __init__(self, tokenizer_manager):
+    """``EnginePort`` over SGLang's TokenizerManager; ``spex_control``: the scheduler knows our control message
+    (``--tot-speculation``), else promote/release are no-ops."""
+
+    def __init__(self, tokenizer_manager: Any, spex_control: bool = False):
         self.tm = tokenizer_manager
+        self.spex_control = spex_control
 
     async def generate(self, req: GenRequest) -> GenResult:
-        from sglang.srt.managers.io_struct import GenerateReqInput
-
         obj = GenerateReqInput(
             text=req.prompt,
             sampling_params=req.sampling_params(),
@@ -35,19 +40,18 @@ class TokenizerManagerPort(EnginePort):
             out = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}
         return GenResult.from_sglang(req.rid, out, time.monotonic() - t0)
 
+    def rids(self, prefix: str) -> List[str]:
+        """The rids SGLang still tracks that start with ``prefix``."""
+        return [r for r in list(self.tm.rid_to_state) if r.startswith(prefix)]
+
     async def abort(self, rid_or_prefix: str) -> None:
         # TokenizerManager.abort_request only forwards rids it knows; expand a prefix to those rids.
-        for rid in [r for r in list(self.tm.rid_to_state) if r.startswith(rid_or_prefix)]:
+        for rid in self.rids(rid_or_prefix):
             self.tm.abort_request(rid)
 
-    async def _control(self, **fields) -> None:
-        from sglang_spex.config import SpexConfig
-
-        if not SpexConfig.from_env().enabled:  # the scheduler only knows our control message under SPEX
-            return
-        from sglang_spex.srt import control
-
-        await control.send(self.tm, control.SpexControlReq(**fields))
+    async def _control(self, **fields: Any) -> None:
+        if self.spex_control:
+            await control.send(self.tm, control.SpexControlReq(**fields))
 
     async def promote(self, rid: str) -> None:
         await self._control(op="promote", prefix=rid)

@@ -1,65 +1,53 @@
-"""HTTP routes sglang-spex adds to SGLang's FastAPI app (``/spex/*``, ``/tot/*``)."""
+"""HTTP routes sglang-spex adds to SGLang's FastAPI app (``/spex/*``, ``/tot/*``, ``/respec/*``).
+
+Only :func:`install` lives here: it makes the app's :class:`~sglang_spex.srt.http_state.SpexHttpState`
+(``app.state.spex``) and calls each concern's ``install``. No routes module imports this one. Imported only in
+the SGLang HTTP server process (``plugin.register``), where SGLang's ``http_server`` is already loaded.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+import sglang
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from sglang.srt.entrypoints.http_server import get_global_state
 
-from sglang_spex.config import LEARNER_ENV_VAR, SpexConfig
-from sglang_spex.profile.routes import install_profile_routes
-
-
-def tokenizer_manager():
-    from sglang.srt.entrypoints.http_server import get_global_state
-
-    state = get_global_state()
-    if state is None:
-        raise RuntimeError("SGLang HTTP server state is not initialised yet")
-    return state.tokenizer_manager
+from sglang_spex.config import SpexConfig
+from sglang_spex.profile import routes as profile_routes
+from sglang_spex.respec import routes as respec_routes
+from sglang_spex.srt import control_routes, search_service
+from sglang_spex.srt.http_state import SpexHttpState, attach, http_state
 
 
-async def spex_info(cfg: SpexConfig) -> dict:
-    import sglang
-
-    states = await tokenizer_manager().get_internal_state()
-    reports = [s.get("spex") for s in states]
-    scheduler = reports[0] if reports else None
-    return {
-        "sglang_version": sglang.__version__,
-        "http_server_pid": os.getpid(),
-        "plugin_loaded_in_scheduler": bool(scheduler and scheduler.get("plugin_loaded")),
-        "scheduler": scheduler,
-        "speculation": cfg.enabled,
-        "config": json.loads(cfg.to_json()),
-        "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
-    }
+async def get_info(request: Request) -> Response:
+    """``GET /spex/info``: SGLang version, the parsed config, and the report made inside the scheduler (H1)."""
+    state = http_state(request)
+    states = await state.tokenizer_manager.get_internal_state()
+    scheduler = states[0].get("spex") if states else None
+    return JSONResponse(
+        {
+            "sglang_version": sglang.__version__,
+            "http_server_pid": os.getpid(),
+            "plugin_loaded_in_scheduler": bool(scheduler and scheduler.get("plugin_loaded")),
+            "scheduler": scheduler,
+            "speculation": state.cfg.enabled,
+            "config": json.loads(state.cfg.to_json()),
+            "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
+        }
+    )
 
 
 def install(app: FastAPI, cfg: SpexConfig) -> None:
-    """Add our routes to ``app`` once."""
-    if getattr(app.state, "spex_routes", False):  # once per app (not id(app): ids of dead apps are reused)
+    """Add our routes to ``app`` once (the state on ``app.state`` marks an app as done)."""
+    state = SpexHttpState(cfg, get_global_state)
+    if not attach(app, state):
         return
-    app.state.spex_routes = True
-    from sglang_spex.srt import search_routes
-
-    search_routes.install(app, cfg)  # /tot/search* (sglang_spex.srt.search_routes)
-    install_profile_routes(app, cfg)  # /spex/profile (sglang_spex.profile.routes)
-    from sglang_spex.srt import spex_service
-
-    spex_service.install(app, cfg)  # server-side searches run SPEX under --tot-speculation
-
-    @app.get("/spex/info")
-    async def _info():
-        return JSONResponse(await spex_info(cfg))
-
-    from sglang_spex.srt import control_routes
-
-    control_routes.install(app, cfg)  # /spex/budget, /spex/cancel, /spex/protect, /spex/release, /spex/stats
-
-    if os.environ.get(LEARNER_ENV_VAR):  # ReSpec online learner (/respec/*): --respec-learner
-        from sglang_spex.respec.routes import install_from_env
-
-        install_from_env(app)
+    search_service.install(app)  # /tot/search*
+    profile_routes.install(app, state)  # /spex/profile
+    control_routes.install(app)  # /spex/budget, cancel, promote, protect, release, knobs, stats
+    app.add_api_route("/spex/info", get_info, methods=["GET"])
+    # ReSpec online learner (/respec/*) when the launcher's --respec-learner set its spec
+    respec_routes.install_from_env(app, server_port=lambda: state.tokenizer_manager.server_args.port)

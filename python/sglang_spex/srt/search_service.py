@@ -1,29 +1,54 @@
-"""Server-side searches: run inside the SGLang HTTP server process, next to the scheduler.
+"""Server-side searches: the registry, their SPEX wiring and the ``/tot/search`` routes.
 
-Each search is an asyncio task on the server's event loop whose requests go through SGLang's own
+Each search is an asyncio task on the SGLang HTTP server's event loop whose requests go through SGLang's own
 TokenizerManager (``TokenizerManagerPort``), never HTTP back to ourselves. The service keeps every search by
 id for status, progress subscribers (server-sent events) and cancellation (one prefix abort of all of its
-requests). ``context_factory`` is where SPEX plugs its :class:`SearchContext` subclass in.
+requests). Under ``--tot-speculation`` searches run as ``SpexContext``s sharing one T2 budget
+(:class:`SpexWiring`); ``--tot-k-total auto`` starts at the runner's default and takes the roofline knee once
+the profile is ready. At the end of each search its accounting goes to ``/metrics``.
+
+Routes (state from ``app.state.spex.searches``, see ``srt/http_state.py``):
+
+- ``POST /tot/search`` body :class:`~sglang_spex.srt.http_api.SearchBody` → the search result
+  (``SearchResult.to_dict()``), or with ``"stream": true`` server-sent events (``event:
+  started|node|frontier|answer|result``, JSON ``data``). An invalid body or spec → HTTP 400
+  ``{"error": {"field", "reason"}}`` and nothing starts. A client that disconnects cancels its search.
+- ``GET /tot/search/{id}`` → status and progress (and the result once finished).
+- ``DELETE /tot/search/{id}`` → cancel: every request of the search is aborted by one rid-prefix abort.
+- ``GET /tot/searches`` → all known searches.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+import json
+import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from sglang_spex.config import SpexConfig
+from sglang_spex.profile.measure import ProfileManager
+from sglang_spex.speculation.runner import SpexContext, context_factory, make_budget
+from sglang_spex.srt import metrics
+from sglang_spex.srt.batch_stats import StatsReader
+from sglang_spex.srt.engine_port import TokenizerManagerPort
+from sglang_spex.srt.http_api import STATE_ATTR, BodyError, SearchBody, error_response, json_body
 from sglang_spex.tot.context import SearchContext
-from sglang_spex.tot.engine import EnginePort
+from sglang_spex.tot.engine import search_rid_prefix
 from sglang_spex.tot.search import ContextFactory, SearchResult, build_result, run_context
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
+logger = logging.getLogger(__name__)
+
 QUEUED, RUNNING = "queued", "running"
 FINISHED = ("done", "cancelled", "failed")
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-BODY_FIELDS = {"spec", "question", "reference", "stream", "search_id"}
+DISCONNECT_POLL_S = 0.25
+DECODE_MODE = 2  # batch-stats rows of decode steps hold the whole running batch
 
 
 class SearchHandle:
@@ -69,70 +94,95 @@ class SearchHandle:
         }
 
 
-def parse_body(body: Any) -> Dict[str, Any]:
-    """Validate a ``POST /tot/search`` body; raises :class:`SearchSpecError` naming the field."""
-    if not isinstance(body, dict):
-        raise SearchSpecError("body", "must be a JSON object")
-    unknown = sorted(set(body) - BODY_FIELDS)
-    if unknown:
-        raise SearchSpecError(unknown[0], f"unknown field; expected {sorted(BODY_FIELDS)}")
-    q = body.get("question")
-    if not isinstance(q, str) or not q.strip():
-        raise SearchSpecError("question", "must be a non-empty string")
-    ref = body.get("reference")
-    if ref is not None and not isinstance(ref, (str, int, float)):
-        raise SearchSpecError("reference", "must be a string or a number")
-    if not isinstance(body.get("stream", False), bool):
-        raise SearchSpecError("stream", "must be a boolean")
-    sid = body.get("search_id")
-    if sid is not None and (not isinstance(sid, str) or not _ID.match(sid)):
-        raise SearchSpecError("search_id", "must match [A-Za-z0-9_-]{1,64}")
-    spec = SearchSpec.from_dict(body.get("spec", {}))
-    return {
-        "spec": spec,
-        "question": q,
-        "reference": None if ref is None else str(ref),
-        "stream": bool(body.get("stream", False)),
-        "search_id": sid,
-    }
+class SpexWiring:
+    """SPEX for server-side searches: one T2 budget for all of them, fed with the engine's live primary load
+    (batch-stats ring, H13); decode step times go to the profile's drift monitor."""
+
+    def __init__(self, cfg: SpexConfig, profile: Callable[[], ProfileManager]):
+        self.cfg = cfg
+        self.budget = make_budget(cfg)
+        self.budget.engine_primary = self.engine_primary
+        self._profile = profile
+        self._factory = context_factory(cfg, self.budget, on_finish=self._on_finish)
+        self._reader: Optional[StatsReader] = None
+        self._last_row_time = 0.0
+        self._k_total_pending = cfg.k_total is None  # --tot-k-total auto: resolved once, on the first search
+        self.k_total_task: Optional[asyncio.Task] = None
+
+    def make_context(self, *args: Any, **kwargs: Any) -> SpexContext:
+        """The service's ``context_factory``."""
+        if self._k_total_pending:
+            self._k_total_pending = False
+            self.k_total_task = asyncio.ensure_future(self._resolve_k_total())
+        return self._factory(*args, **kwargs)
+
+    async def _resolve_k_total(self) -> None:
+        try:
+            self.budget.k_total = (await self._profile().get()).k_total
+            logger.info("spex: k_total=%d from the roofline profile", self.budget.k_total)
+        except Exception:
+            logger.exception("spex: roofline profile failed; keeping k_total=%d", self.budget.k_total)
+
+    @staticmethod
+    async def _on_finish(ctx: SpexContext) -> None:
+        metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated)
+
+    def engine_primary(self) -> Optional[int]:
+        """Primary requests running or waiting in the scheduler (None while no decode step was recorded)."""
+        try:
+            if self._reader is None:
+                self._reader = StatsReader()
+            row = self._reader.latest()
+        except (OSError, ValueError):  # no stats ring (yet)
+            return None
+        if not row or row.get("mode") != DECODE_MODE:
+            return None
+        step_s = row.get("step_s", float("nan"))
+        if step_s == step_s and row.get("time", 0.0) != self._last_row_time:
+            self._last_row_time = row["time"]
+            try:  # the drift monitor may re-profile in the background; it must never break the budget
+                self._profile().observe(int(row.get("batch_size", 0)), step_s)
+            except Exception:
+                logger.debug("spex: drift observation failed", exc_info=True)
+        return int(row.get("n_primary", 0) + row.get("waiting", 0) - row.get("waiting_spec", 0))
 
 
 class SearchService:
+    """The server's searches by id; runs each on the event loop, at most ``max_concurrent_searches`` at once."""
+
     def __init__(
         self,
-        port_factory: Callable[[], EnginePort],
-        max_concurrent: int = 64,
-        reward_timeout: Optional[float] = None,
-        context_factory: ContextFactory = SearchContext,
+        port: Callable[[], TokenizerManagerPort],
+        cfg: SpexConfig,
+        profile: Callable[[], ProfileManager],
         keep_finished: int = 256,
     ):
-        self._port_factory = port_factory
-        self._port: Optional[EnginePort] = None
-        self.max_concurrent = max_concurrent
-        self.reward_timeout = reward_timeout
-        self.context_factory = context_factory
+        self._port = port
+        self.max_concurrent = cfg.max_concurrent_searches
+        self.reward_timeout = cfg.reward_timeout
+        self.spex = SpexWiring(cfg, profile) if cfg.enabled else None
+        self.context_factory: ContextFactory = self.spex.make_context if self.spex else SearchContext
         self.keep_finished = keep_finished
         self.searches: "OrderedDict[str, SearchHandle]" = OrderedDict()
         self._sem: Optional[asyncio.Semaphore] = None
 
     @property
-    def port(self) -> EnginePort:
-        if self._port is None:
-            self._port = self._port_factory()
-        return self._port
+    def port(self) -> TokenizerManagerPort:
+        return self._port()
 
-    def submit(self, parsed: Dict[str, Any]) -> SearchHandle:
-        """Start a search from a body parsed by :func:`parse_body`."""
-        sid = parsed["search_id"] or uuid.uuid4().hex[:16]
+    def submit(self, body: SearchBody) -> SearchHandle:
+        """Start a search; raises :class:`SearchSpecError` for a bad spec, :class:`BodyError` for a busy id."""
+        spec = SearchSpec.from_dict(body.spec)
+        sid = body.search_id or uuid.uuid4().hex[:16]
         if sid in self.searches and not self.searches[sid].finished:
-            raise SearchSpecError("search_id", f"search {sid!r} is already running")
+            raise BodyError("search_id", f"search {sid!r} is already running")
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.max_concurrent)
         ctx = self.context_factory(
-            parsed["spec"],
-            parsed["question"],
+            spec,
+            body.question,
             self.port,
-            reference=parsed["reference"],
+            reference=body.reference,
             search_id=sid,
             reward_timeout=self.reward_timeout,
         )
@@ -183,3 +233,84 @@ class SearchService:
             "running": sum(1 for h in self.searches.values() if h.status == RUNNING),
             "inflight": sum(len(h.ctx.inflight) for h in self.searches.values()),
         }
+
+
+# ---------------------------------------------------------------- routes
+def _service(request: Request) -> SearchService:
+    return getattr(request.app.state, STATE_ATTR).searches
+
+
+def _sse(event: Dict[str, Any]) -> str:
+    return f"event: {event.get('event', 'message')}\ndata: {json.dumps(event)}\n\n"
+
+
+async def _stream(svc: SearchService, h: SearchHandle, queue: asyncio.Queue) -> AsyncIterator[str]:
+    try:
+        yield _sse({"event": "started", "search_id": h.id})
+        while True:
+            event = await queue.get()
+            yield _sse(event)
+            if event.get("event") == "result":
+                return
+    finally:  # the client went away (or we finished): a search nobody listens to is cancelled
+        if not h.finished:
+            await svc.cancel(h.id, "client disconnected")
+
+
+async def _wait_or_disconnect(svc: SearchService, h: SearchHandle, request: Request) -> None:
+    while not h.task.done():
+        await asyncio.wait({h.task}, timeout=DISCONNECT_POLL_S)
+        if not h.task.done() and await request.is_disconnected():
+            await svc.cancel(h.id, "client disconnected")
+            return
+
+
+def _unknown(search_id: str) -> JSONResponse:
+    return error_response("search_id", f"unknown search {search_id!r}", status_code=404)
+
+
+@json_body(SearchBody)
+async def post_search(request: Request, body: SearchBody) -> Response:
+    svc = _service(request)
+    try:
+        handle = svc.submit(body)
+    except (SearchSpecError, BodyError) as e:
+        return error_response(e.field, e.reason)
+    if body.stream:
+        return StreamingResponse(
+            _stream(svc, handle, handle.subscribe()),
+            media_type="text/event-stream",
+            headers={"X-Search-Id": handle.id, "Cache-Control": "no-cache"},
+        )
+    await _wait_or_disconnect(svc, handle, request)
+    await asyncio.wait({handle.task})
+    return JSONResponse(handle.result.to_dict())
+
+
+async def get_search(request: Request, search_id: str) -> Response:
+    svc = _service(request)
+    h = svc.searches.get(search_id)
+    if h is None:
+        return _unknown(search_id)
+    info = h.info()
+    info["engine_requests"] = len(svc.port.rids(search_rid_prefix(search_id)))  # of this search, in SGLang
+    return JSONResponse(info)
+
+
+async def delete_search(request: Request, search_id: str) -> Response:
+    h = await _service(request).cancel(search_id)
+    if h is None:
+        return _unknown(search_id)
+    return JSONResponse({"search_id": h.id, "status": h.status, "inflight": len(h.ctx.inflight)})
+
+
+async def list_searches(request: Request) -> Response:
+    return JSONResponse(_service(request).summary())
+
+
+def install(app: FastAPI) -> None:
+    """Add the ``/tot/search*`` routes to ``app`` (the service is ``app.state.spex.searches``)."""
+    app.add_api_route("/tot/search", post_search, methods=["POST"])
+    app.add_api_route("/tot/search/{search_id}", get_search, methods=["GET"])
+    app.add_api_route("/tot/search/{search_id}", delete_search, methods=["DELETE"])
+    app.add_api_route("/tot/searches", list_searches, methods=["GET"])

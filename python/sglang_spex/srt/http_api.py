@@ -1,0 +1,231 @@
+"""Request bodies of the plugin's HTTP routes (pydantic models) and their one error shape.
+
+Bad input answers HTTP 400 ``{"error": {"field": <name>, "reason": <why>}}``; nested names are dotted, list
+items indexed (``batch_sizes[2]``). Every body rejects unknown fields and takes JSON types as they are (no
+``"3"`` for 3). The search ``spec`` inside ``POST /tot/search`` and the ReSpec rollouts keep their own
+validators (``tot/search_spec.py``, ``respec/buffer.py``), which name fields the same way.
+
+This module imports no other module of the plugin, so every routes module can use it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional, Type, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+STATE_ATTR = "spex"  # the plugin's HTTP-side state lives on ``app.state.spex`` (``srt/http_state.py``)
+
+B = TypeVar("B", bound="Body")
+
+
+class BodyError(ValueError):
+    """A request body field is invalid; ``field`` names it, ``reason`` says why."""
+
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(f"{field_name}: {reason}")
+        self.field = field_name
+        self.reason = reason
+
+    def to_dict(self) -> Dict[str, str]:
+        return {"field": self.field, "reason": self.reason}
+
+
+def error_response(field_name: str, reason: str, status_code: int = 400) -> JSONResponse:
+    """The plugin's error answer: ``{"error": {"field", "reason"}}``."""
+    return JSONResponse({"error": {"field": field_name, "reason": reason}}, status_code=status_code)
+
+
+class Body(BaseModel):
+    """Base of every request body: unknown fields are errors, values are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _field_name(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def _error_of(model: Type[Body], e: ValidationError) -> BodyError:
+    errors = e.errors()
+    unknown = [x for x in errors if x["type"] == "extra_forbidden"]
+    first = (unknown or errors)[0]
+    if first["type"] == "extra_forbidden":
+        reason = f"unknown field; expected one of {sorted(model.model_fields)}"
+    elif first["type"] == "model_type":
+        reason = "must be a JSON object"
+    else:
+        reason = first["msg"].removeprefix("Value error, ")
+    return BodyError(_field_name(first["loc"]), reason)
+
+
+def parse_body(model: Type[B], raw: Any) -> B:
+    """Validate decoded JSON against ``model``; raises :class:`BodyError` naming the first bad field (an
+    unknown field first)."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise _error_of(model, e) from None
+
+
+async def read_json(request: Request, optional: bool = False) -> Any:
+    """The request's JSON (``{}`` for an empty body when ``optional``); raises :class:`BodyError` on bad JSON."""
+    data = await request.body()
+    if optional and not data.strip():
+        return {}
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise BodyError("body", "must be valid JSON") from None
+
+
+def json_body(
+    model: Type[B], optional: bool = False
+) -> Callable[[Callable[[Request, B], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]]:
+    """Decorate ``handler(request, body)`` into a FastAPI endpoint that parses ``model`` first and answers a
+    bad body with :func:`error_response` (400) without calling the handler."""
+
+    def wrap(handler: Callable[[Request, B], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                body = parse_body(model, await read_json(request, optional))
+            except BodyError as e:
+                return error_response(e.field, e.reason)
+            return await handler(request, body)
+
+        endpoint.__name__ = handler.__name__
+        endpoint.__doc__ = handler.__doc__
+        return endpoint
+
+    return wrap
+
+
+# ---------------------------------------------------------------- /tot/search
+class SearchBody(Body):
+    """``POST /tot/search``; ``spec`` is validated afterwards by ``SearchSpec.from_dict``."""
+
+    spec: Dict[str, Any] = Field(default_factory=dict)
+    question: str = Field(min_length=1)
+    reference: Optional[str] = None
+    stream: bool = False
+    search_id: Optional[str] = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty string")
+        return v
+
+    @field_validator("reference", mode="before")
+    @classmethod
+    def _reference(cls, v: Any) -> Optional[str]:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ValueError("must be a string or a number")
+        return str(v)
+
+
+# ---------------------------------------------------------------- /spex/* control
+class BudgetBody(Body):
+    """``POST /spex/budget``: speculative admission cap ``k`` (null = unlimited)."""
+
+    k: Optional[int] = Field(ge=0)
+
+
+class CancelBody(Body):
+    """``POST /spex/cancel``: a whole search, or any rid prefix."""
+
+    search_id: str = ""
+    rid_prefix: str = ""
+
+    @model_validator(mode="after")
+    def _one(self) -> "CancelBody":
+        if not (self.search_id or self.rid_prefix):
+            raise ValueError("give search_id or rid_prefix")
+        return self
+
+
+class PromoteBody(Body):
+    """``POST /spex/promote``: the request (rid) a search now waits on."""
+
+    rid: str = Field(min_length=1)
+
+
+class ProtectBody(Body):
+    """``POST /spex/protect``: register a live search / renew its protection lease."""
+
+    search_id: str = Field(min_length=1)
+
+
+class ReleaseBody(Body):
+    """``POST /spex/release``: one search's protection (or a subtree's); no ``search_id`` = every search's."""
+
+    search_id: str = ""
+    node_prefix: str = ""
+
+    @model_validator(mode="after")
+    def _prefix_needs_search(self) -> "ReleaseBody":
+        if self.node_prefix and not self.search_id:
+            raise ValueError("node_prefix needs search_id")
+        return self
+
+
+class KnobsBody(Body):
+    """``POST /spex/knobs``: at least one of the scheduler-side knobs."""
+
+    immediate_cancel: Optional[bool] = None
+    protect_ttl_s: Optional[float] = Field(default=None, ge=0, allow_inf_nan=False)
+    protect_max_fraction: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _some(self) -> "KnobsBody":
+        if not self.values():
+            raise ValueError(f"give one of {sorted(type(self).model_fields)}")
+        return self
+
+    def values(self) -> Dict[str, float]:
+        """The knobs given (not null), as the floats the control message carries."""
+        return {k: float(v) for k, v in self.model_dump(exclude_none=True).items()}
+
+
+# ---------------------------------------------------------------- /spex/profile
+class ProfileBody(Body):
+    """``POST /spex/profile`` (body optional): measure settings (``ProfileSpec`` fields) and ``force``."""
+
+    batch_sizes: Optional[List[Annotated[int, Field(ge=1)]]] = Field(default=None, min_length=1)
+    short_tokens: Optional[int] = Field(default=None, ge=1)
+    long_tokens: Optional[int] = Field(default=None, ge=1)
+    ctx_prefix_words: Optional[int] = Field(default=None, ge=0)
+    ctx_batch: Optional[int] = Field(default=None, ge=1)
+    prefill_words: Optional[int] = Field(default=None, ge=0)
+    repeats: Optional[int] = Field(default=None, ge=1)
+    force: bool = True
+
+    def spec_fields(self) -> Dict[str, Any]:
+        """The measure settings given (for ``ProfileSpec(**...)``); empty = keep the current spec."""
+        out = self.model_dump(exclude_none=True, exclude={"force"})
+        if "batch_sizes" in out:
+            out["batch_sizes"] = tuple(out["batch_sizes"])
+        return out
+
+
+# ---------------------------------------------------------------- /respec/*
+class RolloutsBody(Body):
+    """``POST /respec/rollouts``; each rollout is validated by the learner's buffer."""
+
+    rollouts: List[Any]
+
+
+class PolicyBody(Body):
+    """``POST /respec/policy``: the payload of ``HotSwapClient`` (one base64 blob)."""
+
+    version: int
+    serialized_named_tensors: List[str] = Field(min_length=1, max_length=1)

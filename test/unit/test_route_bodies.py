@@ -1,0 +1,133 @@
+"""Request bodies of the plugin's routes (pydantic, ``srt/http_api.py``): bad or unknown fields give the one
+error shape, without a server."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
+
+from sglang_spex.srt.http_api import (
+    BodyError,
+    BudgetBody,
+    CancelBody,
+    KnobsBody,
+    PolicyBody,
+    ProfileBody,
+    PromoteBody,
+    ProtectBody,
+    ReleaseBody,
+    RolloutsBody,
+    SearchBody,
+    json_body,
+    parse_body,
+)
+
+SEARCH = {"spec": {"policy": {"name": "rebase"}}, "question": "What is 2 + 2?"}
+
+
+@pytest.mark.parametrize(
+    "model, raw, field",
+    [
+        (BudgetBody, {"k_total": "lots"}, "k_total"),  # an unknown field is named before the missing "k"
+        (BudgetBody, {"k": "lots"}, "k"),
+        (BudgetBody, {"k": -1}, "k"),
+        (BudgetBody, {"k": True}, "k"),
+        (BudgetBody, {"k": 2.5}, "k"),
+        (BudgetBody, {}, "k"),
+        (BudgetBody, [1, 2], "body"),
+        (CancelBody, {}, "body"),
+        (CancelBody, {"search_id": 3}, "search_id"),
+        (CancelBody, {"search_id": "s", "rid": "x"}, "rid"),
+        (PromoteBody, {}, "rid"),
+        (PromoteBody, {"rid": ""}, "rid"),
+        (ProtectBody, {"search_id": ""}, "search_id"),
+        (ReleaseBody, {"node_prefix": "r.0"}, "body"),
+        (ReleaseBody, {"search_id": None}, "search_id"),
+        (KnobsBody, {}, "body"),
+        (KnobsBody, {"immediate_cancel": 1}, "immediate_cancel"),
+        (KnobsBody, {"protect_max_fraction": 1.5}, "protect_max_fraction"),
+        (KnobsBody, {"protect_ttl_s": "10"}, "protect_ttl_s"),
+        (KnobsBody, {"protect_ttl_s": float("nan")}, "protect_ttl_s"),
+        (KnobsBody, {"ttl": 1.0}, "ttl"),
+        (ProfileBody, {"batch_sizes": [1, 0, 4]}, "batch_sizes[1]"),
+        (ProfileBody, {"batch_sizes": []}, "batch_sizes"),
+        (ProfileBody, {"batch_sizes": "1,2"}, "batch_sizes"),
+        (ProfileBody, {"repeats": 0}, "repeats"),
+        (ProfileBody, {"force": "yes"}, "force"),
+        (ProfileBody, {"batch": [1]}, "batch"),
+        (SearchBody, {"spec": {}}, "question"),
+        (SearchBody, {**SEARCH, "question": "   "}, "question"),
+        (SearchBody, {**SEARCH, "reference": [1]}, "reference"),
+        (SearchBody, {**SEARCH, "reference": True}, "reference"),
+        (SearchBody, {**SEARCH, "stream": "yes"}, "stream"),
+        (SearchBody, {**SEARCH, "search_id": "a b"}, "search_id"),
+        (SearchBody, {**SEARCH, "search_id": "x" * 65}, "search_id"),
+        (SearchBody, {**SEARCH, "spec": 3}, "spec"),
+        (SearchBody, {**SEARCH, "colour": 1}, "colour"),
+        (RolloutsBody, {}, "rollouts"),
+        (RolloutsBody, {"rollouts": {"a": 1}}, "rollouts"),
+        (RolloutsBody, {"rollouts": [], "x": 1}, "x"),
+        (PolicyBody, {"version": "1", "serialized_named_tensors": ["a"]}, "version"),
+        (PolicyBody, {"version": 1, "serialized_named_tensors": ["a", "b"]}, "serialized_named_tensors"),
+        (PolicyBody, {"version": 1, "serialized_named_tensors": [3]}, "serialized_named_tensors[0]"),
+    ],
+)
+def test_bad_body_names_the_field(model, raw, field):
+    with pytest.raises(BodyError) as e:
+        parse_body(model, raw)
+    assert e.value.field == field and e.value.reason
+    assert e.value.to_dict() == {"field": field, "reason": e.value.reason}
+
+
+def test_unknown_field_reason_lists_the_fields():
+    with pytest.raises(BodyError) as e:
+        parse_body(BudgetBody, {"k_total": "lots"})
+    assert "unknown field" in e.value.reason and "'k'" in e.value.reason
+
+
+def test_good_bodies():
+    assert parse_body(BudgetBody, {"k": 3}).k == 3 and parse_body(BudgetBody, {"k": None}).k is None
+    assert parse_body(CancelBody, {"rid_prefix": "spex:s:"}).search_id == ""
+    assert parse_body(KnobsBody, {"immediate_cancel": True, "protect_ttl_s": 5}).values() == {
+        "immediate_cancel": 1.0,
+        "protect_ttl_s": 5.0,
+    }
+    assert parse_body(ProfileBody, {}).spec_fields() == {} and parse_body(ProfileBody, {}).force is True
+    prof = parse_body(ProfileBody, {"batch_sizes": [1, 2], "short_tokens": 2, "force": False})
+    assert prof.spec_fields() == {"batch_sizes": (1, 2), "short_tokens": 2} and prof.force is False
+    s = parse_body(SearchBody, {**SEARCH, "reference": 4, "stream": True, "search_id": "a-1_B"})
+    assert (s.reference, s.stream, s.search_id, s.spec) == ("4", True, "a-1_B", SEARCH["spec"])
+    assert parse_body(SearchBody, {"question": "q"}).spec == {}
+    assert parse_body(PolicyBody, {"version": 2, "serialized_named_tensors": ["eA=="]}).version == 2
+
+
+@pytest.fixture
+def app_client():
+    app = FastAPI()
+
+    @json_body(BudgetBody)
+    async def handler(request: Request, body: BudgetBody):
+        return JSONResponse({"ok": True, "k": body.k})
+
+    @json_body(ProfileBody, optional=True)
+    async def optional(request: Request, body: ProfileBody):
+        return JSONResponse({"force": body.force})
+
+    app.add_api_route("/budget", handler, methods=["POST"])
+    app.add_api_route("/profile", optional, methods=["POST"])
+    return TestClient(app)
+
+
+def test_json_body_answers_the_error_shape(app_client):
+    r = app_client.post("/budget", json={"k_total": "lots"})
+    assert r.status_code == 400
+    assert r.json()["error"]["field"] == "k_total" and r.json()["error"]["reason"]
+    r = app_client.post("/budget", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == {"field": "body", "reason": "must be valid JSON"}
+    r = app_client.post("/budget")  # an empty body is not a budget
+    assert r.status_code == 400 and r.json()["error"]["field"] == "body"
+    assert app_client.post("/budget", json={"k": 4}).json() == {"ok": True, "k": 4}
+    assert app_client.post("/profile").json() == {"force": True}  # the body is optional here
+    assert app_client.post("/profile", json={"force": False}).json() == {"force": False}
