@@ -5,6 +5,16 @@ counters, in a file under ``/dev/shm`` named by the environment variable ``SGLAN
 the plugin in the launching process, inherited by SGLang's subprocesses). Reading costs one ``mmap``
 slice: no IPC round trip, no lock. The writer bumps ``seq`` after a row is complete; a reader that lags
 by more than ``RING`` rows sees overwritten rows (``history`` reports the gap).
+
+Why not SGLang's own load snapshot (``sglang.srt.managers.load_snapshot``, the ``/dev/shm`` file behind
+``/v1/loads``): it holds one latest ``LoadSnapshot`` per DP rank (a fixed msgspec struct, msgpack-encoded
+under a file lock), written every ``publish_interval`` steps. The SPEX controllers and tests need every step
+(a ring with sequence numbers, so a reader can prove no step was missed), and per-role fields SGLang's
+struct has no room for (primary/speculative split, budget, protected KV, cancel histograms).
+
+The writer lives in the scheduler's plugin state (``scheduling.state_of(scheduler).stats``). Under overlap
+scheduling a row describes the batch chosen at the scheduling point; ``step_s`` is the time between two
+scheduling points, i.e. the loop period that overlap shortens.
 """
 
 from __future__ import annotations
@@ -18,6 +28,9 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from sglang_spex.adapters import radix_cache as rc
+from sglang_spex.adapters import scheduler as sa
+from sglang_spex.srt import scheduling
 from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
@@ -167,81 +180,62 @@ class StatsReader:
         return {"seq": seq, "start": start, "lost": start - since if since < start else 0, "rows": rows}
 
 
-_writer: Optional[StatsWriter] = None
 G_STATS = HookGuard("batch_stats")
 
 
-def _writer_for_process() -> StatsWriter:
-    global _writer
-    if _writer is None:
-        _writer = StatsWriter(os.environ.get(ENV_VAR) or prepare_channel())
-    return _writer
+def _writer_of(state: scheduling.SpexSchedulerState) -> StatsWriter:
+    if state.stats is None:
+        state.stats = StatsWriter(os.environ.get(ENV_VAR) or prepare_channel())
+    return state.stats
 
 
-def _mode(batch) -> int:
-    fm = batch.forward_mode
-    if fm.is_mixed():
-        return 3
-    if fm.is_decode():
-        return 2
-    if fm.is_extend():
-        return 1
-    return 0
-
-
-def _publish(plan, scheduler) -> None:
-    from sglang_spex.srt import prefix_protection, scheduling
-
-    writer = _writer_for_process()
+def _publish(plan: Any, scheduler: Any) -> None:
+    state = scheduling.state_of(scheduler)
+    writer = _writer_of(state)
     batch = plan.batch_to_run
-    if batch is None or not batch.reqs:
+    reqs = sa.batch_reqs(batch)
+    if not reqs:
         writer.idle()
         return
-    is_spec = scheduling.is_spec
-    n_spec = sum(1 for r in batch.reqs if is_spec(r))
-    seen = {id(r) for r in batch.reqs}
-    rb = plan.running_batch
-    spec_total = n_spec + sum(
-        1 for r in (rb.reqs if rb is not None else []) if id(r) not in seen and is_spec(r) and not r.finished()
-    )
-    tree = scheduler.tree_cache
-    total = int(scheduler.max_total_num_tokens)
-    available = int(scheduler.token_to_kv_pool_allocator.available_size())
-    evictable = int(tree.evictable_size())
-    waiting = scheduler.waiting_queue
-    budget = scheduling.STATE.budget
+    n_spec = sum(1 for r in reqs if sa.is_spec(r))
+    seen = {id(r) for r in reqs}
+    rest = sa.batch_reqs(plan.running_batch)
+    spec_total = n_spec + sum(1 for r in rest if id(r) not in seen and sa.is_spec(r) and not r.finished())
+    pool = sa.pool(scheduler)
+    waiting = sa.waiting(scheduler)
+    total, available, evictable = pool["kv_total"], pool["kv_available"], pool["kv_evictable"]
     row = {
         "time": time.time(),
         "step": writer.seq,
-        "mode": _mode(batch),
-        "batch_size": len(batch.reqs),
-        "n_primary": len(batch.reqs) - n_spec,
+        "mode": sa.batch_mode(batch),
+        "batch_size": len(reqs),
+        "n_primary": len(reqs) - n_spec,
         "n_spec": n_spec,
         "spec_total": spec_total,
-        "budget": -1 if budget is None else budget,
+        "budget": -1 if state.budget is None else state.budget,
         "kv_used": total - available - evictable,
         "kv_available": available,
         "kv_evictable": evictable,
-        "kv_protected": int(tree.protected_size()),
+        "kv_protected": rc.protected_size(scheduler.tree_cache),
         "kv_total": total,
         "waiting": len(waiting),
-        "waiting_spec": sum(1 for r in waiting if is_spec(r)),
+        "waiting_spec": sum(1 for r in waiting if sa.is_spec(r)),
     }
-    st, pg = scheduling.STATE, prefix_protection.GUARD
+    pg = state.protection
     counters: Dict[str, float] = {
-        "preempt_for_primary": st.counters.get("preempt_for_primary", 0),
-        "spec_retracted_for_budget": st.counters.get("spec_retracted_for_budget", 0),
+        "preempt_for_primary": state.counters.get("preempt_for_primary", 0),
+        "spec_retracted_for_budget": state.counters.get("spec_retracted_for_budget", 0),
         "protect_locks": pg.num_locks,
         "protect_locked_tokens": pg.locked_tokens,
     }
-    for mode, hist in st.extra_hist.items():
+    for mode, hist in state.extra_hist.items():
         for i, n in enumerate(hist):
             suffix = f"{i}" if i < len(hist) - 1 else f"{i}plus"
             counters[f"cancel_extra_{mode}_{suffix}"] = n
     writer.write(row, counters)
 
 
-def h_publish(plan, scheduler, *args, **kwargs):
+def h_publish(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER Scheduler.get_next_batch_to_run: publish this step's batch statistics."""
     G_STATS.run(_publish, plan, scheduler)
     return plan

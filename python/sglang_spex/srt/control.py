@@ -7,7 +7,8 @@ tokenizer manager sends it on its normal socket to the scheduler (``_dispatch_to
 added dispatcher entry applies it between two scheduling steps. The sender then awaits one
 ``get_internal_state`` round trip: the scheduler answers in FIFO order, so the reply (which carries the
 scheduler-side spex state, see ``hooks.scheduler_report``) proves the command was applied.
-Run-time statistics go the other way through shared memory (:mod:`sglang_spex.srt.batch_stats`).
+Commands are applied in ``ingest_requests``, before the step's scheduling hooks run, with or without overlap
+scheduling (a cancel is then finished by the same step's immediate-cancel hook). Run-time statistics go the other way through shared memory (:mod:`sglang_spex.srt.batch_stats`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Optional
 
-from sglang.srt.managers.io_struct import BaseReq
+from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
+from sglang.utils import TypeBasedDispatcher
 
-from sglang_spex.srt.hook_guard import HookGuard
+from sglang_spex.adapters import scheduler as sa
+from sglang_spex.srt import scheduling
+from sglang_spex.srt.hook_guard import HookGuard, guard_report
+from sglang_spex.tot.engine import search_rid_prefix
 
 logger = logging.getLogger(__name__)
 
 OPS = ("budget", "cancel", "protect", "release", "set", "promote")
 KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction")
+G_CONTROL = HookGuard("control_channel")
 
 
 class SpexControlReq(BaseReq, kw_only=True):
@@ -35,85 +41,64 @@ class SpexControlReq(BaseReq, kw_only=True):
     value: Optional[float] = None  # budget (None = unlimited) or knob value
 
 
-_types_registered = False
-G_CONTROL = HookGuard("control_channel")
-
-
 def register_types() -> None:
-    """Teach this process's IPC decoder the new message type (idempotent)."""
-    global _types_registered
-    if not _types_registered:
-        from sglang.srt.managers.io_struct import hook_custom_types
-
-        hook_custom_types(SpexControlReq)
-        _types_registered = True
+    """Teach this process's IPC decoder the new message type (SGLang's ``hook_custom_types`` is idempotent)."""
+    hook_custom_types(SpexControlReq)
 
 
 # ---------------------------------------------------------------- scheduler side
-def apply(scheduler, req: SpexControlReq) -> None:
-    from sglang_spex.srt import prefix_protection, scheduling
-
-    guard = prefix_protection.GUARD
+def apply(scheduler: Any, req: SpexControlReq) -> None:
+    """Apply one command to this scheduler's plugin state (between two scheduling steps)."""
+    state = scheduling.state_of(scheduler)
+    protection = state.protection
     if req.op == "budget":
-        scheduling.STATE.budget = None if req.value is None or req.value < 0 else int(req.value)
+        state.budget = None if req.value is None or req.value < 0 else int(req.value)
     elif req.op == "cancel":
-        prefix = req.prefix or (f"spex:{req.search_id}:" if req.search_id else "")
+        prefix = req.prefix or (search_rid_prefix(req.search_id) if req.search_id else "")
         scheduling.cancel(scheduler, prefix, req.search_id)
     elif req.op == "promote":
         scheduling.promote(scheduler, req.prefix)
     elif req.op == "protect":
-        guard.start_search(req.search_id)
+        protection.start_search(req.search_id)
     elif req.op == "release":
         if req.search_id:
-            guard.end_search(scheduler.tree_cache, req.search_id, req.prefix)
+            protection.end_search(scheduler.tree_cache, req.search_id, req.prefix)
         else:
-            guard.release_all(scheduler.tree_cache)
+            protection.release_all(scheduler.tree_cache)
     elif req.op == "set":
         if req.key == "immediate_cancel":
-            scheduling.STATE.immediate_cancel = bool(req.value)
+            state.immediate_cancel = bool(req.value)
         elif req.key == "protect_ttl_s":
-            guard.ttl_s = float(req.value)
+            protection.ttl_s = float(req.value)
         elif req.key == "protect_max_fraction":
-            guard.max_fraction = float(req.value)
+            protection.max_fraction = float(req.value)
         else:
             logger.warning("spex: unknown knob %r", req.key)
     else:
         logger.warning("spex: unknown control op %r", req.op)
 
 
-def h_add_dispatch(result, scheduler, *args, **kwargs):
+def _add_dispatch(scheduler: Any) -> None:
+    scheduler._request_dispatcher += TypeBasedDispatcher(
+        [(SpexControlReq, lambda req: G_CONTROL.run(apply, scheduler, req))]
+    )
+
+
+def h_add_dispatch(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER Scheduler.init_request_dispatcher: route ``SpexControlReq`` to :func:`apply`."""
-
-    def add():
-        from sglang.utils import TypeBasedDispatcher
-
-        scheduler._request_dispatcher += TypeBasedDispatcher(
-            [(SpexControlReq, lambda req: G_CONTROL.run(apply, scheduler, req))]
-        )
-
-    G_CONTROL.run(add)
+    G_CONTROL.run(_add_dispatch, scheduler)
     return result
 
 
-def sched_report(scheduler) -> Dict[str, Any]:
+def sched_report(scheduler: Any) -> Dict[str, Any]:
     """Scheduler-side spex state with live pool figures (answered inside ``get_internal_state``)."""
-    from sglang_spex.srt import prefix_protection, scheduling
-    from sglang_spex.srt.hook_guard import guard_report
-
-    tree = scheduler.tree_cache
+    state = scheduling.state_of(scheduler)
     return {
-        **scheduling.STATE.report(),
-        "protection": prefix_protection.GUARD.report(),
+        **state.report(),
+        "overlap": sa.overlap(scheduler),
+        "protection": state.protection.report(),
         "hooks": guard_report(),
-        "pool": {
-            "kv_total": int(scheduler.max_total_num_tokens),
-            "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
-            "kv_evictable": int(tree.evictable_size()),
-            "kv_protected": int(tree.protected_size()),
-            "req_slots_free": int(scheduler.req_to_token_pool.available_size()),
-            "waiting": len(scheduler.waiting_queue),
-            "running": len(scheduler.running_batch.reqs) if scheduler.running_batch is not None else 0,
-        },
+        "pool": sa.pool(scheduler),
     }
 
 
@@ -131,14 +116,15 @@ def validate(req: SpexControlReq) -> Optional[str]:
     return None
 
 
-async def send(tokenizer_manager, req: SpexControlReq) -> Dict[str, Any]:
+async def send(tokenizer_manager: Any, req: SpexControlReq) -> Dict[str, Any]:
     """Send ``req`` to the scheduler and return the scheduler-side spex state once it has been applied."""
     tokenizer_manager.auto_create_handle_loop()
     tokenizer_manager._dispatch_to_scheduler(req)
     return await scheduler_state(tokenizer_manager)
 
 
-async def scheduler_state(tokenizer_manager) -> Dict[str, Any]:
+async def scheduler_state(tokenizer_manager: Any) -> Dict[str, Any]:
+    """The scheduler-side spex state (one ``get_internal_state`` round trip; H1 adds it)."""
     states = await tokenizer_manager.get_internal_state()
     spex = (states[0] if states else {}).get("spex") or {}
     return spex.get("sched") or {}

@@ -2,10 +2,14 @@
 
 SGLang serves ``/metrics`` through prometheus_client's multiprocess collector, so counters created in the
 HTTP process (after ``PROMETHEUS_MULTIPROC_DIR`` is set, hence lazily) appear there next to SGLang's own.
+``prometheus_client`` is imported inside the functions on purpose: it picks its multiprocess value class
+from that variable when first imported, so a module-level import could happen before SGLang sets it.
+A metric name can be registered once per process, so the counters are created once (``_metrics``, cached).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Dict, Optional
@@ -24,30 +28,28 @@ _COUNTERS = {
     "tokens_wasted": "speculative tokens never adopted",
     "early_stops": "searches ended by T3 early termination",
 }
-_metrics: Optional[Dict[str, object]] = None
 
 
-def _init() -> Optional[Dict[str, object]]:
-    global _metrics
-    if _metrics is None:
-        try:
-            from prometheus_client import Counter, Histogram
+@functools.lru_cache(maxsize=None)
+def _metrics() -> Dict[str, object]:
+    try:
+        from prometheus_client import Counter, Histogram
 
-            _metrics = {k: Counter(f"spex_{k}", doc) for k, doc in _COUNTERS.items()}
-            _metrics["cancel_latency"] = Histogram(
-                "spex_cancel_latency_seconds",
-                "decision-to-freed latency of speculative cancels",
-                buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            )
-        except Exception:  # metrics must never break a search
-            logger.exception("spex: prometheus metrics unavailable")
-            _metrics = {}
-    return _metrics
+        out: Dict[str, object] = {k: Counter(f"spex_{k}", doc) for k, doc in _COUNTERS.items()}
+        out["cancel_latency"] = Histogram(
+            "spex_cancel_latency_seconds",
+            "decision-to-freed latency of speculative cancels",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
+        return out
+    except Exception:  # metrics must never break a search
+        logger.exception("spex: prometheus metrics unavailable")
+        return {}
 
 
 def record_search(accounting: Optional[dict], primary_requests: int, primary_tokens: int) -> None:
     """Add one finished search's accounting (``SpecAccounting.to_dict()`` or None for baseline)."""
-    m = _init()
+    m = _metrics()
     if not m:
         return
     m["searches"].inc()

@@ -1,15 +1,19 @@
 """Live-prefix protection in SGLang's radix cache (hook logic; registered in hooks.py).
 
 When a request of a live ToT search finishes normally, SGLang inserts its tokens into the radix cache. We
-then take a tree lock (``UnifiedRadixCache.lock``) on the node that ends that node's sequence, so the
-prefix a search may still expand survives eviction. Locks are keyed ``(search_id, node_path)`` and all
-of a search's locks go when the search ends: ``/spex/release`` or ``/spex/cancel``, an abort of one of
-its primary requests (cancel or client disconnect), or a lease of ``ttl_s`` without any of its
-requests in the scheduler (a client-side search whose client vanished).
+then take a tree lock on the node that ends that node's sequence, so the prefix a search may still expand
+survives eviction. Locks are keyed ``(search_id, node_path)`` and all of a search's locks go when the search
+ends: ``/spex/release`` or ``/spex/cancel``, an abort of one of its primary requests (cancel or client
+disconnect), or a lease of ``ttl_s`` without any of its requests in the scheduler (a client-side search whose
+client vanished).
 
 Protected tokens are capped at ``max_fraction`` of the KV pool so protection can never starve admission.
 Speculative-only KV is evicted first by SGLang itself: speculative requests carry the lowest priority,
 which ``--radix-eviction-policy priority`` stores on the nodes they insert.
+
+One :class:`PrefixProtection` per scheduler, held by its plugin state (``scheduling.state_of``). Under overlap
+scheduling a request finishes while the next batch is already launched (its allocation is done); the lock is
+taken at the next scheduling point, before that step allocates, as without overlap.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
+from sglang_spex.adapters import radix_cache as rc
+from sglang_spex.adapters import scheduler as sa
 from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
@@ -27,6 +33,7 @@ DEFAULT_TTL_S = 300.0
 DEFAULT_MAX_FRACTION = 0.5
 ENDED_TTL_S = 120.0  # a late finish of an ended search is not protected again
 SWEEP_EVERY_S = 1.0
+G_PROTECT = HookGuard("prefix_protect")
 
 
 @dataclass
@@ -36,7 +43,9 @@ class _Lock:
 
 
 @dataclass
-class PrefixGuard:
+class PrefixProtection:
+    """Tree locks on the finished nodes of live searches, per search, with leases."""
+
     ttl_s: float = DEFAULT_TTL_S
     max_fraction: float = DEFAULT_MAX_FRACTION
     locks: Dict[str, Dict[str, _Lock]] = field(default_factory=dict)
@@ -44,7 +53,7 @@ class PrefixGuard:
     ended: Dict[str, float] = field(default_factory=dict)
     pending: List[Tuple[str, str, Any]] = field(default_factory=list)
     counters: Dict[str, int] = field(default_factory=dict)
-    _last_sweep: float = 0.0
+    last_sweep: float = 0.0
 
     def bump(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -66,6 +75,7 @@ class PrefixGuard:
             "ttl_s": self.ttl_s,
             "max_fraction": self.max_fraction,
             "counters": dict(self.counters),
+            "enabled": G_PROTECT.enabled,
         }
 
     # ------------------------------------------------------------ commands
@@ -75,12 +85,12 @@ class PrefixGuard:
         self.last_seen[search_id] = time.monotonic()
         self.locks.setdefault(search_id, {})
 
-    def end_search(self, tree_cache, search_id: str, node_prefix: str = "") -> int:
+    def end_search(self, tree_cache: Any, search_id: str, node_prefix: str = "") -> int:
         """Drop the search's locks (only nodes under ``node_prefix`` if given); returns how many."""
         held = self.locks.get(search_id, {})
         paths = [p for p in held if not node_prefix or p == node_prefix or p.startswith(node_prefix + ".")]
         for p in paths:
-            tree_cache.unlock(held.pop(p).lock)
+            rc.unlock(tree_cache, held.pop(p).lock)
         if not node_prefix:
             self.locks.pop(search_id, None)
             self.last_seen.pop(search_id, None)
@@ -89,95 +99,82 @@ class PrefixGuard:
         self.bump("released", len(paths))
         return len(paths)
 
-    def release_all(self, tree_cache) -> int:
+    def release_all(self, tree_cache: Any) -> int:
         return sum(self.end_search(tree_cache, s) for s in list(self.locks))
 
     # ------------------------------------------------------------ hook bodies
-    def note_finished(self, req, search_id: str, node_path: str) -> None:
-        if search_id in self.ended:
-            return
-        self.pending.append((search_id, node_path, req))
+    def note_finished(self, req: Any) -> None:
+        """A request finished normally and its tokens are in the tree: lock them at the next scheduling point."""
+        _, search, node = sa.classify(req)
+        if search and search not in self.ended:
+            self.pending.append((search, node, req))
 
-    def _protect(self, scheduler, search_id: str, node_path: str, req) -> None:
-        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-        from sglang.srt.mem_cache.common import _req_radix_key
-
+    def _protect(self, scheduler: Any, search_id: str, node_path: str, req: Any) -> None:
         tree_cache = scheduler.tree_cache
-        if tree_cache.protected_size() >= self.max_fraction * scheduler.max_total_num_tokens:
+        if rc.protected_size(tree_cache) >= self.max_fraction * sa.kv_total(scheduler):
             self.bump("skipped_cap")
             return
-        tokens = req.origin_input_ids + req.output_ids
-        match = tree_cache.match_prefix(MatchPrefixParams(key=_req_radix_key(tree_cache, req, tokens)))
-        if match.device_prefix_len <= 0 or tree_cache.is_root(match.last_device_node):
+        taken = rc.lock_sequence(tree_cache, req)
+        if taken is None:
             self.bump("skipped_uncached")
             return
         held = self.locks.setdefault(search_id, {})
         old = held.pop(node_path, None)
-        held[node_path] = _Lock(tree_cache.lock(match.last_device_node), int(match.device_prefix_len))
+        held[node_path] = _Lock(*taken)
         if old is not None:
-            tree_cache.unlock(old.lock)
+            rc.unlock(tree_cache, old.lock)
         self.last_seen[search_id] = time.monotonic()
         self.bump("protected")
 
-    def pre_step(self, scheduler) -> None:
-        tree_cache = scheduler.tree_cache
+    def pre_step(self, scheduler: Any) -> None:
+        """Lock queued prefixes; once a second, expire the leases of searches with no request in the scheduler."""
         while self.pending:
             search_id, node_path, req = self.pending.pop(0)
             if search_id not in self.ended:
                 self._protect(scheduler, search_id, node_path, req)
         now = time.monotonic()
-        if now - self._last_sweep < SWEEP_EVERY_S:
+        if now - self.last_sweep < SWEEP_EVERY_S:
             return
-        self._last_sweep = now
+        self.last_sweep = now
         for s, t in list(self.ended.items()):
             if t < now:
                 del self.ended[s]
         if not self.locks:
             return
-        from sglang_spex.srt.scheduling import classify
-
-        active = {classify(r)[1] for r in scheduler.waiting_queue}
-        for batch in (scheduler.running_batch, scheduler.last_batch):
-            if batch is not None:
-                active.update(classify(r)[1] for r in batch.reqs)
+        reqs = sa.waiting(scheduler) + sa.scheduled_reqs(sa.running_batch(scheduler), sa.last_batch(scheduler))
+        active = {sa.classify(r)[1] for r in reqs}
         for s in list(self.locks):
             if s in active:
                 self.last_seen[s] = now
             elif now - self.last_seen.get(s, now) > self.ttl_s:
                 self.bump("expired")
-                self.end_search(tree_cache, s)
+                self.end_search(scheduler.tree_cache, s)
 
 
-GUARD = PrefixGuard()
-G_PROTECT = HookGuard("prefix_protect")
+def _on_release(tree_cache: Any, args: tuple, kwargs: dict) -> None:
+    state = sa.attached_state(tree_cache)
+    if state is None:
+        return  # no scheduling step has run yet, so no search can be live
+    a = sa.hook_args(type(tree_cache).on_release, tree_cache, *args, **kwargs)
+    req = a["req"]
+    if a.get("checkpointed") and req.finished() and not sa.finished_by_abort(req):
+        state.protection.note_finished(req)
 
 
-def h_on_release(result, tree_cache, req, *args, checkpointed: bool = False, **kwargs):
+def h_on_release(result: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER UnifiedRadixCache.on_release: queue a normally finished node of a live search for protection."""
-
-    def note():
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-        if not checkpointed or not req.finished() or isinstance(req.finished_reason, FINISH_ABORT):
-            return
-        from sglang_spex.srt.scheduling import classify
-
-        _, search, node = classify(req)
-        if search:
-            GUARD.note_finished(req, search, node)
-
-    G_PROTECT.run(note)
+    G_PROTECT.run(_on_release, tree_cache, args, kwargs)
     return result
 
 
-def h_pre_step(scheduler, *args, **kwargs):
+def _pre_step(scheduler: Any) -> None:
+    state = sa.attached_state(scheduler)
+    if state is not None:
+        state.protection.pre_step(scheduler)
+
+
+def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler.get_next_batch_to_run: lock queued prefixes (before any allocation can evict them)
     and expire the leases of searches that have gone quiet."""
-    G_PROTECT.run(GUARD.pre_step, scheduler)
+    G_PROTECT.run(_pre_step, scheduler)
     return None
-
-
-def protect_report(scheduler: Optional[Any] = None) -> Dict[str, Any]:
-    out = GUARD.report()
-    out["enabled"] = G_PROTECT.enabled
-    return out

@@ -4,7 +4,17 @@ Request roles come from ``SamplingParams.custom_params["spex_role"]`` (see :mod:
 falling back to the rid convention ``spex:{search}:{path}:``. A request without a role is treated as
 primary: only work marked speculative is ever ranked down, capped or retracted first.
 
-Everything here runs in SGLang's scheduler process, between forward steps, on the scheduler thread.
+Everything here runs in SGLang's scheduler process, between forward steps, on the scheduler thread. The
+run-time state (budget, counters, cancel watch, prefix protection, stats writer) is one
+:class:`SpexSchedulerState` per ``Scheduler``, attached to it by :func:`state_of`. SGLang internals are
+reached only through :mod:`sglang_spex.adapters.scheduler`.
+
+Overlap scheduling: the hooks act at the scheduling point, where the batch launched last step is still in
+flight. A request of that batch may be finished (immediate cancel) or retracted (budget) there, as SGLang's
+own priority preemption does: its in-flight result is skipped because the request is finished or retracted
+by then. Requests retracted for the budget are re-queued only after this step's admission (as SGLang does
+with ``PrefillAdder.preempt_list``), so a retracted request is never prefilled again before its in-flight
+result has been processed.
 """
 
 from __future__ import annotations
@@ -13,45 +23,32 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.schedule_policy import AddReqResult
+
+from sglang_spex.adapters import scheduler as sa
+from sglang_spex.config import SpexConfig
 from sglang_spex.srt.hook_guard import HookGuard
+from sglang_spex.srt.prefix_protection import PrefixProtection
+from sglang_spex.tot.engine import ROLE_PRIMARY, search_rid_prefix
 
 logger = logging.getLogger(__name__)
 
-ROLE_PRIMARY = "primary"
-ROLE_SPEC = "spec"
 PRIMARY_DEFAULT_PRIORITY = 0  # an unprioritised request outranks speculative work (SGLang's default: lowest)
 CANCELLED_SEARCH_TTL_S = 60.0  # late arrivals of a cancelled search are aborted for this long
 WATCH_TTL_S = 120.0
 EXTRA_BINS = 5  # histogram of tokens decoded after cancel: 0, 1, 2, 3, >=4
 
+G_RANK = HookGuard("rank_priority")
+G_RETRACT = HookGuard("rank_retraction")
+G_PREEMPT = HookGuard("rank_preempt_on_kv_short")
+G_CAP = HookGuard("admission_cap")
+G_CANCEL = HookGuard("immediate_cancel")
 
-def _classify(req) -> Tuple[Optional[str], Optional[str], str]:
-    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    role = search = node = None
-    if isinstance(params, dict):
-        role, search, node = params.get("spex_role"), params.get("spex_search"), params.get("spex_node")
-    rid = getattr(req, "rid", None) or ""
-    if rid.startswith("spex:"):
-        parts = rid.split(":")
-        if len(parts) == 4:
-            search = search or parts[1]
-            node = node or parts[2]
-    return (ROLE_SPEC if role == ROLE_SPEC else ROLE_PRIMARY), (str(search) if search else None), str(node or "")
-
-
-def classify(req) -> Tuple[str, Optional[str], str]:
-    """(role, search_id or None, node path) of a scheduler ``Req``; cached on the request."""
-    cached = getattr(req, "_spex_class", None)
-    if cached is None:
-        cached = _classify(req)
-        req._spex_class = cached
-    return cached
-
-
-def is_spec(req) -> bool:
-    return classify(req)[0] == ROLE_SPEC
+classify = sa.classify  # (role, search id, node path) of a scheduler Req
+is_spec = sa.is_spec
 
 
 @dataclass
@@ -63,8 +60,8 @@ class _Watch:
 
 
 @dataclass
-class SchedState:
-    """Run-time knobs and counters of the scheduler-side hooks (one per scheduler process)."""
+class SpexSchedulerState:
+    """The plugin's run-time state in one scheduler: knobs, counters, cancel watch, protection, stats writer."""
 
     budget: Optional[int] = None  # max speculative requests in the running batch; None = unlimited
     spec_priority: int = -1000
@@ -75,6 +72,12 @@ class SchedState:
     extra_hist: Dict[str, List[int]] = field(
         default_factory=lambda: {"immediate": [0] * EXTRA_BINS, "plain": [0] * EXTRA_BINS}
     )
+    protection: PrefixProtection = field(default_factory=PrefixProtection)
+    stats: Any = None  # batch_stats.StatsWriter, created by the first published step
+
+    @classmethod
+    def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
+        return cls(budget=cfg.k_total, spec_priority=cfg.spec_priority)
 
     def bump(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -90,17 +93,18 @@ class SchedState:
         }
 
 
-STATE = SchedState()
-G_RANK = HookGuard("rank_priority")
-G_RETRACT = HookGuard("rank_retraction")
-G_PREEMPT = HookGuard("rank_preempt_on_kv_short")
-G_CAP = HookGuard("admission_cap")
-G_CANCEL = HookGuard("immediate_cancel")
+def state_of(scheduler: Any) -> SpexSchedulerState:
+    """The scheduler's plugin state; created on first use from the process's ``SpexConfig`` (read once)."""
+    state = sa.attached_state(scheduler)
+    if state is None:
+        state = SpexSchedulerState.from_config(SpexConfig.from_env())
+        sa.attach_state(scheduler, state)
+    return state
 
 
 def configure(budget: Optional[int], spec_priority: int) -> None:
-    STATE.budget = budget
-    STATE.spec_priority = spec_priority
+    """No-op kept for callers of the former process-wide state: each scheduler's state now reads the
+    ``SpexConfig`` once when :func:`state_of` creates it."""
 
 
 def _urgency(priority: Optional[int], low_first: bool) -> int:
@@ -111,252 +115,239 @@ def _urgency(priority: Optional[int], low_first: bool) -> int:
 
 
 # ---------------------------------------------------------------- ranking
-def _assign_priority(scheduler, req) -> None:
-    if not scheduler.enable_priority_scheduling:
+def _assign_priority(scheduler: Any, req: Any) -> None:
+    if not sa.priority_scheduling(scheduler):
         return
-    low_first = bool(scheduler.schedule_low_priority_values_first)
+    state = state_of(scheduler)
+    low_first = sa.low_values_first(scheduler)
+    current = sa.priority(req)
     if is_spec(req):
-        floor = -STATE.spec_priority if low_first else STATE.spec_priority
-        if req.priority is None or _urgency(req.priority, low_first) > _urgency(floor, low_first):
-            req.priority = floor
-    elif req.priority is None:
-        req.priority = PRIMARY_DEFAULT_PRIORITY
+        floor = -state.spec_priority if low_first else state.spec_priority
+        if current is None or _urgency(current, low_first) > _urgency(floor, low_first):
+            sa.set_priority(req, floor)
+    elif current is None:
+        sa.set_priority(req, PRIMARY_DEFAULT_PRIORITY)
 
 
-def promote(scheduler, rid: str) -> None:
+def promote(scheduler: Any, rid: str) -> None:
     """The search now waits on this speculative request: give it primary rank (waiting or running)."""
-    reqs = list(scheduler.waiting_queue) + list(getattr(scheduler.running_batch, "reqs", []) or [])
-    for req in reqs:
-        if getattr(req, "rid", None) == rid and is_spec(req):
-            _, search, node = classify(req)
-            req._spex_class = (ROLE_PRIMARY, search, node)
-            req.priority = PRIMARY_DEFAULT_PRIORITY
-            STATE.bump("promoted")
+    state = state_of(scheduler)
+    for req in sa.waiting(scheduler) + sa.batch_reqs(sa.running_batch(scheduler)):
+        if sa.rid(req) == rid and is_spec(req):
+            sa.make_primary(req, PRIMARY_DEFAULT_PRIORITY)
+            state.bump("promoted")
 
 
-def h_assign_priority(scheduler, req, *args, **kwargs):
+def h_assign_priority(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler._add_request_to_queue: speculative work ranks below every primary request."""
+    req = sa.hook_args(type(scheduler)._add_request_to_queue, scheduler, *args, **kwargs)["req"]
     G_RANK.run(_assign_priority, scheduler, req)
     return None
 
 
-def h_retraction_order(result, reqs, *args, **kwargs):
+def h_retraction_order(result: List[int], *args: Any, **kwargs: Any) -> List[int]:
     """AFTER ScheduleBatch._get_decode_retraction_order: speculative requests are retracted first."""
 
-    def order():
+    def order() -> List[int]:
+        reqs = sa.hook_args(ScheduleBatch._get_decode_retraction_order, *args, **kwargs)["reqs"]
         return sorted(result, key=lambda i: is_spec(reqs[i]))  # stable: SGLang's order within each role
 
     return G_RETRACT.run(order, default=result)
 
 
-def h_preempt_on_kv_short(original, adder, req, *args, **kwargs):
+def h_preempt_on_kv_short(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND PrefillAdder.add_one_req: a primary short of KV preempts lower-ranked running requests."""
-    from sglang.srt.managers.schedule_policy import AddReqResult
-
-    res = original(adder, req, *args, **kwargs)
+    res = original(adder, *args, **kwargs)
     if res is not AddReqResult.NO_TOKEN:
         return res
 
     def try_preempt() -> bool:
-        if is_spec(req) or req.priority is None:
+        req = sa.hook_args(type(adder).add_one_req, adder, *args, **kwargs)["req"]
+        if is_spec(req) or sa.priority(req) is None:
             return False
-        if not any(is_spec(r) and not r.finished() for r in adder.running_batch.reqs):
+        if not any(is_spec(r) and not r.finished() for r in sa.adder_running_reqs(adder)):
             return False
-        return bool(adder.preempt_to_schedule(req))
+        if not sa.preempt_for(adder, req):
+            return False
+        state = sa.attached_state(sa.adder_tree_cache(adder))
+        if state is not None:
+            state.bump("preempt_for_primary")
+        return True
 
     if G_PREEMPT.run(try_preempt, default=False):
-        STATE.bump("preempt_for_primary")
-        return original(adder, req, *args, **kwargs)
+        return original(adder, *args, **kwargs)
     return res
 
 
 # ---------------------------------------------------------------- admission cap
-def _spec_over_budget(scheduler, batch) -> List[Any]:
-    """Running speculative requests beyond the budget, lowest ranked and least advanced first."""
-    budget = STATE.budget
-    if budget is None or batch is None:
+def _running_spec(scheduler: Any, batch: Any) -> List[Any]:
+    spec = [r for r in sa.batch_reqs(batch) if is_spec(r) and not r.finished()]
+    chunked = sa.chunked_req(scheduler)
+    if chunked is not None and is_spec(chunked) and chunked not in spec:
+        spec.append(chunked)
+    return spec
+
+
+def _spec_over_budget(scheduler: Any, batch: Any, state: SpexSchedulerState) -> List[Any]:
+    """Running speculative requests beyond the budget, lowest ranked and least advanced first.
+
+    Every live speculative request counts against the budget; requests already marked to finish, beam
+    groups, the chunked request and (overlap) requests whose in-flight result finishes them are never picked."""
+    if state.budget is None or batch is None:
         return []
-    low_first = bool(scheduler.schedule_low_priority_values_first)
-    spec = [r for r in batch.reqs if is_spec(r) and not r.finished() and r.to_finish is None and r.beam_group is None]
-    chunked = scheduler.chunked_req
-    n = len(spec) + (1 if chunked is not None and is_spec(chunked) else 0)
-    excess = n - max(budget, 0)
+    excess = len(_running_spec(scheduler, batch)) - max(state.budget, 0)
     if excess <= 0:
         return []
-    spec.sort(key=lambda r: (_urgency(r.priority, low_first), len(r.output_ids)))
-    return spec[:excess]
+    finishing = sa.finishing_inflight(scheduler, batch)
+    chunked = sa.chunked_req(scheduler)
+    candidates = [
+        r
+        for r in sa.batch_reqs(batch)
+        if is_spec(r) and sa.is_live(r) and not sa.in_beam_group(r) and r not in finishing and r is not chunked
+    ]
+    low_first = sa.low_values_first(scheduler)
+    candidates.sort(key=lambda r: (_urgency(sa.priority(r), low_first), sa.output_len(r)))
+    return candidates[:excess]
 
 
-def _trim_to_budget(scheduler, batch) -> None:
-    victims = _spec_over_budget(scheduler, batch)
-    if not victims:
-        return
-    drop = set(victims)
-    keep, released = [], 0
-    for i, r in enumerate(batch.reqs):
-        if r in drop:
-            released += 1
-            batch.release_req(i, len(batch.reqs) - released)
-        else:
-            keep.append(i)
-    batch.filter_batch(keep_indices=keep)
-    batch.batch_is_full = False
-    for r in victims:
-        scheduler._add_request_to_queue(r, is_retracted=True)
-    STATE.bump("spec_retracted_for_budget", len(victims))
+def _trim_to_budget(scheduler: Any, batch: Any) -> List[Any]:
+    """Retract the speculative requests above the budget from ``batch``; returns them (not yet re-queued)."""
+    state = state_of(scheduler)
+    victims = sa.retract(batch, _spec_over_budget(scheduler, batch, state))
+    if victims:
+        state.bump("spec_retracted_for_budget", len(victims))
+    return victims
 
 
-def _hide_excess_waiting(scheduler, running_batch) -> List[Any]:
-    budget = STATE.budget
-    if budget is None:
+def _hide_excess_waiting(scheduler: Any, running_batch: Any) -> List[Any]:
+    state = state_of(scheduler)
+    if state.budget is None:
         return []
-    running = sum(1 for r in running_batch.reqs if is_spec(r) and not r.finished())
-    chunked = scheduler.chunked_req
-    running += 1 if chunked is not None and is_spec(chunked) else 0
-    allowed = max(budget - running, 0)
-    waiting_spec = [r for r in scheduler.waiting_queue if is_spec(r)]
+    allowed = max(state.budget - len(_running_spec(scheduler, running_batch)), 0)
+    waiting_spec = [r for r in sa.waiting(scheduler) if is_spec(r)]
     if len(waiting_spec) <= allowed:
         return []
-    low_first = bool(scheduler.schedule_low_priority_values_first)
-    waiting_spec.sort(key=lambda r: (-_urgency(r.priority, low_first), r.time_stats.wait_queue_entry_time or 0.0))
+    low_first = sa.low_values_first(scheduler)
+    waiting_spec.sort(key=lambda r: (-_urgency(sa.priority(r), low_first), sa.queued_at(r)))
     hidden = waiting_spec[allowed:]
     hidden_ids = {id(r) for r in hidden}
-    scheduler.waiting_queue = [r for r in scheduler.waiting_queue if id(r) not in hidden_ids]
+    sa.set_waiting(scheduler, [r for r in sa.waiting(scheduler) if id(r) not in hidden_ids])
     return hidden
 
 
-def h_cap_prefill(original, scheduler, *args, **kwargs):
+def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND Scheduler._get_new_batch_prefill_raw: trim running speculative work to the budget and admit
-    speculative requests only while the budget has room (the rest stay queued, in order)."""
-    running_batch = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
+    speculative requests only while the budget has room (the rest stay queued, in order). Requests trimmed
+    here are re-queued after this step's admission."""
+    running_batch = sa.hook_args(type(scheduler)._get_new_batch_prefill_raw, scheduler, *args, **kwargs).get(
+        "running_batch"
+    )
     hidden: List[Any] = []
+    victims: List[Any] = []
     if running_batch is not None:
-        G_CAP.run(_trim_to_budget, scheduler, running_batch)
+        victims = G_CAP.run(_trim_to_budget, scheduler, running_batch, default=[]) or []
         hidden = G_CAP.run(_hide_excess_waiting, scheduler, running_batch, default=[]) or []
     try:
         return original(scheduler, *args, **kwargs)
     finally:
         if hidden:
-            scheduler.waiting_queue.extend(hidden)
+            sa.waiting(scheduler).extend(hidden)
+        if victims:
+            G_CAP.run(sa.requeue, scheduler, victims)
 
 
-def h_cap_decode(scheduler, batch, *args, **kwargs):
+def _cap_decode(scheduler: Any, batch: Any) -> None:
+    sa.requeue(scheduler, _trim_to_budget(scheduler, batch))  # no admission in a decode step
+
+
+def h_cap_decode(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler.update_running_batch: a lowered budget retracts excess speculative requests."""
-    G_CAP.run(_trim_to_budget, scheduler, batch)
+    batch = sa.hook_args(type(scheduler).update_running_batch, scheduler, *args, **kwargs)["batch"]
+    G_CAP.run(_cap_decode, scheduler, batch)
     return None
 
 
 # ---------------------------------------------------------------- cancel
-def _matches(recv_req, rid: str) -> bool:
-    return bool(recv_req.abort_all or (recv_req.rid and rid.startswith(recv_req.rid)))
-
-
-def _before_abort(scheduler, recv_req) -> List[Any]:
-    seen = [r for r in scheduler.waiting_queue if _matches(recv_req, r.rid)]
-    seen += [r for r in scheduler.collect_inflight_reqs() if not r.finished() and _matches(recv_req, r.rid)]
+def _before_abort(scheduler: Any, recv_req: Any) -> List[Any]:
+    seen = [r for r in sa.waiting(scheduler) if sa.abort_matches(recv_req, sa.rid(r))]
+    seen += [r for r in sa.inflight_reqs(scheduler) if not r.finished() and sa.abort_matches(recv_req, sa.rid(r))]
     return seen
 
 
-def _after_abort(scheduler, recv_req, seen: List[Any]) -> None:
-    from sglang_spex.srt import prefix_protection
-
+def _after_abort(scheduler: Any, recv_req: Any, seen: List[Any]) -> None:
+    state = state_of(scheduler)
     now = time.monotonic()
-    inflight = {id(r) for r in scheduler.collect_inflight_reqs()}
+    inflight = {id(r) for r in sa.inflight_reqs(scheduler)}
     ended = set()
     for r in seen:
         role, search, _ = classify(r)
-        if search and (role == ROLE_PRIMARY or recv_req.rid == f"spex:{search}:"):
+        if search and (role == ROLE_PRIMARY or sa.abort_rid(recv_req) == search_rid_prefix(search)):
             ended.add(search)  # a primary's abort (cancel or client disconnect) ends its search
-        if id(r) in inflight and r.to_finish is not None and r.rid not in STATE.watch:
-            STATE.watch[r.rid] = _Watch(r, len(r.output_ids), now, STATE.immediate_cancel)
+        if id(r) in inflight and sa.abort_pending(r) and sa.rid(r) not in state.watch:
+            state.watch[sa.rid(r)] = _Watch(r, sa.output_len(r), now, state.immediate_cancel)
         elif id(r) not in inflight:
-            STATE.bump("cancel_waiting")
+            state.bump("cancel_waiting")
     for search in ended:
-        prefix_protection.GUARD.end_search(scheduler.tree_cache, search)
+        state.protection.end_search(scheduler.tree_cache, search)
 
 
-def h_abort(original, scheduler, recv_req, *args, **kwargs):
+def h_abort(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND Scheduler.abort_request: watch cancelled running requests; end the searches they belong to."""
+    recv_req = sa.hook_args(type(scheduler).abort_request, scheduler, *args, **kwargs)["recv_req"]
     seen = G_CANCEL.run(_before_abort, scheduler, recv_req, default=[]) or []
-    result = original(scheduler, recv_req, *args, **kwargs)
+    result = original(scheduler, *args, **kwargs)
     if seen:
         G_CANCEL.run(_after_abort, scheduler, recv_req, seen)
     return result
 
 
-def cancel(scheduler, prefix: str, search_id: str = "") -> None:
+def cancel(scheduler: Any, prefix: str, search_id: str = "") -> None:
     """Cancel every request whose rid starts with ``prefix`` (a whole search: ``spex:{id}:``)."""
-    from sglang.srt.managers.io_struct import AbortReq
-
     if not prefix:
         return
+    state = state_of(scheduler)
     if search_id:
-        STATE.cancelled[prefix] = time.monotonic() + CANCELLED_SEARCH_TTL_S
-    STATE.bump("cancel_calls")
-    scheduler.abort_request(AbortReq(rid=prefix))
+        state.cancelled[prefix] = time.monotonic() + CANCELLED_SEARCH_TTL_S
+    state.bump("cancel_calls")
+    sa.abort(scheduler, prefix)
     if search_id:
-        from sglang_spex.srt import prefix_protection
-
-        prefix_protection.GUARD.end_search(scheduler.tree_cache, search_id)
+        state.protection.end_search(scheduler.tree_cache, search_id)
 
 
-def _record_extra(w: _Watch) -> None:
-    extra = max(len(w.req.output_ids) - w.n0, 0)
-    STATE.extra_hist["immediate" if w.immediate else "plain"][min(extra, EXTRA_BINS - 1)] += 1
+def _record_extra(state: SpexSchedulerState, w: _Watch) -> None:
+    extra = max(sa.output_len(w.req) - w.n0, 0)
+    state.extra_hist["immediate" if w.immediate else "plain"][min(extra, EXTRA_BINS - 1)] += 1
 
 
-def _finish_now(scheduler, req) -> None:
-    from sglang.srt.mem_cache.common import release_kv_cache
-
-    req.finished_reason = req.to_finish
-    req.to_finish = None
-    release_kv_cache(req, scheduler.tree_cache, checkpoint=True)
-    req.time_stats.set_completion_time()
-    scheduler.output_streamer.stream_output([req], req.return_logprob)
-
-
-def _pre_step(scheduler, running_batch, last_batch) -> None:
-    from sglang.srt.managers.io_struct import AbortReq
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
+def _pre_step(scheduler: Any, running_batch: Any, last_batch: Any) -> None:
+    state = state_of(scheduler)
     now = time.monotonic()
-    if STATE.cancelled:  # requests of a cancelled search that were still in the tokenizer
-        for prefix, expiry in list(STATE.cancelled.items()):
+    if state.cancelled:  # requests of a cancelled search that were still in the tokenizer
+        for prefix, expiry in list(state.cancelled.items()):
             if expiry < now:
-                del STATE.cancelled[prefix]
-            elif any(r.rid.startswith(prefix) for r in scheduler.waiting_queue):
-                scheduler.abort_request(AbortReq(rid=prefix))
-    if not STATE.watch:
+                del state.cancelled[prefix]
+            elif any(sa.rid(r).startswith(prefix) for r in sa.waiting(scheduler)):
+                sa.abort(scheduler, prefix)
+    if not state.watch:
         return
-    batches = [running_batch.reqs if running_batch is not None else []]
-    if last_batch is not None and last_batch is not running_batch and last_batch.forward_mode.is_extend():
-        batches.append(last_batch.reqs)
-    live = {id(r) for reqs in batches for r in reqs}
-    can_finish_now = not scheduler.enable_overlap
-    for rid, w in list(STATE.watch.items()):
+    live = {id(r) for r in sa.scheduled_reqs(running_batch, last_batch)}
+    for rid, w in list(state.watch.items()):
         req = w.req
         if req.finished():
-            _record_extra(w)
-            del STATE.watch[rid]
-        elif (
-            w.immediate
-            and can_finish_now
-            and id(req) in live
-            and isinstance(req.to_finish, FINISH_ABORT)
-            and req is not scheduler.chunked_req
-            and req.beam_group is None
-            and req.grammar is None
-            and req.kv.holds_kv
-        ):
-            _finish_now(scheduler, req)
-            STATE.bump("cancel_immediate")
-            _record_extra(w)
-            del STATE.watch[rid]
+            _record_extra(state, w)
+            del state.watch[rid]
+        elif w.immediate and id(req) in live and sa.can_finish_now(scheduler, req):
+            sa.finish_now(scheduler, req)
+            state.bump("cancel_immediate")
+            _record_extra(state, w)
+            del state.watch[rid]
         elif now - w.t0 > WATCH_TTL_S:
-            del STATE.watch[rid]
+            del state.watch[rid]
 
 
-def h_pre_step(scheduler, running_batch=None, last_batch=None, *args, **kwargs):
-    """BEFORE Scheduler.get_next_batch_to_run: finish cancelled running requests now (no extra decode step)."""
-    G_CANCEL.run(_pre_step, scheduler, running_batch, last_batch)
+def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE Scheduler.get_next_batch_to_run: finish cancelled running requests now (no extra decode step),
+    with or without overlap scheduling."""
+    a = sa.hook_args(type(scheduler).get_next_batch_to_run, scheduler, *args, **kwargs)
+    G_CANCEL.run(_pre_step, scheduler, a.get("running_batch"), a.get("last_batch"))
     return None

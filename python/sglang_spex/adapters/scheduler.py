@@ -1,0 +1,294 @@
+"""SGLang scheduler internals used by the SPEX scheduler hooks (SGLang 0.5.23): requests, queues, batches.
+
+Everything that reads or changes a ``Scheduler``, ``ScheduleBatch`` or ``Req`` attribute lives here, so a
+version bump touches this file. Where SGLang has a method for a step (aborting, re-queueing, releasing a
+running request's KV, the requests its in-flight batch finishes by length) it is called instead of
+re-implemented.
+
+Overlap scheduling (``Scheduler.event_loop_overlap``): when ``get_next_batch_to_run`` runs, the batch launched
+last step (``last_batch``) is still in ``result_queue``; its results are processed after the next batch is
+launched. SGLang's own result processing skips a request that is finished or retracted by then
+(``process_batch_result_decode`` / ``_prefill``), and ``release_kv_cache`` frees any KV slot allocated for a
+forward whose output is dropped; that is what lets a request of the in-flight batch be finished or
+retracted at the scheduling point, exactly as SGLang's priority preemption (``PrefillAdder.preempt_to_schedule``)
+does.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from sglang.srt.managers.io_struct import AbortReq
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
+from sglang.srt.mem_cache.common import release_kv_cache
+
+from sglang_spex.tot.engine import ROLE_PRIMARY, ROLE_SPEC, parse_rid
+
+STATE_ATTR = "spex_state"  # the plugin's per-scheduler state, on the Scheduler and on its tree cache
+_CLASS_ATTR = "_spex_class"  # (role, search id, node path) cached on a Req
+
+ReqClass = Tuple[str, Optional[str], str]
+
+
+# ---------------------------------------------------------------- plugin state and hook arguments
+def attach_state(scheduler: Any, state: Any) -> None:
+    """Keep ``state`` on the scheduler and on its radix cache (hooks on the cache get it from there)."""
+    setattr(scheduler, STATE_ATTR, state)
+    setattr(scheduler.tree_cache, STATE_ATTR, state)
+
+
+def attached_state(obj: Any) -> Optional[Any]:
+    """The plugin state attached to a scheduler or its radix cache, or None if none was created yet."""
+    return getattr(obj, STATE_ATTR, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable) -> inspect.Signature:
+    return inspect.signature(fn)  # follows functools.wraps, so a hooked method reports SGLang's signature
+
+
+def hook_args(method: Callable, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """The call's arguments by SGLang's parameter names (``method`` is the hooked function, self included)."""
+    return dict(_signature(method).bind_partial(*args, **kwargs).arguments)
+
+
+# ---------------------------------------------------------------- request identity
+def _classify(req: Any) -> ReqClass:
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    role = search = node = None
+    if isinstance(params, dict):
+        role, search, node = params.get("spex_role"), params.get("spex_search"), params.get("spex_node")
+    parsed = parse_rid(getattr(req, "rid", None) or "")
+    if parsed is not None:
+        search = search or parsed[0]
+        node = node or parsed[1]
+    return (ROLE_SPEC if role == ROLE_SPEC else ROLE_PRIMARY), (str(search) if search else None), str(node or "")
+
+
+def classify(req: Any) -> ReqClass:
+    """(role, search id or None, node path) of a scheduler ``Req``; a request without a role is primary."""
+    cached = getattr(req, _CLASS_ATTR, None)
+    if cached is None:
+        cached = _classify(req)
+        setattr(req, _CLASS_ATTR, cached)
+    return cached
+
+
+def is_spec(req: Any) -> bool:
+    return classify(req)[0] == ROLE_SPEC
+
+
+def make_primary(req: Any, priority: int) -> None:
+    """Re-classify a speculative request as primary with ``priority``."""
+    _, search, node = classify(req)
+    setattr(req, _CLASS_ATTR, (ROLE_PRIMARY, search, node))
+    req.priority = priority
+
+
+def rid(req: Any) -> str:
+    return req.rid
+
+
+def output_len(req: Any) -> int:
+    return len(req.output_ids)
+
+
+def priority(req: Any) -> Optional[int]:
+    return req.priority
+
+
+def set_priority(req: Any, value: int) -> None:
+    req.priority = value
+
+
+def queued_at(req: Any) -> float:
+    return req.time_stats.wait_queue_entry_time or 0.0
+
+
+def is_live(req: Any) -> bool:
+    """Not finished and not already marked to finish (by an abort or a finish condition)."""
+    return not req.finished() and req.to_finish is None
+
+
+def finished_by_abort(req: Any) -> bool:
+    return isinstance(req.finished_reason, FINISH_ABORT)
+
+
+def abort_pending(req: Any) -> bool:
+    """SGLang's abort path marked this running request (``to_finish``); it would decode one more step."""
+    return isinstance(req.to_finish, FINISH_ABORT)
+
+
+def in_beam_group(req: Any) -> bool:
+    return req.beam_group is not None
+
+
+# ---------------------------------------------------------------- scheduler queries
+def priority_scheduling(scheduler: Any) -> bool:
+    return bool(scheduler.enable_priority_scheduling)
+
+
+def low_values_first(scheduler: Any) -> bool:
+    return bool(scheduler.schedule_low_priority_values_first)
+
+
+def overlap(scheduler: Any) -> bool:
+    return bool(scheduler.enable_overlap)
+
+
+def waiting(scheduler: Any) -> List[Any]:
+    return scheduler.waiting_queue
+
+
+def set_waiting(scheduler: Any, reqs: List[Any]) -> None:
+    scheduler.waiting_queue = reqs
+
+
+def running_batch(scheduler: Any) -> Optional[Any]:
+    return scheduler.running_batch
+
+
+def batch_reqs(batch: Optional[Any]) -> List[Any]:
+    return list(getattr(batch, "reqs", None) or []) if batch is not None else []
+
+
+def chunked_req(scheduler: Any) -> Optional[Any]:
+    return scheduler.chunked_req
+
+
+def inflight_reqs(scheduler: Any) -> Set[Any]:
+    """Requests of the running batch and of the last launched batch (SGLang's own notion, used by its abort)."""
+    return scheduler.collect_inflight_reqs()
+
+
+def scheduled_reqs(running: Optional[Any], last: Optional[Any]) -> List[Any]:
+    """Requests a scheduling step can still act on: the running batch, plus a prefill launched last step whose
+    requests are merged into the running batch only inside ``get_next_batch_to_run``."""
+    reqs = batch_reqs(running)
+    if last is not None and last is not running and last.forward_mode.is_extend():
+        reqs += batch_reqs(last)
+    return reqs
+
+
+def finishing_inflight(scheduler: Any, batch: Any) -> Set[Any]:
+    """Requests whose in-flight result (overlap) finishes them by length: SGLang drops them from the next decode."""
+    return set(scheduler._reqs_finishing_inflight(batch))
+
+
+def last_batch(scheduler: Any) -> Optional[Any]:
+    return scheduler.last_batch
+
+
+def abort_matches(recv_req: Any, req_rid: str) -> bool:
+    """SGLang's abort matching: every request, or rids starting with the abort's rid."""
+    return bool(recv_req.abort_all or (recv_req.rid and req_rid.startswith(recv_req.rid)))
+
+
+def abort_rid(recv_req: Any) -> str:
+    return recv_req.rid or ""
+
+
+def abort(scheduler: Any, prefix: str) -> None:
+    """SGLang's own abort of every request whose rid starts with ``prefix`` (waiting: now; running: marked)."""
+    scheduler.abort_request(AbortReq(rid=prefix))
+
+
+def pool(scheduler: Any) -> Dict[str, int]:
+    """KV pool and queue figures of this scheduler."""
+    tree = scheduler.tree_cache
+    rb = scheduler.running_batch
+    return {
+        "kv_total": int(scheduler.max_total_num_tokens),
+        "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
+        "kv_evictable": int(tree.evictable_size()),
+        "kv_protected": int(tree.protected_size()),
+        "req_slots_free": int(scheduler.req_to_token_pool.available_size()),
+        "waiting": len(scheduler.waiting_queue),
+        "running": len(rb.reqs) if rb is not None else 0,
+    }
+
+
+def kv_total(scheduler: Any) -> int:
+    return int(scheduler.max_total_num_tokens)
+
+
+def batch_mode(batch: Any) -> int:
+    """1 prefill/extend, 2 decode, 3 mixed, 0 other."""
+    fm = batch.forward_mode
+    if fm.is_mixed():
+        return 3
+    if fm.is_decode():
+        return 2
+    if fm.is_extend():
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------- acting on requests
+def can_finish_now(scheduler: Any, req: Any) -> bool:
+    """Whether :func:`finish_now` may end this aborted running request at the scheduling point.
+
+    Excluded: a chunked prefill (SGLang's ``process_pending_chunked_abort`` owns it), beam groups, grammar
+    requests (their state advances in result processing), requests without KV, and the subsystems whose
+    finish path does more than release the KV row (hierarchical sparse attention, decode KV offload,
+    mamba state).
+    """
+    return (
+        abort_pending(req)
+        and req is not scheduler.chunked_req
+        and req.beam_group is None
+        and req.grammar is None
+        and req.kv.holds_kv
+        and not scheduler.enable_hisparse
+        and getattr(scheduler, "decode_offload_manager", None) is None
+        and not scheduler.tree_cache.supports_mamba()
+    )
+
+
+def finish_now(scheduler: Any, req: Any) -> None:
+    """Finish an aborted running request now, the way SGLang's result processing finishes it one step later:
+    ``update_finish_state`` (applies ``to_finish``), ``release_kv_cache`` with checkpoint, completion time,
+    the streamed abort. A result of its in-flight batch (overlap) is then skipped by SGLang (finished)."""
+    req.update_finish_state()
+    release_kv_cache(req, scheduler.tree_cache, checkpoint=True)
+    req.time_stats.set_completion_time()
+    scheduler.output_streamer.stream_output([req], req.return_logprob)
+
+
+def retract(batch: Any, victims: Iterable[Any]) -> List[Any]:
+    """Take ``victims`` out of the running ``batch`` and free their KV, as SGLang's priority preemption does
+    (``ScheduleBatch.release_req`` per request, then ``filter_batch``); returns them for :func:`requeue`."""
+    drop = set(victims)
+    keep, released, out = [], 0, []
+    for i, r in enumerate(batch.reqs):
+        if r in drop:
+            released += 1
+            batch.release_req(i, len(batch.reqs) - released)
+            out.append(r)
+        else:
+            keep.append(i)
+    if out:
+        batch.filter_batch(keep_indices=keep)
+        batch.batch_is_full = False
+    return out
+
+
+def requeue(scheduler: Any, reqs: Sequence[Any]) -> None:
+    """Put retracted requests back in the waiting queue (SGLang's ``_add_request_to_queue``)."""
+    for r in reqs:
+        scheduler._add_request_to_queue(r, is_retracted=True)
+
+
+def preempt_for(adder: Any, req: Any) -> bool:
+    """SGLang's own priority preemption of lower-ranked running requests to make room for ``req``."""
+    return bool(adder.preempt_to_schedule(req))
+
+
+def adder_running_reqs(adder: Any) -> List[Any]:
+    return batch_reqs(adder.running_batch)
+
+
+def adder_tree_cache(adder: Any) -> Any:
+    return adder.tree_cache
