@@ -1,0 +1,86 @@
+"""The plugin's routes on the real server refuse bad bodies with one 400 shape and change nothing."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from .helpers import QUESTION, post_search, spec
+
+pytestmark = pytest.mark.server
+
+
+def _scheduler(url: str) -> dict:
+    r = requests.get(url + "/spex/stats", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["scheduler"]
+
+
+def _refused(r: requests.Response, field: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["field"] == field and err["reason"], err
+
+
+@pytest.mark.parametrize(
+    "route, body, field",
+    [
+        ("/spex/budget", {"k_total": "lots"}, "k_total"),
+        ("/spex/budget", {"k": "lots"}, "k"),
+        ("/spex/budget", {"k": -2}, "k"),
+        ("/spex/knobs", {"protect_max_fraction": 2.0}, "protect_max_fraction"),
+        ("/spex/knobs", {"immediate_cancel": "no", "protect_ttl_s": 1.0}, "immediate_cancel"),
+        ("/spex/knobs", {"protect_ttl": 1.0}, "protect_ttl"),
+        ("/spex/cancel", {}, "body"),
+        ("/spex/protect", {"search_id": 7}, "search_id"),
+        ("/spex/release", {"search_id": "s", "bogus": 1}, "bogus"),
+        ("/spex/promote", {"rid": ""}, "rid"),
+        ("/spex/profile", {"batch_sizes": [1, 0]}, "batch_sizes[1]"),
+        ("/spex/profile", {"force": "yes"}, "force"),
+    ],
+)
+def test_bad_control_body_is_a_400_and_changes_nothing(spex_server, route, body, field):
+    before = _scheduler(spex_server.url)
+    _refused(requests.post(spex_server.url + route, json=body, timeout=30), field)
+    after = _scheduler(spex_server.url)
+    for key in ("budget", "immediate_cancel", "protection"):
+        assert after.get(key) == before.get(key), key
+
+
+def test_budget_round_trip(spex_server):
+    url = spex_server.url
+    before = _scheduler(url)["budget"]
+    try:
+        r = requests.post(url + "/spex/budget", json={"k": 5}, timeout=30)
+        assert r.status_code == 200 and r.json()["ok"] is True and r.json()["scheduler"]["budget"] == 5
+        r = requests.post(url + "/spex/budget", json={"k": None}, timeout=30)
+        assert r.status_code == 200 and r.json()["scheduler"]["budget"] is None
+    finally:
+        requests.post(url + "/spex/budget", json={"k": before}, timeout=30)
+    assert _scheduler(url)["budget"] == before
+
+
+def test_bad_search_envelope_starts_nothing(spex_server):
+    url = spex_server.url
+    before = requests.get(url + "/tot/searches", timeout=30).json()["searches"]
+    good = {"spec": spec({"name": "rebase", "width": 2, "max_depth": 1}), "question": QUESTION}
+    for body, field in (
+        ({**good, "k_total": 3}, "k_total"),
+        ({**good, "stream": "yes"}, "stream"),
+        ({**good, "reference": {"x": 1}}, "reference"),
+        ({**good, "question": "  "}, "question"),
+    ):
+        _refused(post_search(url, body), field)
+    assert requests.get(url + "/tot/searches", timeout=30).json()["searches"] == before
+
+
+def test_unknown_search_is_a_404_in_the_same_shape(spex_server):
+    for method in ("get", "delete"):
+        r = getattr(requests, method)(spex_server.url + "/tot/search/no-such-search", timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["field"] == "search_id"
+
+
+def test_info_reads_the_app_state(spex_server):
+    info = requests.get(spex_server.url + "/spex/info", timeout=30).json()
+    assert info["speculation"] is True and info["plugin_loaded_in_scheduler"] is True
+    assert info["config"]["k_total"] == 8
