@@ -1,87 +1,208 @@
-"""One typed configuration for sglang-spex, parsed once by the launcher and shipped to every process.
+"""One typed configuration for sglang-spex, validated in one place and shipped to every process in one env var.
 
-The launcher parses the ``--tot-*`` flags, serialises :class:`SpexConfig` into the environment variable
-``SGLANG_SPEX_CONFIG`` (JSON) and starts SGLang; SGLang's subprocesses inherit the environment, so the
-plugin reads the same config in the HTTP server and in the scheduler process.
+:class:`PluginConfig` holds the SPEX settings (:class:`SpexConfig`), the ReSpec adaptive server
+(:class:`RespecConfig`), the online learner (:class:`LearnerSpec`, with its :class:`LearnerConfig`) and the
+process-level fields (batch-stats channel, profile staleness). The launcher builds it from its flags, which
+:func:`add_flags` generates from the dataclass fields (name, type, default and help from each field's metadata;
+the mechanism mirrors SGLang's ``sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass``, written here
+because importing that module imports all of SGLang and torch, ~8 s, and this module is imported by the
+simulator and by every fast-failing launcher call). :meth:`PluginConfig.validate` holds every cross-field check;
+unknown fields are rejected with a :class:`ConfigError` naming them wherever a config is read from JSON.
+
+The launcher writes the config as JSON to ``SGLANG_SPEX_CONFIG`` (:func:`export`); SGLang's subprocesses inherit
+the environment and read it with :func:`load`, which parses it once per process and caches it
+(:func:`reset` clears the cache for tests). :data:`ENV_VARS` names every environment variable the package reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Literal,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
+# ---------------------------------------------------------------- environment variables (all the package reads)
 ENV_VAR = "SGLANG_SPEX_CONFIG"
-COMPONENTS = ("t1", "t2", "t3")
+CACHE_ENV_VAR = "SPEX_CACHE_DIR"
+FORCE_CPU_ENV_VAR = "SPEX_FORCE_CPU"
+# Legacy: the learner spec alone. Read by respec/routes.py and srt/routes.py until they use load().learner; the
+# launcher still exports it for them. Remove it (and its export) once they do.
+LEARNER_ENV_VAR = "SPEX_RESPEC"
+
+
+class EnvVar(NamedTuple):
+    name: str
+    default: str
+    meaning: str
+
+
+ENV_VARS: Tuple[EnvVar, ...] = (
+    EnvVar(ENV_VAR, "unset (all defaults)", "the PluginConfig as JSON; written by the launcher, read by load()"),
+    EnvVar(CACHE_ENV_VAR, "~/.cache/sglang-spex", "root of the model and profile caches (cache_dir())"),
+    EnvVar(FORCE_CPU_ENV_VAR, "unset", "1: the launcher treats the machine as having no GPU (CPU defaults)"),
+    EnvVar(LEARNER_ENV_VAR, "unset", "legacy learner spec JSON; superseded by the learner field of the config"),
+)
+
+
+def cache_dir(kind: str) -> Path:
+    """``$SPEX_CACHE_DIR/<kind>`` (default root ``~/.cache/sglang-spex``), e.g. ``models`` or ``profiles``."""
+    root = os.environ.get(CACHE_ENV_VAR) or str(Path.home() / ".cache" / "sglang-spex")
+    return Path(root).expanduser() / kind
 
 
 class ConfigError(ValueError):
-    """A ``--tot-*`` flag or a config field has a bad value; the message names it."""
+    """A flag or a config field has a bad value; the message names it."""
 
 
-@dataclass(frozen=True)
-class SpexConfig:
-    """ToT speculation settings (SPEX)."""
+# ---------------------------------------------------------------- field metadata and typed conversion
+COMPONENTS = ("t1", "t2", "t3")
+RESPEC_EAGLE = ("EAGLE", "EAGLE3")
+RESPEC_ALGORITHMS = ("NGRAM", *RESPEC_EAGLE)
+_HYST = re.compile(r"^\d+,\d+(,[1-9]\d*)?$")
+_FORCE = re.compile(r"^(plain|spec|alternate:[1-9]\d*)$")
+_AUTO = ""  # flag name derived from the section's prefix and the field name
+Check = Tuple[Callable[[Any], bool], str]
 
-    enabled: bool = False  # --tot-speculation
-    k_total: Optional[int] = None  # --tot-k-total; None = "auto" (roofline knee)
-    min_share: int = 1  # --tot-min-share: smallest speculative share a live query gets
-    components: Tuple[str, ...] = COMPONENTS  # --tot-components
-    lookahead: int = 4  # --tot-lookahead: DFS UCB simulation depth (k)
-    budget_temperature: float = 1.0  # --tot-budget-temperature (tau)
-    early_stop: bool = False  # --tot-early-stop (T3 changes the search space: off by default)
-    early_stop_alpha: float = 0.5  # --tot-early-stop-alpha
-    early_stop_min_answers: int = 4  # --tot-early-stop-min-answers (t)
-    max_concurrent_searches: int = 64  # --tot-max-concurrent-searches
-    reward_timeout: float = 120.0  # --tot-reward-timeout (seconds)
-    spec_priority: int = -1000  # priority given to speculative requests (below any primary)
 
-    def validate(self) -> "SpexConfig":
-        checks = [
-            ("--tot-k-total", self.k_total is None or self.k_total >= 0, "must be >= 0 or 'auto'"),
-            ("--tot-min-share", self.min_share >= 0, "must be >= 0"),
-            ("--tot-lookahead", self.lookahead >= 1, "must be >= 1"),
-            ("--tot-budget-temperature", self.budget_temperature > 0, "must be > 0"),
-            ("--tot-early-stop-alpha", 0 <= self.early_stop_alpha <= 1, "must be in [0, 1]"),
-            ("--tot-early-stop-min-answers", self.early_stop_min_answers >= 1, "must be >= 1"),
-            ("--tot-max-concurrent-searches", self.max_concurrent_searches >= 1, "must be >= 1"),
-            ("--tot-reward-timeout", self.reward_timeout > 0, "must be > 0"),
-        ]
-        for flag, ok, why in checks:
-            if not ok:
-                raise ConfigError(f"{flag} {why}")
-        bad = [c for c in self.components if c not in COMPONENTS]
-        if bad:
-            raise ConfigError(f"--tot-components: unknown component(s) {bad}; choose from {list(COMPONENTS)}")
+def _opt(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    flag: Optional[str] = _AUTO,
+    parse: Optional[Callable[[str], Any]] = None,
+    check: Optional[Check] = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with its flag (``None``: no flag), help text, argparse type and a (predicate, reason) check."""
+    meta = {"help": help, "flag": flag, "parse": parse, "check": check}
+    return field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def strip_optional(tp: Any) -> Tuple[Any, bool]:
+    if get_origin(tp) is Union:
+        rest = [a for a in get_args(tp) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], True
+    return tp, False
+
+
+def _typed(tp: Any, value: Any, label: str) -> Any:
+    """``value`` (decoded JSON or a field value) as type ``tp``; :class:`ConfigError` naming ``label`` otherwise."""
+    inner, optional = strip_optional(tp)
+    if value is None and optional:
+        return None
+    origin = get_origin(inner)
+    if dataclasses.is_dataclass(inner):
+        if isinstance(value, inner):
+            return value
+        if isinstance(value, dict):
+            return inner.from_dict(value, where=label)
+    elif origin is Literal:
+        if value in get_args(inner):
+            return value
+        raise ConfigError(f"{label} {value!r}: choose from {list(get_args(inner))}")
+    elif origin is tuple and isinstance(value, (list, tuple)):
+        args = get_args(inner)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_typed(args[0], v, f"{label}[{i}]") for i, v in enumerate(value))
+        if len(args) == len(value):
+            return tuple(_typed(a, v, f"{label}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    elif inner is bool:
+        if isinstance(value, bool):
+            return value
+    elif inner is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif inner is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif inner is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"{label}: unsupported config type {tp!r}")
+    raise ConfigError(f"{label} {value!r}: expected {_type_name(tp)}")
+
+
+def _type_name(tp: Any) -> str:
+    inner, optional = strip_optional(tp)
+    name = getattr(inner, "__name__", None) or str(inner).replace("typing.", "")
+    return f"{name} or null" if optional else name
+
+
+class _Section:
+    """Shared behaviour of the config dataclasses: field checks, JSON round trip, unknown fields rejected."""
+
+    _flag_prefix = ""  # flags of fields with a derived name: prefix + field name with dashes
+    _flag_group = "sglang-spex"
+
+    def _label(self, f: dataclasses.Field) -> str:
+        return flag_name(type(self), f) or f.name
+
+    def validate(self) -> Any:
+        """Check each field's type and its declared constraint; returns ``self``."""
+        hints = get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value, label = getattr(self, f.name), self._label(f)
+            _typed(hints[f.name], value, label)
+            check = f.metadata.get("check")
+            if check is not None and not check[0](value):
+                raise ConfigError(f"{label} {value!r}: {check[1]}")
         return self
 
-    def has(self, component: str) -> bool:
-        return self.enabled and component in self.components
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "SpexConfig":
-        data = json.loads(text)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
+    def from_dict(cls, data: Any, where: str = "") -> Any:
+        """Typed and validated; unknown or missing fields raise :class:`ConfigError` naming them."""
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise ConfigError(f"unknown config field(s) {sorted(unknown)}")
-        if "components" in data:
-            data["components"] = tuple(data["components"])
-        return cls(**data).validate()
+            raise ConfigError(f"{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
+        required = [n for n, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise ConfigError(f"{where}: needs {missing}")
+        hints = get_type_hints(cls)
+        values = {k: _typed(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+        return cls(**values).validate()
 
     @classmethod
-    def from_env(cls) -> "SpexConfig":
-        text = os.environ.get(ENV_VAR)
-        return cls.from_json(text) if text else cls()
+    def from_json(cls, text: str, where: str = "") -> Any:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"{where or cls.__name__}: not JSON ({e})") from None
+        return cls.from_dict(data, where)
 
 
+# ---------------------------------------------------------------- argparse value parsers
 def _k_total(text: str) -> Optional[int]:
     if text == "auto":
         return None
@@ -91,7 +212,7 @@ def _k_total(text: str) -> Optional[int]:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}")
 
 
-def _on_off(text: str) -> bool:
+def on_off(text: str) -> bool:
     value = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}.get(text.lower())
     if value is None:
         raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
@@ -106,227 +227,249 @@ def _components(text: str) -> Tuple[str, ...]:
     return parts
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # no usage wall: one line naming the flag
-        raise ConfigError(message)
+def _json_object(text: str) -> dict:
+    """A JSON object given inline or as the path of a JSON file."""
+    text = text.strip()
+    try:
+        data = json.loads(text if text.startswith("{") else Path(text).read_text())
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: not a JSON object or a readable JSON file ({e})")
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: expected a JSON object")
+    return data
 
 
-def add_tot_args(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--tot-*`` flags to ``parser``."""
-    d = SpexConfig()
-    g = parser.add_argument_group("sglang-spex (ToT speculation)")
-    g.add_argument("--tot-speculation", action="store_true", help="enable SPEX speculation")
-    g.add_argument("--tot-k-total", type=_k_total, default=d.k_total, help="global speculative budget or 'auto'")
-    g.add_argument("--tot-min-share", type=int, default=d.min_share)
-    g.add_argument("--tot-components", type=_components, default=d.components, help="subset of t1,t2,t3")
-    g.add_argument("--tot-lookahead", type=int, default=d.lookahead, help="DFS UCB simulation steps")
-    g.add_argument("--tot-budget-temperature", type=float, default=d.budget_temperature)
-    g.add_argument(
-        "--tot-early-stop", type=_on_off, nargs="?", const=True, default=d.early_stop, help="T3 early stop: [on|off]"
+# ---------------------------------------------------------------- the sections
+@dataclass(frozen=True)
+class SpexConfig(_Section):
+    """ToT speculation settings (SPEX)."""
+
+    _flag_prefix = "--tot-"
+    _flag_group = "sglang-spex: ToT speculation (SPEX)"
+
+    enabled: bool = _opt(
+        False, flag="--tot-speculation", help="enable SPEX; without it the plugin only reports (/spex/info)"
     )
-    g.add_argument("--tot-early-stop-alpha", type=float, default=d.early_stop_alpha)
-    g.add_argument("--tot-early-stop-min-answers", type=int, default=d.early_stop_min_answers)
-    g.add_argument("--tot-max-concurrent-searches", type=int, default=d.max_concurrent_searches)
-    g.add_argument("--tot-reward-timeout", type=float, default=d.reward_timeout)
+    k_total: Optional[int] = _opt(
+        None,
+        parse=_k_total,
+        check=(lambda v: v is None or v >= 0, "must be >= 0 or 'auto'"),
+        help="global speculative budget, or auto (the roofline knee)",
+    )
+    min_share: int = _opt(1, check=(lambda v: v >= 0, "must be >= 0"), help="smallest speculative share of a query")
+    components: Tuple[str, ...] = _opt(
+        COMPONENTS,
+        parse=_components,
+        check=(lambda v: all(c in COMPONENTS for c in v), f"each must be one of {list(COMPONENTS)}"),
+        help="which SPEX techniques run (comma list of t1,t2,t3)",
+    )
+    lookahead: int = _opt(4, check=(lambda v: v >= 1, "must be >= 1"), help="DFS: UCB simulation steps (k)")
+    budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
+    early_stop: bool = _opt(False, help="T3 early termination, on or off (changes the search space)")
+    early_stop_alpha: float = _opt(0.5, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="T3 margin scale")
+    early_stop_min_answers: int = _opt(
+        4, check=(lambda v: v >= 1, "must be >= 1"), help="T3: answers needed before stopping"
+    )
+    max_concurrent_searches: int = _opt(
+        64, check=(lambda v: v >= 1, "must be >= 1"), help="server-side searches a server runs at once"
+    )
+    reward_timeout: float = _opt(120.0, check=(lambda v: v > 0, "must be > 0"), help="seconds a reward may take")
+    spec_priority: int = _opt(-1000, flag=None, help="priority of speculative requests (below any primary)")
 
-
-def parse_tot_args(argv: Sequence[str]) -> Tuple[SpexConfig, List[str]]:
-    """Split ``argv`` into our config and the arguments meant for SGLang.
-
-    Raises :class:`ConfigError` naming the flag for an unknown ``--tot-*`` flag or a malformed value.
-    """
-    parser = _Parser(add_help=False, allow_abbrev=False)
-    add_tot_args(parser)
-    ns, rest = parser.parse_known_args(list(argv))
-    unknown = [a.split("=")[0] for a in rest if a.startswith("--tot-")]
-    if unknown:
-        raise ConfigError(f"unknown flag {unknown[0]}")
-    cfg = SpexConfig(
-        enabled=ns.tot_speculation,
-        k_total=ns.tot_k_total,
-        min_share=ns.tot_min_share,
-        components=tuple(ns.tot_components),
-        lookahead=ns.tot_lookahead,
-        budget_temperature=ns.tot_budget_temperature,
-        early_stop=ns.tot_early_stop,
-        early_stop_alpha=ns.tot_early_stop_alpha,
-        early_stop_min_answers=ns.tot_early_stop_min_answers,
-        max_concurrent_searches=ns.tot_max_concurrent_searches,
-        reward_timeout=ns.tot_reward_timeout,
-    ).validate()
-    return cfg, rest
-
-
-def replace(cfg: SpexConfig, **changes) -> SpexConfig:
-    """A copy of ``cfg`` with ``changes`` applied and validated."""
-    return dataclasses.replace(cfg, **changes).validate()
-
-
-# ---------------------------------------------------------------- ReSpec adaptive server (issue 8)
-RESPEC_ENV_VAR = "SGLANG_SPEX_RESPEC"
-_HYST = re.compile(r"^\d+,\d+(,[1-9]\d*)?$")
-_FORCE = re.compile(r"^(plain|spec|alternate:[1-9]\d*)$")
-
-
-@dataclasses.dataclass
-class RespecConfig:
-    """``--respec-adaptive``, ``--respec-profile PATH|auto``, ``--respec-hysteresis MARGIN,DWELL[,CONFIRM]``,
-    ``--respec-drift FRACTION`` (online re-profile threshold, 0 = off).
-
-    ``force`` (``--respec-force``, tests and benchmarks): ``plain``, ``spec`` or ``alternate:K`` (switch every K
-    decode steps) instead of the profile's plan. ``algorithm`` and ``server_key`` (the (s,t,n) key the server was
-    started with, e.g. ``NGRAM:s4t1n4``) are filled in by the launcher from SGLang's own speculative flags.
-    """
-
-    enabled: bool = False
-    profile: str = "auto"
-    hysteresis: str = "1,8,2"
-    force: Optional[str] = None
-    max_batch: int = 256
-    drift: float = 0.2
-    algorithm: str = ""
-    server_key: str = ""
-    eagle_off: str = "plain"  # --respec-eagle-off: EAGLE "no speculation" as a true plain step (+ catch-up) or warm
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+    def has(self, component: str) -> bool:
+        return self.enabled and component in self.components
 
     @classmethod
-    def from_env(cls) -> "RespecConfig":
-        text = os.environ.get(RESPEC_ENV_VAR)
-        return cls(**json.loads(text)) if text else cls()
+    def from_env(cls) -> "SpexConfig":
+        """Accessor: ``load().spex`` (kept for existing callers)."""
+        return load().spex
+
+
+@dataclass(frozen=True)
+class RespecConfig(_Section):
+    """The ReSpec adaptive server (``--respec-*``).
+
+    ``force`` (tests and benchmarks): ``plain``, ``spec`` or ``alternate:K`` (switch every K decode steps) instead
+    of the profile's plan. ``algorithm`` and ``server_key`` (the (s,t,n) key the server was started with, e.g.
+    ``NGRAM:s4t1n4``) are filled in by the launcher from SGLang's own speculative flags.
+    """
+
+    _flag_prefix = "--respec-"
+    _flag_group = "sglang-spex: ReSpec adaptive server"
+
+    enabled: bool = _opt(False, flag="--respec-adaptive", help="switch speculation on/off by active batch size")
+    profile: str = _opt(
+        "auto",
+        check=(lambda v: v == "auto" or os.path.exists(v), "no such file"),
+        help="profile JSON (scripts/respec_profile.py) or auto (the cached profile of the model)",
+    )
+    hysteresis: str = _opt(
+        "1,8,2", check=(lambda v: bool(_HYST.match(v)), "expected MARGIN,MIN_DWELL[,CONFIRM]"), help="FSM hysteresis"
+    )
+    force: Optional[str] = _opt(
+        None,
+        check=(lambda v: v is None or bool(_FORCE.match(v)), "expected plain, spec or alternate:K"),
+        help="plain, spec or alternate:K instead of the plan (testing)",
+    )
+    max_batch: int = _opt(256, flag=None, check=(lambda v: v >= 1, "must be >= 1"), help="largest batch planned")
+    drift: float = _opt(
+        0.2,
+        check=(lambda v: 0.0 <= v < 10.0, "expected a fraction >= 0 (0 turns it off)"),
+        help="re-profile online when live steps drift past this fraction (0: off)",
+    )
+    algorithm: str = _opt("", flag=None, help="SGLang's --speculative-algorithm (set by the launcher)")
+    server_key: str = _opt("", flag=None, help="the (s,t,n) key of SGLang's speculative flags (set by the launcher)")
+    eagle_off: Literal["plain", "warm"] = _opt(
+        "plain", help="EAGLE off-state: plain (no drafter work, KV catch-up on resume) or warm (SGLang's steps=0)"
+    )
 
     @property
     def eagle(self) -> bool:
         """EAGLE / EAGLE3: (s,t,n) switching through SGLang's AdaptiveController (see respec/eagle_policy.py)."""
         return self.algorithm in RESPEC_EAGLE
 
+    @classmethod
+    def from_env(cls) -> "RespecConfig":
+        """Accessor: ``load().respec`` (kept for existing callers)."""
+        return load().respec
 
-RESPEC_EAGLE = ("EAGLE", "EAGLE3")
-RESPEC_ALGORITHMS = ("NGRAM", *RESPEC_EAGLE)
+
+_POSITIVE: Check = (lambda v: v >= 1, "must be >= 1")
 
 
-def _server_key(alg: str, rest: Sequence[str]) -> str:
-    """The (s,t,n) key of SGLang's speculative flags in ``rest`` ('' when a count is left to SGLang's default)."""
+@dataclass(frozen=True)
+class LearnerConfig(_Section):
+    """Training settings of the ReSpec online learner (the ``learner`` object of a learner spec)."""
 
-    def flag(name: str) -> Optional[int]:
-        v = flag_value(rest, name)
-        try:
-            return None if v is None else int(v)
-        except ValueError:
-            raise ConfigError(f"{name} {v!r}: expected an integer") from None
+    _flag_group = "sglang-spex: ReSpec online learner"
 
-    n = flag("--speculative-num-draft-tokens")
-    if alg == "NGRAM":
-        t = flag("--speculative-ngram-max-bfs-breadth") or 1
-        return f"NGRAM:s{max(1, n // t)}t{t}n{n}" if n else ""
-    s, t = flag("--speculative-num-steps"), flag("--speculative-eagle-topk")
-    if t not in (None, 1):
-        raise ConfigError(f"--respec-adaptive with {alg} needs --speculative-eagle-topk 1 (got {t})")
-    if s is not None and n is not None and n != s + 1:
-        raise ConfigError(f"--respec-adaptive with {alg} needs --speculative-num-draft-tokens = num-steps + 1")
-    return f"{alg}:s{s}t1n{s + 1}" if s is not None else ""
+    variant: Literal["frozen", "unweighted", "reward"] = _opt("reward", flag="--respec-kd", help="KD variant")
+    mode: Literal["sync", "async"] = _opt("async", flag="--respec-learner-mode", help="update mode")
+    update_interval: int = _opt(
+        1, flag="--respec-update-interval", check=_POSITIVE, help="update the drafter every N posted batches"
+    )
+    train_steps: int = _opt(4, flag=None, check=_POSITIVE, help="optimizer steps per update")
+    micro_batch: int = _opt(4, flag=None, check=_POSITIVE, help="rollouts per optimizer step")
+    lr: float = _opt(1e-4, flag=None, check=(lambda v: v > 0, "must be > 0"), help="learning rate")
+    grad_clip: float = _opt(0.5, flag=None, help="gradient norm clip")
+    kd_steps: int = _opt(3, flag=None, check=_POSITIVE, help="draft steps unrolled in the KD loss")
+    weight_mode: Literal["zscore", "max", "none"] = _opt("zscore", flag=None, help="reward weights (reward variant)")
+    w_max: float = _opt(2.0, flag=None, help="largest reward weight")
+    probe_steps: int = _opt(5, flag=None, check=_POSITIVE, help="draft steps in the probe acceptance estimate")
+    collapse_ratio: float = _opt(
+        0.5, flag=None, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="rollback below this acceptance ratio"
+    )
+    buffer_capacity: int = _opt(4096, flag=None, check=_POSITIVE, help="replay buffer size (rollouts)")
+    seed: int = _opt(0, flag=None, help="learner random seed")
+
+
+Probe = Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class LearnerSpec(_Section):
+    """The online learner (``--respec-learner``): drafter checkpoint, HF target, training settings, probe set."""
+
+    drafter: str = _opt(flag=None, check=(bool, "must not be empty"), help="EAGLE-3 drafter checkpoint dir")
+    target: str = _opt(flag=None, check=(bool, "must not be empty"), help="HF model dir of the served model")
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    probe: Probe = _opt((), flag=None, help="[[prompt_ids, response_ids], ...] for the acceptance probe")
+    server_url: Optional[str] = _opt(None, flag=None, help="server to hot-swap into (default: this one)")
+
+
+@dataclass(frozen=True)
+class PluginConfig(_Section):
+    """Everything the plugin's processes need: one object, one env var (``SGLANG_SPEX_CONFIG``)."""
+
+    _flag_group = "sglang-spex"
+
+    spex: SpexConfig = field(default_factory=SpexConfig)
+    respec: RespecConfig = field(default_factory=RespecConfig)
+    learner: Optional[LearnerSpec] = _opt(
+        None,
+        flag="--respec-learner",
+        parse=_json_object,
+        help="online learner spec: a JSON object or the path of one (drafter, target, learner, probe, server_url)",
+    )
+    stats_path: str = _opt("", flag=None, help="batch-stats shared-memory file (picked by the launcher)")
+    profile_max_age_s: float = _opt(
+        7 * 24 * 3600.0,
+        flag="--tot-profile-max-age",
+        check=(lambda v: v > 0, "must be > 0"),
+        help="seconds before a cached roofline profile is re-measured",
+    )
+
+    def validate(self) -> "PluginConfig":
+        """Every section's field checks, then the checks that span fields."""
+        super().validate()
+        for section in (self.spex, self.respec, self.learner):
+            if section is not None:
+                section.validate()
+        if self.respec.enabled and self.respec.algorithm not in RESPEC_ALGORITHMS:
+            raise ConfigError(
+                f"--respec-adaptive needs --speculative-algorithm one of {RESPEC_ALGORITHMS} "
+                f"(got {self.respec.algorithm})"
+            )
+        return self
+
+
+SECTIONS = (SpexConfig, RespecConfig, LearnerConfig, PluginConfig)
+LEARNER_FIELDS = tuple(f.name for f in dataclasses.fields(LearnerSpec))
+
+
+# ---------------------------------------------------------------- one env var, parsed once per process
+def load() -> PluginConfig:
+    """This process's config (``SGLANG_SPEX_CONFIG``), parsed once per value and cached; defaults when unset."""
+    return _parse_env(os.environ.get(ENV_VAR, ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_env(text: str) -> PluginConfig:
+    return PluginConfig.from_json(text, where=ENV_VAR) if text.strip() else PluginConfig()
+
+
+def reset() -> None:
+    """Forget the parsed config (tests that change the environment)."""
+    _parse_env.cache_clear()
+
+
+def export(cfg: PluginConfig) -> None:
+    """Validate ``cfg`` and write it to ``SGLANG_SPEX_CONFIG`` for this process and the ones it starts."""
+    os.environ[ENV_VAR] = cfg.validate().to_json()
+
+
+def default_stats_path() -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, f"sglang-spex-stats-{os.getpid()}")
+
+
+def stats_channel() -> str:
+    """The batch-stats file of this process tree: the config's ``stats_path``, or (server started without our
+    launcher) one picked now and written back into ``SGLANG_SPEX_CONFIG`` for the processes started after this."""
+    cfg = load()
+    if not cfg.stats_path:
+        cfg = dataclasses.replace(cfg, stats_path=default_stats_path())
+        export(cfg)
+    return cfg.stats_path
+
+
+def replace(cfg: SpexConfig, **changes: Any) -> SpexConfig:
+    """A copy of ``cfg`` with ``changes`` applied and validated."""
+    return dataclasses.replace(cfg, **changes).validate()
+
+
+# ---------------------------------------------------------------- helpers shared with the launcher
+def flag_name(cls: type, f: dataclasses.Field) -> Optional[str]:
+    if "flag" not in f.metadata or f.metadata["flag"] is None:
+        return None
+    return f.metadata["flag"] or cls._flag_prefix + f.name.replace("_", "-")
 
 
 def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``), or None."""
     for i, a in enumerate(args):
         if a == flag and i + 1 < len(args):
             return args[i + 1]
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
-
-
-def parse_respec_args(argv: Sequence[str]) -> Tuple[RespecConfig, List[str]]:
-    """Split ``--respec-*`` flags off ``argv``; :class:`ConfigError` names a bad flag or value."""
-    parser = _Parser(add_help=False, allow_abbrev=False)
-    g = parser.add_argument_group("sglang-spex (ReSpec adaptive server)")
-    g.add_argument("--respec-adaptive", action="store_true", help="switch speculation on/off by active batch")
-    g.add_argument("--respec-profile", default="auto", help="profile JSON (scripts/respec_profile.py) or 'auto'")
-    g.add_argument("--respec-hysteresis", default="1,8,2", help="MARGIN,MIN_DWELL[,CONFIRM]")
-    g.add_argument("--respec-drift", type=float, default=0.2, help="re-profile online past this drift (0: off)")
-    g.add_argument("--respec-force", default=None, help="plain | spec | alternate:K (testing)")
-    g.add_argument(
-        "--respec-eagle-off",
-        default="plain",
-        choices=("plain", "warm"),
-        help="EAGLE off-state: plain (no drafter work, KV catch-up on resume) or warm (SGLang's steps=0)",
-    )
-    ns, rest = parser.parse_known_args(list(argv))
-    unknown = [a.split("=")[0] for a in rest if a.startswith("--respec-")]
-    if unknown:
-        raise ConfigError(f"unknown flag {unknown[0]}")
-    if not _HYST.match(ns.respec_hysteresis):
-        raise ConfigError(f"--respec-hysteresis {ns.respec_hysteresis!r}: expected MARGIN,MIN_DWELL[,CONFIRM]")
-    if ns.respec_force is not None and not _FORCE.match(ns.respec_force):
-        raise ConfigError(f"--respec-force {ns.respec_force!r}: expected plain, spec or alternate:K")
-    if ns.respec_profile != "auto" and not os.path.exists(ns.respec_profile):
-        raise ConfigError(f"--respec-profile {ns.respec_profile}: no such file")
-    if not 0.0 <= ns.respec_drift < 10.0:
-        raise ConfigError(f"--respec-drift {ns.respec_drift}: expected a fraction >= 0 (0 turns it off)")
-    alg, key = "", ""
-    if ns.respec_adaptive:
-        alg = (flag_value(rest, "--speculative-algorithm") or "").upper()
-        if alg not in RESPEC_ALGORITHMS:
-            raise ConfigError(f"--respec-adaptive needs --speculative-algorithm one of {RESPEC_ALGORITHMS} (got {alg})")
-        key = _server_key(alg, rest)
-    cfg = RespecConfig(
-        ns.respec_adaptive,
-        ns.respec_profile,
-        ns.respec_hysteresis,
-        ns.respec_force,
-        256,
-        ns.respec_drift,
-        alg,
-        key,
-        ns.respec_eagle_off,
-    )
-    return cfg, rest
-
-
-# ---------------------------------------------------------------- ReSpec online learner (issue 9)
-LEARNER_ENV_VAR = "SPEX_RESPEC"  # the learner's spec (JSON), read by respec/routes.py in the HTTP process
-LEARNER_FIELDS = ("drafter", "target", "learner", "probe", "server_url")
-
-
-def parse_learner_args(argv: Sequence[str]) -> Tuple[Optional[dict], List[str]]:
-    """``--respec-learner SPEC`` (a JSON object or the path of one: ``drafter``, ``target``, optional ``learner``,
-    ``probe``, ``server_url``) plus ``--respec-update-interval N``, ``--respec-kd frozen|unweighted|reward`` and
-    ``--respec-learner-mode sync|async`` overriding its ``learner`` fields. Returns (spec or None, the rest)."""
-    parser = _Parser(add_help=False, allow_abbrev=False)
-    g = parser.add_argument_group("sglang-spex (ReSpec online learner)")
-    g.add_argument("--respec-learner", default=None, help="learner spec: JSON object or path (enables /respec/*)")
-    g.add_argument("--respec-update-interval", type=int, default=None, help="update the drafter every N batches")
-    g.add_argument("--respec-kd", default=None, choices=("frozen", "unweighted", "reward"), help="KD variant")
-    g.add_argument("--respec-learner-mode", default=None, choices=("sync", "async"), help="update mode")
-    ns, rest = parser.parse_known_args(list(argv))
-    overrides = {
-        k: v
-        for k, v in (
-            ("update_interval", ns.respec_update_interval),
-            ("variant", ns.respec_kd),
-            ("mode", ns.respec_learner_mode),
-        )
-        if v is not None
-    }
-    if ns.respec_learner is None:
-        if overrides:
-            raise ConfigError(f"--respec-{next(iter(overrides)).replace('_', '-')} needs --respec-learner")
-        return None, rest
-    text = ns.respec_learner.strip()
-    try:
-        spec = json.loads(text if text.startswith("{") else open(text).read())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--respec-learner {text[:80]!r}: not a JSON object or a readable JSON file ({e})") from None
-    if not isinstance(spec, dict):
-        raise ConfigError("--respec-learner: expected a JSON object")
-    unknown = sorted(set(spec) - set(LEARNER_FIELDS))
-    missing = [k for k in ("drafter", "target") if k not in spec]
-    if unknown or missing:
-        raise ConfigError(
-            f"--respec-learner: unknown field(s) {unknown}" if unknown else f"--respec-learner: needs {missing}"
-        )
-    if ns.respec_update_interval is not None and ns.respec_update_interval < 1:
-        raise ConfigError(f"--respec-update-interval {ns.respec_update_interval}: expected >= 1")
-    spec["learner"] = {**spec.get("learner", {}), **overrides}
-    return spec, rest

@@ -8,7 +8,7 @@ import argparse
 import time
 from typing import List
 
-import requests
+import httpx
 from tqdm import tqdm
 
 import sglang_spex.lang as tot
@@ -82,7 +82,7 @@ def main() -> None:
     url = args.url or srv.url
     try:
         print(f"server ready in {time.monotonic() - t0:.0f}s at {url}")
-        info = requests.get(url + "/spex/info", timeout=60).json()
+        info = httpx.get(url + "/spex/info", timeout=60).json()
         print(f"plugin loaded in scheduler pid {info['scheduler']['pid']}: {info['plugin_loaded_in_scheduler']}")
         for prog in programs(args.seed):
             run_policy(prog, qs, url, args.concurrency)

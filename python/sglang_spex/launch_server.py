@@ -1,32 +1,35 @@
-"""``python -m sglang_spex.launch_server``: SGLang's launcher plus our ``--tot-*`` flags and CPU defaults.
+"""``python -m sglang_spex.launch_server``: SGLang's launcher plus our ``--tot-*`` / ``--respec-*`` flags and CPU
+defaults.
 
-Our flags are parsed here (bad ones exit non-zero naming the flag, before any model loads); every other
-argument goes to SGLang unchanged. The config reaches the scheduler process through the environment
-variable ``SGLANG_SPEX_CONFIG`` (see :mod:`sglang_spex.config`), which SGLang's subprocesses inherit.
+Our flags are parsed here (:func:`sglang_spex.flags.parse_args`; a bad one exits with status 2 naming it, before
+any model loads); every other argument goes to SGLang unchanged. The validated
+:class:`~sglang_spex.config.PluginConfig` reaches SGLang's processes as JSON in ``SGLANG_SPEX_CONFIG``, which
+they inherit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from sglang_spex.config import (
-    ENV_VAR,
+    FORCE_CPU_ENV_VAR,
     LEARNER_ENV_VAR,
-    RESPEC_ENV_VAR,
     ConfigError,
-    SpexConfig,
+    LearnerSpec,
+    PluginConfig,
+    default_stats_path,
+    export,
     flag_value,
-    parse_learner_args,
-    parse_respec_args,
-    parse_tot_args,
 )
+from sglang_spex.flags import parse_args
 
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
-CPU_DEFAULTS = {
+CPU_DEFAULTS: Dict[str, Optional[str]] = {
     "--device": "cpu",
     "--attention-backend": "spex_cpu",  # sgl-kernel-ext: batched CPU attention (1.6x decode at batch 16)
     "--sampling-backend": "pytorch",
@@ -35,10 +38,17 @@ CPU_DEFAULTS = {
     # other processes take meanwhile makes startup fail; --max-total-tokens caps the pool anyway.
     "--mem-fraction-static": "0.5",
     "--dtype": "bfloat16",
-    "--disable-overlap-schedule": None,
     "--sleep-on-idle": None,
     "--disable-cuda-graph": None,
 }
+# Overlap scheduling on CPU is a default, not a requirement: SGLang's overlap scheduler runs on CPU, but on a 2-core
+# host (one torch thread per process) it decoded slower (tiny Llama, spex_cpu, greedy, 48 new tokens, best of 2;
+# host shared with other jobs): B=1 181 vs 180 tok/s, B=4 279 vs 457, B=16 346 vs 558 (overlap on vs off).
+# So the launcher passes --disable-overlap-schedule on CPU unless --enable-overlap-schedule is given. On a GPU it
+# never touches the overlap scheduler, with or without --tot-speculation / --respec-adaptive. (SGLang itself turns
+# overlap off for NGRAM and EAGLE-family speculative decoding on CPU: speculative_hook.py.)
+CPU_OVERLAP_DEFAULT = "--disable-overlap-schedule"
+ENABLE_OVERLAP = "--enable-overlap-schedule"  # ours: keep SGLang's overlap scheduler on CPU
 CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",
     "HF_HUB_OFFLINE": "1",
@@ -46,7 +56,7 @@ CPU_ENV = {
     # Default torch threading slowed decode 17x on a contended 2-core host; one thread per process.
     "OMP_NUM_THREADS": "1",
 }
-SPEX_DEFAULTS = {
+TOT_DEFAULTS: Dict[str, Optional[str]] = {
     # Speculative requests carry low priorities: let SGLang order by them and evict their KV first.
     "--enable-priority-scheduling": None,
     # Requests without a priority would otherwise rank *below* speculative ones (None = lowest).
@@ -55,12 +65,10 @@ SPEX_DEFAULTS = {
     "--radix-eviction-policy": "priority",
 }
 
-# ReSpec's hooks (R1, R4/R5) act on the batch being run: the non-overlap scheduler (CPU's default anyway).
-RESPEC_DEFAULTS = {"--disable-overlap-schedule": None}
-
 
 def has_gpu() -> bool:
-    if os.environ.get("SPEX_FORCE_CPU") == "1":
+    """True when torch sees a CUDA device (``SPEX_FORCE_CPU=1`` says no)."""
+    if os.environ.get(FORCE_CPU_ENV_VAR) == "1":
         return False
     try:
         import torch
@@ -74,7 +82,7 @@ def _given(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def _apply(args: List[str], defaults: dict) -> List[str]:
+def _apply(args: List[str], defaults: Dict[str, Optional[str]]) -> List[str]:
     out = list(args)
     for flag, value in defaults.items():
         if not _given(out, flag):
@@ -82,9 +90,10 @@ def _apply(args: List[str], defaults: dict) -> List[str]:
     return out
 
 
-def build_sglang_args(cfg: SpexConfig, rest: Sequence[str], gpu: bool) -> List[str]:
+def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List[str]:
     """SGLang's argument list: the user's flags, then our defaults for whatever they left out."""
-    args = list(rest)
+    overlap = ENABLE_OVERLAP in rest
+    args = [a for a in rest if a != ENABLE_OVERLAP]
     if not _given(args, "--model-path") and not _given(args, "--model"):
         from sglang_spex.models import default_model_path
 
@@ -92,30 +101,44 @@ def build_sglang_args(cfg: SpexConfig, rest: Sequence[str], gpu: bool) -> List[s
     model = flag_value(args, "--model-path") or flag_value(args, "--model")
     if model is not None and not Path(model).exists() and model.startswith(("/", ".", "~")):
         raise ConfigError(f"--model-path {model}: no such file or directory")
+    if overlap and _given(args, CPU_OVERLAP_DEFAULT):
+        raise ConfigError(f"{ENABLE_OVERLAP} and {CPU_OVERLAP_DEFAULT} contradict each other")
     if not gpu:
-        args = _apply(args, CPU_DEFAULTS)
-    if cfg.enabled:
-        args = _apply(args, SPEX_DEFAULTS)
+        args = _apply(args, CPU_DEFAULTS if overlap else {**CPU_DEFAULTS, CPU_OVERLAP_DEFAULT: None})
+    if cfg.spex.enabled:
+        args = _apply(args, TOT_DEFAULTS)
     return args
 
 
-def prepare(argv: Sequence[str]) -> List[str]:
-    """Parse our flags, set the environment for SGLang's processes, return SGLang's arguments."""
-    cfg, rest = parse_tot_args(argv)
-    learner, rest = parse_learner_args(rest)  # before parse_respec_args, which rejects unknown --respec-* flags
-    respec, rest = parse_respec_args(rest)
-    gpu = has_gpu()
+def _legacy_learner(cfg: PluginConfig) -> PluginConfig:
+    """A learner spec set directly in the legacy variable (no ``--respec-learner``) joins the config."""
+    text = os.environ.get(LEARNER_ENV_VAR)
+    if cfg.learner is not None or not text:
+        return cfg
+    try:
+        body = text if text.strip().startswith("{") else Path(text).read_text()
+    except OSError as e:
+        raise ConfigError(f"{LEARNER_ENV_VAR}: {e}") from None
+    return dataclasses.replace(cfg, learner=LearnerSpec.from_json(body, LEARNER_ENV_VAR))
+
+
+def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
+    """Parse our flags, export the config for SGLang's processes, return SGLang's arguments.
+
+    ``gpu``: whether to treat the machine as having a GPU (default: :func:`has_gpu`).
+    """
+    cfg, rest = parse_args(argv)
+    gpu = has_gpu() if gpu is None else gpu
     args = build_sglang_args(cfg, rest, gpu)
-    if respec.enabled:
-        args = _apply(args, RESPEC_DEFAULTS)
-    if respec.enabled and respec.eagle:
+    if cfg.respec.enabled and cfg.respec.eagle:
         from sglang_spex.respec.eagle_policy import sglang_adaptive_args
 
-        args += sglang_adaptive_args(respec, args)
-    os.environ[ENV_VAR] = cfg.to_json()
-    os.environ[RESPEC_ENV_VAR] = respec.to_json()
-    if learner is not None:  # /respec/* routes in the HTTP process (respec/routes.py)
-        os.environ[LEARNER_ENV_VAR] = json.dumps(learner)
+        args += sglang_adaptive_args(cfg.respec, args)
+    cfg = _legacy_learner(cfg)
+    cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
+    export(cfg)
+    if cfg.learner is not None:  # legacy: respec/routes.py reads the learner spec from its own variable
+        os.environ[LEARNER_ENV_VAR] = json.dumps(cfg.learner.to_dict())
     if not gpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)

