@@ -1,0 +1,525 @@
+"""Stages of the prepared GPU check (``scripts/gpu_check.sh``): SPEX and ReSpec on SGLang's GPU defaults.
+
+Each stage runs under a hard timeout (SIGALRM) and a global deadline; a stage that fails or times out is FAIL in
+the table, one whose inputs are missing is SKIP, and the run goes on. The table is rewritten to ``--out`` after
+every stage, so a run killed from outside still leaves what it measured.
+
+    python scripts/gpu_check.py [--dry-run] [--budget-s 470] [--out DIR]
+
+``--dry-run`` (or ``GPU_CHECK_DRY=1``) runs the same stages against CPU servers with the tiny test model and
+small searches, to exercise the logic without a GPU; the GPU-default expectations (overlap scheduler and CUDA
+graphs on, ``flashinfer`` sampling) are then reported, not enforced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import httpx
+
+from sglang_spex.profile.cache import PLAIN, Point, Profile
+from sglang_spex.respec.profiler import SpecConfig
+from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.tasks import get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+NGRAM = SpecConfig("NGRAM", 4, 1, 4)
+EAGLE3 = SpecConfig("EAGLE3", 3, 1, 4)
+CHAT = (
+    "<|im_start|>system\nSolve the problem step by step, one short step per paragraph. "
+    "Finish with 'The answer is N.'<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+)
+PROMPTS = [
+    "The history of the old harbour town begins with a small settlement near the river, where farmers",
+    "Step 1: add 3 and 4 to get 7. Step 2: add 7 and 4 to get 11. Step 3: add 11 and 4 to get",
+    "a b c a b c a b c a b c a b c a b c",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,",
+    "Once upon a time there was a little fox who lived in a forest full of tall trees and",
+    "The list of colours is red, green, blue, red, green, blue, red, green,",
+    "Question: what is the capital of France? Answer: Paris. Question: what is the capital of Spain? Answer:",
+]
+
+
+class StageTimeout(Exception):
+    pass
+
+
+class Skip(Exception):
+    """A stage whose inputs are missing (reported SKIP)."""
+
+
+@dataclass
+class Sizes:
+    """How big each stage is (GPU run vs CPU dry run)."""
+
+    decode_batches: Sequence[int]
+    decode_tokens: Sequence[int]  # (short, long) new tokens of the two-point decode measurement
+    questions: int
+    rstar: Dict[str, Any]
+    step_tokens: int
+    rebase_width: int
+    respec_tokens: int
+    timeouts: Dict[str, float]
+
+
+GPU = Sizes(
+    decode_batches=(1, 8),
+    decode_tokens=(16, 144),
+    questions=4,
+    rstar={"name": "rstar", "num_rollouts": 8, "max_depth": 4},
+    step_tokens=48,
+    rebase_width=8,
+    respec_tokens=96,
+    timeouts={
+        "env": 30,
+        "model": 120,
+        "server_spex": 240,
+        "decode": 60,
+        "search": 120,
+        "cancel_kv": 60,
+        "top_p": 60,
+        "drafter": 240,
+        "respec_ngram": 180,
+        "respec_eagle3": 180,
+    },
+)
+DRY = Sizes(
+    decode_batches=(1, 4),
+    decode_tokens=(4, 20),
+    questions=2,
+    rstar={"name": "rstar", "num_rollouts": 2, "max_depth": 2, "branch": 2},
+    step_tokens=8,
+    rebase_width=3,
+    respec_tokens=24,
+    timeouts={k: v * 1.5 for k, v in GPU.timeouts.items()},
+)
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: str  # PASS | FAIL | SKIP
+    seconds: float
+    detail: str
+    data: Dict[str, Any] = field(default_factory=dict)
+
+
+def _alarm(signum, frame):  # noqa: ARG001
+    raise StageTimeout()
+
+
+def _terminate(signum, frame):  # noqa: ARG001
+    raise SystemExit(128 + signum)  # unwinds through GpuCheck.run's cleanup
+
+
+class GpuCheck:
+    """Runs the stages in order; ``self.state`` carries what later stages need (server, model, measurements)."""
+
+    def __init__(self, dry: bool, budget_s: float, out: Path):
+        self.dry = dry
+        self.sizes = DRY if dry else GPU
+        self.deadline = time.monotonic() + budget_s
+        self.out = out
+        self.results: List[StageResult] = []
+        self.state: Dict[str, Any] = {}
+        self.server: Optional[ServerProcess] = None
+        self.bootstrap: Optional[subprocess.Popen] = None
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    def run_stage(self, name: str, fn: Callable[[], Dict[str, Any]]) -> StageResult:
+        left = self.deadline - time.monotonic()
+        timeout = min(self.sizes.timeouts[name], left)
+        t0 = time.monotonic()
+        if timeout < 5:
+            res = StageResult(name, "SKIP", 0.0, "global time budget spent")
+        else:
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                data = fn() or {}
+                status = "FAIL" if data.pop("_fail", None) else "PASS"
+                res = StageResult(name, status, time.monotonic() - t0, data.pop("_detail", ""), data)
+            except StageTimeout:
+                res = StageResult(name, "FAIL", time.monotonic() - t0, f"timed out after {timeout:.0f} s")
+            except Skip as e:
+                res = StageResult(name, "SKIP", time.monotonic() - t0, str(e))
+            except Exception as e:  # a failing stage is reported, the run goes on
+                res = StageResult(name, "FAIL", time.monotonic() - t0, f"{type(e).__name__}: {str(e)[:300]}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        self.results.append(res)
+        print(f"[gpu_check] {res.stage}: {res.status} ({res.seconds:.0f} s) {res.detail}", flush=True)
+        self.write()
+        return res
+
+    def write(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu_check.json").write_text(
+            json.dumps({"dry_run": self.dry, "stages": [asdict(r) for r in self.results]}, indent=1)
+        )
+        (self.out / "gpu_check.txt").write_text(self.table())
+
+    def table(self) -> str:
+        lines = [f"{'stage':14s} {'result':6s} {'s':>5s}  detail", "-" * 100]
+        for r in self.results:
+            lines.append(f"{r.stage:14s} {r.status:6s} {r.seconds:5.0f}  {r.detail}")
+        passed = sum(r.status == "PASS" for r in self.results)
+        lines.append(f"{passed}/{len(self.results)} passed ({'CPU dry run' if self.dry else 'GPU'})")
+        return "\n".join(lines) + "\n"
+
+    def serve(self, args: List[str], tag: str) -> ServerProcess:
+        """Stop the current server, start one with ``args`` (startup bounded by the stage's alarm)."""
+        self.stop_server()
+        log = str(self.out / f"server-{tag}.log")
+        self.server = ServerProcess(args, log_path=log, startup_timeout=3600)  # kept before start: a timeout stops it
+        return self.server.start()
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def need_server(self, tag: str) -> str:
+        srv = self.server
+        if srv is None or self.state.get("server_tag") != tag:
+            raise Skip(f"no {tag} server")
+        try:
+            if httpx.get(srv.url + "/health", timeout=10).status_code == 200:
+                return srv.url
+        except httpx.HTTPError:
+            pass
+        raise RuntimeError(f"{tag} server is down; log tail: {srv.log_tail(5)}")
+
+    def model_args(self) -> List[str]:
+        return ["--model-path", self.state["model"]] + (["--dtype", "float32"] if self.dry else [])
+
+    # --- stages -------------------------------------------------------------------------------------------
+
+    def stage_env(self) -> Dict[str, Any]:
+        import sglang
+        import torch
+
+        gpu = torch.cuda.is_available()
+        name = torch.cuda.get_device_name(0) if gpu else "none"
+        detail = f"sglang {sglang.__version__}, torch {torch.__version__}, GPU: {name}"
+        if not self.dry and not gpu:
+            return {"_fail": True, "_detail": detail + " (no GPU: use --dry-run)"}
+        return {"_detail": detail, "gpu": name}
+
+    def stage_model(self) -> Dict[str, Any]:
+        from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
+
+        self.state["model"] = str(prepare_tiny_llama() if self.dry else prepare_smollm2())
+        self.state["template"] = "{question}\n" if self.dry else CHAT
+        if not self.dry:
+            self.start_bootstrap()
+        return {"_detail": self.state["model"]}
+
+    def start_bootstrap(self) -> None:
+        """The EAGLE3 bootstrap drafter trains on CPU threads while the GPU stages run."""
+        from sglang_spex.respec.profiler import default_drafter
+
+        try:
+            self.state["drafter"] = default_drafter(self.state["model"])
+            return
+        except FileNotFoundError:
+            pass
+        cmd = [sys.executable, str(ROOT / "scripts" / "respec_bootstrap.py"), "--minutes", "1.5", "--threads", "8"]
+        log = open(self.out / "bootstrap.log", "w")
+        self.bootstrap = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stage_server_spex(self) -> Dict[str, Any]:
+        srv = self.serve([*self.model_args(), "--tot-speculation", "--enable-metrics"], "spex")
+        self.state["server_tag"] = "spex"
+        info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
+        flags = {k: info.get(k) for k in ("disable_overlap_schedule", "disable_cuda_graph", "sampling_backend")}
+        self.state["server_flags"] = flags
+        detail = (
+            f"overlap {'off' if flags['disable_overlap_schedule'] else 'on'}, "
+            f"cuda graphs {'off' if flags['disable_cuda_graph'] else 'on'}, sampling {flags['sampling_backend']}"
+        )
+        bad = not self.dry and (flags["disable_overlap_schedule"] or flags["disable_cuda_graph"])
+        return {"_fail": bad, "_detail": detail + ("" if not bad else " (expected SGLang's GPU defaults)"), **flags}
+
+    def stage_decode(self) -> Dict[str, Any]:
+        url = self.need_server("spex")
+        short, long = self.sizes.decode_tokens
+        steps, rates = {}, {}
+        for b in self.sizes.decode_batches:
+            texts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(b)]
+            t_s = _timed_generate(url, texts, short)
+            t_l = _timed_generate(url, texts, long)
+            steps[b] = max(t_l - t_s, 1e-6) / (long - short)
+            rates[b] = b / steps[b]
+        self.state["plain_step_s"] = steps
+        refs = _generate(url, PROMPTS[:4], self.sizes.respec_tokens)
+        self.state["greedy_ref"] = [o["output_ids"] for o in refs]
+        detail = ", ".join(f"B={b}: {rates[b]:.0f} tok/s" for b in rates)
+        return {"_detail": "decode " + detail, "tok_s": rates}
+
+    def _search_body(self, policy: Dict[str, Any], q, speculation: Dict[str, Any], **step: Any) -> Dict[str, Any]:
+        spec = {
+            "policy": policy,
+            "step": {
+                "max_tokens": self.sizes.step_tokens,
+                "stop": ["\n\n"],
+                "temperature": 0.8,
+                "prompt_template": self.state["template"],
+                "max_total_tokens": 8 * self.sizes.step_tokens,
+                **step,
+            },
+            "reward": {"type": "logprob"},
+            "answer": {"aggregate": "weighted"},
+            "seed": 0,
+            "speculation": speculation,
+        }
+        return {"spec": spec, "question": q.text, "reference": q.reference}
+
+    def stage_search(self) -> Dict[str, Any]:
+        url = self.need_server("spex")
+        questions = get_task("toy_add").questions(self.sizes.questions, split="test", seed=0)
+        runs = {}
+        for mode, spx in (("baseline", {"enabled": False}), ("spex", {"enabled": True, "components": ["t1", "t2"]})):
+            httpx.post(url + "/flush_cache", timeout=60)
+            bodies = [self._search_body(self.sizes.rstar, q, spx) for q in questions]
+            t0 = time.monotonic()
+            results = asyncio.run(_post_all(url + "/tot/search", bodies, timeout=600))
+            wall = time.monotonic() - t0
+            runs[mode] = {"q_min": len(questions) / wall * 60, "results": results}
+        bad = [r for m in runs.values() for r in m["results"] if r.get("status") != "done"]
+        same = sum(_tree(a) == _tree(b) for a, b in zip(runs["baseline"]["results"], runs["spex"]["results"]))
+        hits = sum((r.get("speculation") or {}).get("hits", 0) for r in runs["spex"]["results"])
+        base, spex = runs["baseline"]["q_min"], runs["spex"]["q_min"]
+        detail = (
+            f"rSTAR {self.sizes.rstar['num_rollouts']} rollouts, {len(questions)} q: baseline {base:.2f} q/min, "
+            f"SPEX {spex:.2f} q/min ({spex / base:.2f}x), same tree {same}/{len(questions)}, hits {hits}"
+        )
+        if bad:
+            detail += f"; not done: {[r.get('status', r.get('error')) for r in bad][:3]}"
+        return {"_fail": bool(bad), "_detail": detail, "q_min": {m: v["q_min"] for m, v in runs.items()}}
+
+    def stage_cancel_kv(self) -> Dict[str, Any]:
+        url = self.need_server("spex")
+        before = _wait_idle(url)
+        policy = {"name": "rebase", "width": 8, "max_depth": 25}
+        q = get_task("toy_add").questions(1, split="test", seed=1)[0]
+        body = {**self._search_body(policy, q, {"enabled": True}, max_tokens=96), "search_id": "gpu-check-cancel"}
+        body["spec"]["step"]["max_total_tokens"] = 100000
+        latency = asyncio.run(_start_and_cancel(url, body))
+        after = _wait_idle(url)
+        b, a = before["pool"], after["pool"]
+        free_b, free_a = b["kv_available"] + b["kv_evictable"], a["kv_available"] + a["kv_evictable"]
+        leaked = "memory leak detected" in Path(self.server.log_path).read_text(errors="replace")
+        ok = free_a == free_b and a["kv_protected"] == b["kv_protected"] and a["req_slots_free"] == b["req_slots_free"]
+        detail = f"cancel {latency * 1e3:.0f} ms; KV free {free_b} -> {free_a}, protected {a['kv_protected']}"
+        return {"_fail": not ok or leaked, "_detail": detail + ("; SGLang: memory leak" if leaked else "")}
+
+    def stage_top_p(self) -> Dict[str, Any]:
+        url = self.need_server("spex")
+        q = get_task("toy_add").questions(1, split="test", seed=2)[0]
+        policy = {"name": "rebase", "width": self.sizes.rebase_width, "max_depth": 2}
+        body = self._search_body(policy, q, {"enabled": True}, top_p=0.9)
+        r = httpx.post(url + "/tot/search", json=body, timeout=600)
+        res = r.json() if r.status_code == 200 else {"status": f"HTTP {r.status_code}"}
+        alive = _healthy(url)
+        log = Path(self.server.log_path).read_text(errors="replace")
+        seed_assert = "sampling_seed" in log and "Error" in log
+        sampling = self.state.get("server_flags", {}).get("sampling_backend")
+        detail = f"seeded top_p=0.9 search under {sampling} sampling: {res.get('status')}, "
+        detail += f"{len(res.get('failures') or [])} failed nodes, server {'up' if alive else 'DOWN'}"
+        if seed_assert:
+            detail += "; log mentions a sampling_seed error"
+        ok = res.get("status") == "done" and not res.get("failures") and alive
+        return {"_fail": not ok, "_detail": detail}
+
+    def stage_drafter(self) -> Dict[str, Any]:
+        if self.dry:
+            self.state["drafter"] = _tiny_drafter(self.state["model"], self.out / "drafter")
+            return {"_detail": f"tiny untrained drafter {self.state['drafter']}"}
+        if "drafter" in self.state:
+            return {"_detail": f"cached {self.state['drafter']}"}
+        if self.bootstrap is None:
+            raise Skip("bootstrap not started")
+        self.bootstrap.wait()
+        if self.bootstrap.returncode != 0:
+            tail = (self.out / "bootstrap.log").read_text(errors="replace").splitlines()[-3:]
+            return {"_fail": True, "_detail": f"respec_bootstrap exit {self.bootstrap.returncode}: {tail}"}
+        from sglang_spex.respec.profiler import default_drafter
+
+        self.state["drafter"] = default_drafter(self.state["model"])
+        return {"_detail": f"bootstrapped {self.state['drafter']}"}
+
+    def _respec(self, cfg: SpecConfig, extra: List[str]) -> Dict[str, Any]:
+        """A server with ``cfg`` under ``--respec-adaptive`` and a plan that speculates at B=1 only."""
+        plain = self.state.get("plain_step_s") or {}
+        path = _switching_profile(cfg.key, plain, self.out / f"profile-{cfg.algorithm}.json")
+        respec = ["--respec-adaptive", "--respec-profile", str(path), "--respec-hysteresis", "0,0,1"]
+        srv = self.serve([*self.model_args(), *cfg.server_args(), *extra, *respec, "--respec-drift", "0"], cfg.key)
+        self.state["server_tag"] = cfg.key
+        n = self.sizes.respec_tokens
+        out = {}
+        for b in (1, 8):
+            texts = PROMPTS[:1] if b == 1 else [PROMPTS[i % len(PROMPTS)] + f" [{i}]" for i in range(b)]
+            t0 = time.perf_counter()
+            res = _generate(srv.url, texts, n)
+            out[b] = {"tok_s": b * n / (time.perf_counter() - t0), "ids": [o["output_ids"] for o in res]}
+        got = [o["output_ids"] for o in _generate(srv.url, PROMPTS[:4], n)]
+        ref = self.state.get("greedy_ref")
+        same = "n/a" if ref is None else f"{sum(a == b for a, b in zip(got, ref))}/{len(got)}"
+        st = httpx.get(srv.url + "/get_server_info", timeout=60).json()["internal_states"][0].get("respec") or {}
+        spec_steps, plain_steps = st.get("spec_steps", 0), st.get("plain_steps", 0)
+        switches = (st.get("fsm") or {}).get("switches")
+        detail = (
+            f"B=1 {out[1]['tok_s']:.0f} tok/s, B=8 {out[8]['tok_s']:.0f} tok/s; spec steps {spec_steps}, "
+            f"plain steps {plain_steps}, switches {switches}; greedy = plain {same}"
+        )
+        return {"_fail": not (spec_steps > 0 and plain_steps > 0), "_detail": detail}
+
+    def stage_respec_ngram(self) -> Dict[str, Any]:
+        return self._respec(NGRAM, [])
+
+    def stage_respec_eagle3(self) -> Dict[str, Any]:
+        if not self.state.get("drafter"):
+            raise Skip("no drafter")
+        return self._respec(EAGLE3, ["--speculative-draft-model-path", self.state["drafter"]])
+
+    def run(self) -> int:
+        order = ["env", "model", "server_spex", "decode", "search", "cancel_kv", "top_p", "respec_ngram"]
+        order += ["drafter", "respec_eagle3"]
+        try:
+            for name in order:
+                if name in ("env", "model") or "model" in self.state:
+                    self.run_stage(name, getattr(self, f"stage_{name}"))
+                else:
+                    self.results.append(StageResult(name, "SKIP", 0.0, "no model"))
+        finally:
+            self.stop_server()
+            if self.bootstrap is not None and self.bootstrap.poll() is None:
+                os.killpg(self.bootstrap.pid, signal.SIGTERM)
+            self.write()
+        print("\n" + self.table(), flush=True)
+        return 0 if all(r.status != "FAIL" for r in self.results) else 1
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+
+def _generate(url: str, texts: List[str], n: int) -> List[dict]:
+    body = {"text": texts, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
+    r = httpx.post(url + "/generate", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def _timed_generate(url: str, texts: List[str], n: int) -> float:
+    t0 = time.perf_counter()
+    _generate(url, texts, n)
+    return time.perf_counter() - t0
+
+
+async def _post_all(url: str, bodies: List[dict], timeout: float) -> List[dict]:
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        rs = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
+    return [
+        r.json() if r.status_code == 200 else {"status": f"HTTP {r.status_code}", "error": r.text[:200]} for r in rs
+    ]
+
+
+async def _start_and_cancel(url: str, body: dict) -> float:
+    """Start a long search, DELETE it once it has requests in flight; the DELETE's latency in seconds."""
+    sid = body["search_id"]
+    async with httpx.AsyncClient(timeout=120) as client:
+        task = asyncio.create_task(client.post(url + "/tot/search", json=body))
+        for _ in range(600):
+            r = await client.get(f"{url}/tot/search/{sid}")
+            st = r.json() if r.status_code == 200 else {}
+            if st.get("status") == "running" and st.get("inflight", 0) > 0 and st.get("num_requests", 0) >= 4:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError(f"search never ran: {st}")
+        t0 = time.perf_counter()
+        r = await client.delete(f"{url}/tot/search/{sid}")
+        latency = time.perf_counter() - t0
+        res = await task
+        if r.status_code != 200 or res.json().get("status") != "cancelled":
+            raise RuntimeError(f"cancel: HTTP {r.status_code}, search {res.json().get('status')}")
+    return latency
+
+
+def _wait_idle(url: str, timeout: float = 30.0) -> Dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = httpx.get(url + "/spex/stats", timeout=30).json()["scheduler"]
+        if s["pool"]["running"] == 0 and s["pool"]["waiting"] == 0 and s.get("watched_cancels", 0) == 0:
+            return s
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server not idle: {s['pool']}")
+        time.sleep(0.2)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health_generate", timeout=60).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _tree(res: dict) -> list:
+    return sorted((n["path"], n["text"]) for n in res.get("nodes", []))
+
+
+def _switching_profile(key: str, plain_step_s: Dict[int, float], path: Path) -> Path:
+    """A profile whose plan speculates at B=1 (2 tokens per 1.2x step) and not from B=8 (1.5 per 3x step), from
+    the measured plain step times (10 ms if none): both ReSpec states run in one check."""
+    prof = Profile("gpu-check", key.split(":")[0], "synthetic", meta={"note": "synthetic plan for gpu_check"})
+    for b in (1, 8):
+        step = float(plain_step_s.get(b) or plain_step_s.get(min(plain_step_s, default=1), 0.010) or 0.010)
+        prof.add(PLAIN, Point(b, step, 1.0, b / step))
+        cost, tps = (1.2, 2.0) if b == 1 else (3.0, 1.5)
+        prof.add(key, Point(b, step * cost, tps, b * tps / (step * cost), tps))
+    return prof.save(path)
+
+
+def _tiny_drafter(model: str, out: Path) -> str:
+    """An untrained EAGLE-3 drafter for the tiny model (the dry run checks wiring, not acceptance)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sglang_spex.respec.drafter import Eagle3Drafter
+
+    target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    vocab = target.config.vocab_size
+    drafter = Eagle3Drafter.for_target(target, min(128, vocab), torch.arange(vocab).float())
+    return str(drafter.save_pretrained(out, dtype=torch.float32))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--dry-run", action="store_true", help="CPU servers, tiny model, small stages (also GPU_CHECK_DRY=1)"
+    )
+    ap.add_argument("--budget-s", type=float, default=470.0, help="global deadline for all stages, seconds")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/gpu_check"), help="table, JSON and server logs")
+    a = ap.parse_args(argv)
+    dry = a.dry_run or os.environ.get("GPU_CHECK_DRY") == "1"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    check = GpuCheck(dry, a.budget_s, a.out)
+    signal.signal(signal.SIGTERM, _terminate)
+    return check.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepared GPU check: on a machine with one NVIDIA GPU, set up (full sglang), then run SPEX and ReSpec on SGLang's
+# GPU defaults and print one summary table (stages in scripts/gpu_check.py). Nothing depends on it.
+#
+#   bash scripts/gpu_check.sh             # GPU run, under 8 minutes with a warm environment
+#   bash scripts/gpu_check.sh --dry-run   # the same stages on CPU servers with the tiny model (or GPU_CHECK_DRY=1)
+#
+# Env: GPU_CHECK_BUDGET_S (total seconds, default 470), GPU_CHECK_OUT (results folder, default /tmp/gpu_check).
+# Exit status: 0 when no stage failed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DRY="${GPU_CHECK_DRY:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+BUDGET="${GPU_CHECK_BUDGET_S:-470}"
+OUT="${GPU_CHECK_OUT:-/tmp/gpu_check}"
+START=$(date +%s)
+mkdir -p "$OUT"
+
+# setup: the dry run reuses an existing .venv (a CPU checkout is set up already); the GPU run always runs the
+# idempotent setup, which installs full sglang when nvidia-smi sees a GPU.
+SETUP="PASS"
+if [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then
+  SETUP="SKIP"
+elif ! timeout 420 bash scripts/setup.sh > "$OUT/setup.log" 2>&1; then
+  SETUP="FAIL"
+fi
+SETUP_S=$(( $(date +%s) - START ))
+echo "[gpu_check] setup: $SETUP (${SETUP_S} s)"
+if [ "$SETUP" = FAIL ] || [ ! -x .venv/bin/python ]; then
+  tail -n 5 "$OUT/setup.log" >&2
+  echo "setup          FAIL   ${SETUP_S}  see $OUT/setup.log"
+  exit 1
+fi
+
+LEFT=$(( BUDGET - SETUP_S ))
+[ "$LEFT" -lt 60 ] && LEFT=60
+FLAGS=(--budget-s "$LEFT" --out "$OUT")
+[ "$DRY" = 1 ] && FLAGS+=(--dry-run)
+# the driver enforces per-stage timeouts and the deadline itself; this outer limit only catches a hang in it
+timeout --signal=TERM --kill-after=30 $(( LEFT + 60 )) .venv/bin/python scripts/gpu_check.py "${FLAGS[@]}"
+RC=$?
+if [ "$RC" -ge 124 ] && [ -f "$OUT/gpu_check.txt" ]; then
+  echo "[gpu_check] driver stopped from outside (exit $RC); stages finished so far:"
+  cat "$OUT/gpu_check.txt"
+fi
+echo "setup          $SETUP   ${SETUP_S}  (total $(( $(date +%s) - START )) s)"
+exit "$RC"
