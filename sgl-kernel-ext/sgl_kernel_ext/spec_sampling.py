@@ -1,0 +1,148 @@
+"""CPU ops for SGLang's speculative *sampling* verify (temperature > 0), in torch.
+
+SGLang 0.5.23 resolves these names to ``None`` on CPU (``sglang.kernels.ops.speculative.verify_sampling``,
+``sglang.kernels.ops.sampling.renorm``), so its verify commits the argmax there. These ops have the
+signatures and semantics of the CUDA ones:
+
+- :func:`tree_speculative_sampling_target_only` -- the CUDA kernel of the same name (SGLang's
+  ``speculative/sampling.cuh``): walk each request's draft tree from the root; at an accepted node with
+  coin ``u`` (``uniform_samples[b, node]``), try its children in sibling order, adding each child's target
+  probability to a running sum, and accept the first child with positive probability and
+  ``u < sum / threshold_acc`` (or probability ``>= threshold_single``); a rejected child's target
+  probability is written into ``draft_probs`` at that node. After the walk, the token after the last
+  accepted node is drawn by inverse CDF with ``uniform_samples_for_final_sampling[b]`` from
+  ``relu(target - draft)`` at that node (from ``target`` alone when the walk reached the depth limit).
+  With the default thresholds (1, 1) and zero draft probabilities (a deterministic draft: NGRAM, EAGLE
+  target-only) each committed token is distributed exactly as the target distribution.
+- :func:`top_k_renorm_prob` / :func:`top_p_renorm_prob` -- flashinfer's ``top_k_renorm_probs`` /
+  ``top_p_renorm_probs``: zero the tokens outside the top-k / the top-p nucleus and renormalise. Ties
+  keep the lower token id first (stable sort), so ``top_k = 1`` selects ``torch.argmax``'s token; the
+  nucleus keeps a token when the mass strictly before it is ``<= top_p`` (SGLang's pytorch sampler rule).
+
+Vectorised over the batch; loops run only over tree depth and siblings.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+
+def tree_speculative_sampling_target_only(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    deterministic: bool = True,
+) -> None:
+    """Rejection-sample each request's draft tree against ``target_probs``; writes the first three and ``draft_probs``.
+
+    Shapes (as SGLang passes them): ``candidates``/``retrive_*``/``uniform_samples`` ``[bs, n]``,
+    ``accept_index`` ``[bs, depth]`` (pre-filled with -1), ``accept_token_num`` ``[bs]``, ``predicts``
+    ``[bs * n]``, ``target_probs``/``draft_probs`` ``[bs, n, vocab]`` float32. ``deterministic`` is accepted
+    for signature compatibility; this op is always deterministic given its coins.
+    """
+    if not 0.0 <= threshold_single <= 1.0 or not 0.0 <= threshold_acc <= 1.0:
+        raise ValueError(f"thresholds must lie in [0, 1], got single={threshold_single}, acc={threshold_acc}")
+    bs, n = candidates.shape
+    if bs == 0:
+        return
+    num_spec = accept_index.shape[1]
+    vocab = target_probs.shape[-1]
+    dev = candidates.device
+    rows = torch.arange(bs, device=dev)
+    ri = retrive_index.reshape(bs, n).to(torch.int64)
+    nxt = retrive_next_token.reshape(bs, n).to(torch.int64)
+    sib = retrive_next_sibling.reshape(bs, n).to(torch.int64)
+    cand = candidates.reshape(bs, n).to(torch.int64)
+    coins = uniform_samples.reshape(bs, n)
+    q = target_probs.view(bs, n, vocab)
+    dq = draft_probs.view(bs, n, vocab)  # a view: rejected children are recorded in the caller's tensor
+    acc_scale = max(float(threshold_acc), 1e-9)
+    single = torch.tensor(float(threshold_single), dtype=q.dtype, device=dev)
+
+    node = torch.zeros(bs, dtype=torch.int64, device=dev)  # local index of the last accepted node
+    last = ri[:, 0].clone()  # its global (retrive_index) index: where its successor token is written
+    accept_index[:, 0] = last.to(accept_index.dtype)
+    num = torch.zeros(bs, dtype=torch.int64, device=dev)
+    cur = torch.zeros(bs, dtype=torch.int64, device=dev)
+    alive = torch.ones(bs, dtype=torch.bool, device=dev)
+    pred = predicts.view(-1)
+    for _ in range(1, num_spec):
+        cur = torch.where(alive, nxt[rows, cur.clamp(min=0)], cur)
+        coin = coins[rows, node]
+        prob_acc = torch.zeros(bs, dtype=q.dtype, device=dev)
+        found = torch.zeros(bs, dtype=torch.bool, device=dev)
+        for _ in range(n):  # sibling scan, all requests at once
+            searching = alive & ~found & (cur >= 0)
+            if not bool(searching.any()):
+                break
+            safe = cur.clamp(min=0)
+            tok = cand[rows, safe]
+            p = q[rows, node, tok]
+            prob_acc = torch.where(searching, prob_acc + p, prob_acc)
+            hit = searching & (p > 0) & ((coin < prob_acc / acc_scale) | (p >= single))
+            miss = searching & ~hit
+            dq[rows[miss], node[miss], tok[miss]] = p[miss]
+            draft = ri[rows, safe]
+            pred[last[hit]] = tok[hit].to(pred.dtype)
+            num = num + hit.to(torch.int64)
+            accept_index[rows[hit], num[hit]] = draft[hit].to(accept_index.dtype)
+            last = torch.where(hit, draft, last)
+            node = torch.where(hit, safe, node)
+            found |= hit
+            cur = torch.where(miss, sib[rows, safe], cur)
+        alive &= found
+        if not bool(alive.any()):
+            break
+    accept_token_num.view(-1)[:bs] = num.to(accept_token_num.dtype)
+
+    # the token after the last accepted node: inverse CDF of relu(target - draft) there
+    residual = q[rows, node]
+    at_depth_limit = num == num_spec - 1  # no draft mass is subtracted for the bonus token
+    residual = torch.where(at_depth_limit[:, None], residual, (residual - dq[rows, node]).clamp(min=0))
+    u = uniform_samples_for_final_sampling.reshape(-1)[:bs].to(residual.dtype) * residual.sum(-1)
+    cdf = torch.cumsum(residual, dim=-1)
+    sampled = torch.searchsorted(cdf, u[:, None].contiguous(), right=True).squeeze(-1)  # first cdf > u
+    positive = residual > 0
+    last_valid = torch.where(
+        positive.any(-1), vocab - 1 - positive.flip(-1).to(torch.int8).argmax(-1), torch.full_like(sampled, vocab - 1)
+    )
+    sampled = torch.where(sampled >= vocab, last_valid, sampled)
+    pred[last] = sampled.to(pred.dtype)
+
+
+def _sorted_desc(probs: torch.Tensor):
+    return torch.sort(probs, dim=-1, descending=True, stable=True)
+
+
+def _renorm(kept: torch.Tensor) -> torch.Tensor:
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def top_k_renorm_prob(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
+    """Keep each row's ``top_k`` largest probabilities (``top_k`` per row or one int), zero the rest, renormalise."""
+    k = torch.as_tensor(top_k, device=probs.device).to(torch.int64).reshape(-1, 1)
+    values, order = _sorted_desc(probs)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    values = values.masked_fill(rank >= k, 0.0)
+    return _renorm(torch.zeros_like(probs).scatter_(-1, order, values))
+
+
+def top_p_renorm_prob(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) -> torch.Tensor:
+    """Keep the top-p nucleus of each row (mass before a kept token ``<= top_p``), zero the rest, renormalise."""
+    p = torch.as_tensor(top_p, device=probs.device).to(probs.dtype).reshape(-1, 1)
+    values, order = _sorted_desc(probs)
+    before = torch.cumsum(values, dim=-1) - values
+    values = values.masked_fill(before > p, 0.0)
+    return _renorm(torch.zeros_like(probs).scatter_(-1, order, values))
