@@ -53,6 +53,7 @@ DRAFT_FACTORY = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
 SELF = "sglang_spex.srt.hooks"
 SCHED = "sglang_spex.srt.scheduling"
 PROTECT = "sglang_spex.srt.prefix_protection"
+SCHED_ADAPTER = "sglang_spex.adapters.scheduler"
 KERNEL_EXT = "sgl_kernel_ext.attention"
 
 
@@ -66,7 +67,7 @@ class TouchPoint:
     feature: str
     why: str
     fn: str = ""  # "module:qualname" of our hook body ('' for touch points that are calls into SGLang)
-    by: str = ""  # who makes it when not register_all itself ("module:qualname"); informational
+    by: str = ""  # who makes or calls it, when not register_all: "module:qualname" or the using "module"
 
     @property
     def is_hook(self) -> bool:
@@ -124,11 +125,13 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "/spex/*, /tot/*, /respec/* routes added to SGLang's FastAPI app (a module global)",
        by="sglang_spex.srt.routes:install"),
     _T("W2", f"{HTTP_SERVER_MODULE}.get_global_state", "call", "routes",
-       "the tokenizer manager the routes send requests through", by="sglang_spex.srt.routes:tokenizer_manager"),
+       "the tokenizer manager the routes send requests through", by="sglang_spex.srt.routes"),
     _T("W3", f"{TOKENIZER_MANAGER}.get_internal_state", "call", "routes",
-       "one round trip to the scheduler: /spex/info's scheduler part, the control channel's acknowledgement"),
+       "one round trip to the scheduler: /spex/info's scheduler part, the control channel's acknowledgement",
+       by="sglang_spex.srt.routes"),
     _T("W4", f"{TOKENIZER_MANAGER}._dispatch_to_scheduler", "call", "routes",
-       "(private) sends SpexControlReq on the tokenizer manager's socket, in order with generate requests"),
+       "(private) sends SpexControlReq on the tokenizer manager's socket, in order with generate requests",
+       by="sglang_spex.srt.control"),
     # ---- cpu_attention (sgl-kernel-ext installed): the spex_cpu attention backend, selectable with any flags
     _T("A1", "sglang.srt.layers.attention.attention_registry.register_attention_backend", "registry",
        "cpu_attention", "the spex_cpu batched CPU attention backend in SGLang's backend registry",
@@ -208,11 +211,11 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "publish each step's batch size, role split, KV use and step time to shared memory",
        "sglang_spex.srt.batch_stats:h_publish"),
     _T("P4", f"{PREFILL_ADDER}.preempt_to_schedule", "call", "scheduler",
-       "H6 preempts lower-priority running requests with SGLang's own preemption", by=SCHED),
+       "H6 preempts lower-priority running requests with SGLang's own preemption", by=SCHED_ADAPTER),
     _T("P5", "sglang.srt.mem_cache.common.release_kv_cache", "call", "scheduler",
-       "H10 frees a cancelled request's KV (with checkpoint) as SGLang's finish path does", by=SCHED),
+       "H10 frees a cancelled request's KV (with checkpoint) as SGLang's finish path does", by=SCHED_ADAPTER),
     _T("P6", "sglang.srt.mem_cache.common._req_radix_key", "call", "scheduler",
-       "(private) the radix key of a finished node's tokens, for H11's lock", by=PROTECT),
+       "(private) the radix key of a finished node's tokens, for H11's lock", by="sglang_spex.adapters.radix_cache"),
 )
 # fmt: on
 
