@@ -5,10 +5,11 @@ else a ReSpec config such as ``NGRAM:s4t1n4``) and batch size, one :class:`Point
 roofline fit (the knee sets ``--tot-k-total auto``) plus the context and prefill probes; ReSpec's solver reads
 every curve.
 
-SPEX's roofline profiles are cached as one JSON per (model, device, flags) under
-``~/.cache/sglang-spex/profiles``. A cached profile is *stale* when it is older than ``max_age_s`` (default 7 days,
-env ``SPEX_PROFILE_MAX_AGE_S``) or was measured by another sglang / sglang-spex version or file format; stale or
-missing profiles are re-measured by :func:`sglang_spex.profile.measure.ensure_profile`.
+SPEX's roofline profiles are cached as one JSON per (model, device, flags) under ``cache_dir("profiles")``
+(``$SPEX_CACHE_DIR/profiles``). A cached profile is *stale* when it is older than ``max_age_s`` (default: the
+config's ``profile_max_age_s``, ``--tot-profile-max-age``, 7 days) or was measured by another sglang /
+sglang-spex version or file format; stale or missing profiles are re-measured by
+:func:`sglang_spex.profile.measure.ensure_profile`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from sglang_spex.config import cache_dir as config_cache_dir
+from sglang_spex.config import load as load_config
 from sglang_spex.profile.roofline import KneeFit, find_knee, k_total_from_knee
 
-CACHE_DIR = Path(os.environ.get("SPEX_PROFILE_CACHE", Path.home() / ".cache" / "sglang-spex" / "profiles"))
-DEFAULT_MAX_AGE_S = float(os.environ.get("SPEX_PROFILE_MAX_AGE_S", 7 * 24 * 3600))
+CACHE_DIR = config_cache_dir("profiles")
 FORMAT = 2  # 1: roofline-only layout (key, batch_sizes, step_times), still read
 PLAIN = "none"  # config key of plain decode (no speculation)
 _KEY_FIELDS = {"model", "hardware", "flags", "drafter"}
@@ -214,8 +216,10 @@ class Profile:
     def load(cls, path: Path) -> "Profile":
         return cls.from_json(Path(path).read_text())
 
-    def is_stale(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> bool:
-        return (time.time() - self.created_at) > max_age_s or self.versions != _versions()
+    def is_stale(self, max_age_s: Optional[float] = None) -> bool:
+        """Older than ``max_age_s`` (default: the config's ``profile_max_age_s``) or from other versions."""
+        max_age = load_config().profile_max_age_s if max_age_s is None else max_age_s
+        return (time.time() - self.created_at) > max_age or self.versions != _versions()
 
     def summary(self) -> str:
         pts = ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in zip(self.batch_sizes, self.step_times))
@@ -241,9 +245,7 @@ def save(profile: Profile, cache_dir: Optional[Path] = None) -> Path:
     return profile.save(path_for(profile.key, cache_dir))
 
 
-def load(
-    key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: float = DEFAULT_MAX_AGE_S
-) -> Optional[Profile]:
+def load(key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: Optional[float] = None) -> Optional[Profile]:
     """The cached profile for ``key`` if present and fresh, else None."""
     try:
         prof = Profile.load(path_for(key, cache_dir))

@@ -180,7 +180,7 @@ async def ensure_profile(
     key: Dict[str, Any],
     spec: Optional[ProfileSpec] = None,
     force: bool = False,
-    max_age_s: float = cache.DEFAULT_MAX_AGE_S,
+    max_age_s: Optional[float] = None,
     progress: bool = True,
 ) -> Profile:
     """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache)."""
