@@ -120,24 +120,16 @@ def _typed(tp: Any, value: Any, label: str) -> Any:
         if value in get_args(inner):
             return value
         raise ConfigError(f"{label} {value!r}: choose from {list(get_args(inner))}")
-    elif origin is tuple and isinstance(value, (list, tuple)):
+    elif origin is tuple:
         args = get_args(inner)
-        if len(args) == 2 and args[1] is Ellipsis:
+        if isinstance(value, (list, tuple)) and len(args) == 2 and args[1] is Ellipsis:
             return tuple(_typed(args[0], v, f"{label}[{i}]") for i, v in enumerate(value))
-        if len(args) == len(value):
+        if isinstance(value, (list, tuple)) and len(args) == len(value):
             return tuple(_typed(a, v, f"{label}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    elif inner is bool:
-        if isinstance(value, bool):
-            return value
-    elif inner is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif inner is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif inner is str:
-        if isinstance(value, str):
-            return value
+    elif inner in (bool, int, float, str):
+        accepts = (int, float) if inner is float else inner
+        if isinstance(value, bool) == (inner is bool) and isinstance(value, accepts):
+            return float(value) if inner is float else value
     else:
         raise TypeError(f"{label}: unsupported config type {tp!r}")
     raise ConfigError(f"{label} {value!r}: expected {_type_name(tp)}")
