@@ -13,6 +13,11 @@ For each mode one server (one at a time):
 
 Each batch is a long-tailed length mix like an RL rollout (most sequences stop early, a few run long); tokens/s
 and the ratio to ``nospec`` are printed and written as JSON (+ PNG).
+
+``--overlap on,off`` (default both): each mode's servers for both overlap-scheduler settings run together
+(``--enable-overlap-schedule`` / ``--disable-overlap-schedule``), repeats interleave them (order alternating), and
+every repeat counts: medians with min-max. A server whose ``/get_server_info`` reports another setting than asked
+(SGLang turns overlap off for speculative decoding on CPU) is stopped and its column reads ``n/a``.
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import requests
-from tqdm import tqdm
+from overlap import actual_overlap, fmt, overlap_flags, parse_overlap, spread
 
 from sglang_spex.respec.profiler import CALIBRATION_PROMPTS, batch_prompts, flush
 from sglang_spex.serve import ServerProcess
@@ -42,16 +47,12 @@ def rollout_lengths(batch: int, short: int, long: int, seed: int = 0) -> List[in
 
 
 def run_batch(
-    url: str, batch: int, short: int, long: int, prompts: List[str] = CALIBRATION_PROMPTS, repeats: int = 1
+    url: str, batch: int, short: int, long: int, prompts: List[str] = CALIBRATION_PROMPTS
 ) -> Dict[str, float]:
-    """The fastest of ``repeats`` runs (other processes on a shared machine only ever add time), each cold:
-    ``/flush_cache`` empties the radix cache and the n-gram corpus so no run learns from the one before."""
-    runs = []
-    for _ in range(max(1, repeats)):
-        flush(url)
-        runs.append(_run_once(url, batch, short, long, prompts))
-    best = max(runs, key=lambda r: r["tok_s"])
-    return {**best, "runs_tok_s": [r["tok_s"] for r in runs], "loadavg": os.getloadavg()[0]}
+    """One cold run: ``/flush_cache`` empties the radix cache and the n-gram corpus so no run learns from the one
+    before."""
+    flush(url)
+    return {**_run_once(url, batch, short, long, prompts), "loadavg": os.getloadavg()[0]}
 
 
 def _run_once(url: str, batch: int, short: int, long: int, prompts: List[str]) -> Dict[str, float]:
@@ -73,8 +74,8 @@ def _run_once(url: str, batch: int, short: int, long: int, prompts: List[str]) -
     return {"batch": batch, "tokens": tokens, "seconds": dt, "tok_s": tokens / dt}
 
 
-def plot(results: Dict[str, list], modes: List[str], batch_sizes: List[int], path: Path) -> None:
-    """Throughput ratio to no speculation per batch size, one line per mode."""
+def plot(summary: Dict[str, Dict[str, dict]], modes: List[str], batch_sizes: List[int], path: Path) -> None:
+    """Median throughput ratio to no speculation (same overlap setting) per batch size, one line per column."""
     try:
         import matplotlib
 
@@ -84,16 +85,51 @@ def plot(results: Dict[str, list], modes: List[str], batch_sizes: List[int], pat
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode in modes:
-        ratios = [r["tok_s"] / b["tok_s"] for r, b in zip(results[mode], results["nospec"])]
-        ax.plot(batch_sizes, ratios, marker="o", label=mode)
+        for ov, per in summary[mode].items():
+            base = summary["nospec"].get(ov)
+            if per is None or base is None:
+                continue
+            ratios = [per[b]["median"] / base[b]["median"] for b in batch_sizes]
+            ax.plot(batch_sizes, ratios, marker="o", label=f"{mode} overlap {ov}")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (rollout, long-tailed lengths)")
     ax.set_ylabel("tokens/s vs no speculation")
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"written {path}")
+
+
+def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Namespace, prompts: List[str]) -> dict:
+    """This mode's servers, one per overlap setting, alive together; interleaved repeats (see module doc)."""
+    servers: Dict[str, ServerProcess] = {}
+    out: Dict[str, Any] = {"runs": {}, "overlap_actual": {}, "state": {}}
+    try:
+        for ov in overlaps:
+            srv = ServerProcess(args + overlap_flags(ov)).start()
+            out["overlap_actual"][ov] = actual_overlap(srv.url)
+            if out["overlap_actual"][ov] != ov:
+                print(f"{mode}: overlap {ov} asked, server runs overlap {out['overlap_actual'][ov]}: column n/a")
+                srv.stop()
+                continue
+            servers[ov] = srv
+            out["runs"][ov] = {b: [] for b in a.batch_sizes}
+        for rep in range(a.repeats):
+            for ov in list(servers) if rep % 2 == 0 else list(servers)[::-1]:
+                for b in a.batch_sizes:
+                    r = run_batch(servers[ov].url, b, a.short, a.long, prompts)
+                    out["runs"][ov][b].append(r)
+                line = " ".join(f"B={b}:{out['runs'][ov][b][-1]['tok_s']:.0f}" for b in a.batch_sizes)
+                print(f"{mode:13s} overlap {ov:3s} repeat {rep}: {line} tok/s", flush=True)
+        for ov, srv in servers.items():
+            if mode.startswith("respec"):
+                info = requests.get(srv.url + "/get_server_info", timeout=60).json()
+                out["state"][ov] = info["internal_states"][0].get("respec")
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return out
 
 
 MODES = ("nospec", "ngram", "respec", "eagle3", "eagle3_sglang", "respec_eagle3")
@@ -112,7 +148,10 @@ def main(argv=None) -> int:
     ap.add_argument("--short", type=int, default=24)
     ap.add_argument("--long", type=int, default=128)
     ap.add_argument("--hysteresis", default="1,8,2")
-    ap.add_argument("--repeats", type=int, default=2, help="runs per (mode, batch size); the fastest counts")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="interleaved runs per (mode, overlap, batch size); all count"
+    )
+    ap.add_argument("--overlap", default="on,off", help="overlap scheduler settings, comma list of on/off")
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--out", type=Path, default=Path("respec_server_bench.json"))
     a = ap.parse_args(argv)
@@ -120,6 +159,10 @@ def main(argv=None) -> int:
     from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
     from sglang_spex.respec.profiler import SpecConfig, default_drafter, prompt_set
 
+    try:
+        overlaps = parse_overlap(a.overlap)
+    except ValueError as e:
+        ap.error(str(e))
     bad = [m for m in a.modes if m not in MODES]
     if bad:
         ap.error(f"--modes: unknown {bad}; choose from {MODES}")
@@ -143,28 +186,38 @@ def main(argv=None) -> int:
         modes["eagle3"] = eagle
         modes["eagle3_sglang"] = eagle + ["--speculative-adaptive"]
         modes["respec_eagle3"] = eagle + ["--respec-adaptive", "--respec-profile", str(a.eagle_profile)]
-    results: Dict[str, list] = {}
+    results: Dict[str, dict] = {}
+    summary: Dict[str, Dict[str, Any]] = {}
     for mode in a.modes:
         args = modes[mode] + (["--respec-hysteresis", a.hysteresis] if mode.startswith("respec") else [])
-        with ServerProcess(args) as srv:
-            results[mode] = [
-                run_batch(srv.url, b, a.short, a.long, prompts, a.repeats)
-                for b in tqdm(a.batch_sizes, desc=mode, leave=False)
-            ]
-            if mode.startswith("respec"):
-                results[f"{mode}_state"] = (
-                    requests.get(srv.url + "/get_server_info", timeout=60).json()["internal_states"][0].get("respec")
-                )
-        for r in results[mode]:
-            print(f"{mode:13s} B={r['batch']:3d} {r['tok_s']:8.1f} tok/s ({r['tokens']} tokens, {r['seconds']:.1f} s)")
-    if "nospec" in results:
-        for mode in a.modes:
-            ratios = [r["tok_s"] / b["tok_s"] for r, b in zip(results[mode], results["nospec"])]
-            print(f"{mode:13s} vs nospec: " + " ".join(f"B={b}:{x:.2f}x" for b, x in zip(a.batch_sizes, ratios)))
-    a.out.write_text(json.dumps(results, indent=1))
+        results[mode] = measure_mode(mode, args, overlaps, a, prompts)
+        summary[mode] = {
+            ov: (
+                {b: spread([r["tok_s"] for r in results[mode]["runs"][ov][b]]) for b in a.batch_sizes}
+                if ov in results[mode]["runs"]
+                else None
+            )
+            for ov in overlaps
+        }
+    print(
+        f"\ntokens/s, median (min-max) of {a.repeats} interleaved repeats; ratio = median / nospec median (same overlap)"
+    )
+    for mode in a.modes:
+        for ov in overlaps:
+            per = summary[mode][ov]
+            if per is None:
+                print(f"{mode:13s} overlap {ov:3s} n/a (server ran overlap {results[mode]['overlap_actual'][ov]})")
+                continue
+            base = summary.get("nospec", {}).get(ov)
+            cells = []
+            for b in a.batch_sizes:
+                ratio = f" {per[b]['median'] / base[b]['median']:.2f}x" if base else ""
+                cells.append(f"B={b}: {fmt(per[b], 0)}{ratio}")
+            print(f"{mode:13s} overlap {ov:3s} " + "  ".join(cells))
+    a.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
     print(f"written {a.out}")
-    if "nospec" in results:
-        plot(results, a.modes, a.batch_sizes, a.out.with_suffix(".png"))
+    if "nospec" in summary:
+        plot(summary, a.modes, a.batch_sizes, a.out.with_suffix(".png"))
     return 0
 
 

@@ -1,0 +1,40 @@
+"""Overlap-scheduler on/off columns shared by the CPU benchmarks: flags, the server's actual state, medians."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Sequence
+
+import httpx
+
+OVERLAP_MODES = ("on", "off")
+
+
+def parse_overlap(text: str) -> List[str]:
+    """``on,off`` (either order, or one of them) -> the list of modes."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in OVERLAP_MODES]
+    if not modes or bad or len(set(modes)) != len(modes):
+        raise ValueError(f"--overlap {text!r}: expected a comma list of on/off")
+    return modes
+
+
+def overlap_flags(mode: str) -> List[str]:
+    """The launcher's flag that makes ``mode`` explicit (CPU default is off; ``--enable-overlap-schedule`` is
+    ours, SGLang's own is ``--disable-overlap-schedule``)."""
+    return ["--enable-overlap-schedule"] if mode == "on" else ["--disable-overlap-schedule"]
+
+
+def actual_overlap(url: str) -> str:
+    """``on`` / ``off`` as the running server reports it (``/get_server_info`` ``disable_overlap_schedule``)."""
+    info = httpx.get(url + "/get_server_info", timeout=60).json()
+    return "off" if info.get("disable_overlap_schedule") else "on"
+
+
+def spread(values: Sequence[float]) -> Dict[str, float]:
+    """Median with min and max (every repeat counts; nothing is dropped)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def fmt(s: Dict[str, float], digits: int = 1) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
