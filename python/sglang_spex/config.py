@@ -90,10 +90,12 @@ def _opt(
     flag: Optional[str] = _AUTO,
     parse: Optional[Callable[[str], Any]] = None,
     check: Optional[Check] = None,
+    none: str = "none",
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
-    """A dataclass field with its flag (``None``: no flag), help text, argparse type and a (predicate, reason) check."""
-    meta = {"help": help, "flag": flag, "parse": parse, "check": check}
+    """A dataclass field with its flag (``None``: no flag), help text, argparse type, a (predicate, reason) check
+    and the word a ``None`` value is shown as in help."""
+    meta = {"help": help, "flag": flag, "parse": parse, "check": check, "none": none}
     return field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -245,6 +247,7 @@ class SpexConfig(_Section):
     k_total: Optional[int] = _opt(
         None,
         parse=_k_total,
+        none="auto",
         check=(lambda v: v is None or v >= 0, "must be >= 0 or 'auto'"),
         help="global speculative budget, or auto (the roofline knee)",
     )

@@ -52,13 +52,11 @@ def _default(f: dataclasses.Field) -> Any:
 
 def _shown(f: dataclasses.Field) -> str:
     value = _default(f)
-    if f.name == "k_total" and value is None:
-        return "auto"
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, tuple):
         return ",".join(map(str, value))
-    return "none" if value is None else str(value)
+    return f.metadata["none"] if value is None else str(value)
 
 
 def _argparse_kwargs(f: dataclasses.Field, tp: Any) -> Dict[str, Any]:
