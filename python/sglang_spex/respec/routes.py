@@ -8,18 +8,15 @@
   400 on a bad payload, the copy unchanged.
 - ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
 
-Inside the SGLang server these are installed by :func:`install_from_env` when ``SPEX_RESPEC`` is set (by the
-launcher's ``--respec-learner SPEC [--respec-update-interval N --respec-kd V --respec-learner-mode M]``; a JSON
-object or the path of a JSON file: ``drafter`` (checkpoint dir), ``target`` (HF model dir of the served model),
+Inside the SGLang server these are installed by :func:`install_from_env` when the config (``SGLANG_SPEX_CONFIG``)
+holds a learner spec (the launcher's ``--respec-learner SPEC [--respec-update-interval N --respec-kd V
+--respec-learner-mode M]``: ``drafter`` (checkpoint dir), ``target`` (HF model dir of the served model),
 optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, response_ids]), ``server_url``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
@@ -28,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM
 
-from sglang_spex.config import LEARNER_ENV_VAR, LEARNER_FIELDS
+from sglang_spex.config import ENV_VAR, LearnerSpec, load
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import HotSwapClient, deserialize_named_tensors
@@ -37,7 +34,6 @@ from sglang_spex.respec.target import TargetFeatures
 from sglang_spex.srt.http_api import BodyError, PolicyBody, RolloutsBody, parse_body, read_json
 
 logger = logging.getLogger(__name__)
-ENV_VAR = LEARNER_ENV_VAR  # set by the launcher's --respec-learner (or directly)
 LEARNER_ATTR = "respec_learner"  # the learner lives on ``app.state.respec_learner``
 
 
@@ -94,25 +90,15 @@ def install(app: FastAPI, learner: OnlineLearner) -> None:
     app.add_api_route("/respec/state", get_state, methods=["GET"])
 
 
-def _load_spec(text: str) -> dict:
-    text = text.strip()
-    if text.startswith("{"):
-        return json.loads(text)
-    return json.loads(Path(text).read_text())
-
-
-def build_learner(spec: dict, server_url: Optional[str] = None) -> OnlineLearner:
-    """A learner from an ``SPEX_RESPEC`` spec: HF target copy for features, hot-swap into ``server_url``."""
-    unknown = sorted(set(spec) - set(LEARNER_FIELDS))
-    if unknown:
-        raise ValueError(f"{ENV_VAR}: unknown field(s) {unknown}")
-    drafter = Eagle3Drafter.from_pretrained(spec["drafter"]).float()
-    target = AutoModelForCausalLM.from_pretrained(spec["target"], torch_dtype=torch.float32)
+def build_learner(spec: LearnerSpec, server_url: Optional[str] = None) -> OnlineLearner:
+    """A learner from the config's learner spec: HF target copy for features, hot-swap into ``server_url``."""
+    drafter = Eagle3Drafter.from_pretrained(spec.drafter).float()
+    target = AutoModelForCausalLM.from_pretrained(spec.target, torch_dtype=torch.float32)
     feats = TargetFeatures(target, drafter.cfg.aux_layer_ids, drafter.t2d)
-    url = spec.get("server_url") or server_url
+    url = spec.server_url or server_url
     publish = HotSwapClient(url, begin_retries=240) if url else None
-    probe = [(p, r) for p, r in spec.get("probe", [])]
-    cfg = LearnerConfig(**spec.get("learner", {}))
+    probe = [(list(p), list(r)) for p, r in spec.probe]
+    cfg = LearnerConfig(**spec.learner.to_dict())
     return OnlineLearner(drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights)
 
 
@@ -133,16 +119,16 @@ class LocalServerPublisher:
 
 
 def install_from_env(app: FastAPI, server_port: Optional[Callable[[], int]] = None) -> Optional[OnlineLearner]:
-    """Install the routes when ``SPEX_RESPEC`` is set (called from ``sglang_spex.srt.routes.install``);
-    ``server_port`` gives this server's port for a spec without ``server_url``."""
-    text = os.environ.get(ENV_VAR)
-    if not text:
+    """Install the routes when this process's config (``SGLANG_SPEX_CONFIG``) has a learner spec (the launcher's
+    ``--respec-learner``); called from ``sglang_spex.srt.routes.install``. ``server_port`` gives this server's
+    port for a spec without ``server_url``."""
+    spec = load().learner
+    if spec is None:
         return None
-    spec = _load_spec(text)
     learner = build_learner(spec)
     if learner.publish is None:  # no server_url: publish into this server
         if server_port is None:
-            raise ValueError(f"{ENV_VAR}: no server_url and no server to publish into")
+            raise ValueError(f"{ENV_VAR}: the learner spec has no server_url and there is no server to publish into")
         learner.publish = LocalServerPublisher(server_port)
     install(app, learner)
     logger.info("respec: online learner installed (variant=%s)", learner.config.variant)

@@ -137,14 +137,14 @@ class SpexWiring:
             return None
         if not row or row.get("mode") != DECODE_MODE:
             return None
-        step_s = row.get("step_s", float("nan"))
-        if step_s == step_s and row.get("time", 0.0) != self._last_row_time:
+        step_s = row.get("step_s")
+        if step_s is not None and step_s == step_s and row.get("time") != self._last_row_time:
             self._last_row_time = row["time"]
             try:  # the drift monitor may re-profile in the background; it must never break the budget
                 self._profile().observe(int(row.get("batch_size", 0)), step_s)
             except Exception:
                 logger.debug("spex: drift observation failed", exc_info=True)
-        return int(row.get("n_primary", 0) + row.get("waiting", 0) - row.get("waiting_spec", 0))
+        return int((row.get("n_primary") or 0) + (row.get("waiting") or 0) - (row.get("waiting_spec") or 0))
 
 
 class SearchService:
