@@ -7,9 +7,12 @@ import random
 
 import pytest
 
-from sglang_spex.tot.policies import mcts
+from sglang_spex.tot.policies import rest, rstar
+from sglang_spex.tot.policies.base import Stat, copy_stats
 from sglang_spex.tot.policies.ets import ilp_select, outcome_scores
 from sglang_spex.tot.policies.rebase import allocate_widths
+from sglang_spex.tot.policies.rest import Rest, RestParams
+from sglang_spex.tot.policies.rstar import RStar, RStarParams
 from sglang_spex.tot.tree import Tree, node_seed
 
 
@@ -43,11 +46,11 @@ def test_rebase_allocation_never_exceeds_width():
 
 
 def test_uct_values():
-    assert mcts.uct_rstar(3.0, 4, 10, 2.0) == pytest.approx(0.75 + 2 * math.sqrt(math.log(10) / 4))
-    assert mcts.uct_rstar(3.0, 4, 10, 2.0) == pytest.approx(2.26738, abs=1e-4)
-    assert mcts.uct_rstar(0.0, 0, 10) == mcts.RSTAR_UNVISITED
-    assert mcts.uct_rest(0.6, 2, 6, 0.7) == pytest.approx(1.53700, abs=1e-4)
-    assert mcts.uct_rest(0.3, 0, 6, 0.7, inf=1.0) == pytest.approx(1.3)
+    assert rstar.uct(3.0, 4, 10, 2.0) == pytest.approx(0.75 + 2 * math.sqrt(math.log(10) / 4))
+    assert rstar.uct(3.0, 4, 10, 2.0) == pytest.approx(2.26738, abs=1e-4)
+    assert rstar.uct(0.0, 0, 10) == rstar.UNVISITED
+    assert rest.uct(0.6, 2, 6, 0.7) == pytest.approx(1.53700, abs=1e-4)
+    assert rest.uct(0.3, 0, 6, 0.7, inf=1.0) == pytest.approx(1.3)
 
 
 def _stats(spec):
@@ -55,7 +58,7 @@ def _stats(spec):
     out = {}
     for path, (n, v, exp) in spec.items():
         parent = path.rsplit(".", 1)[0] if "." in path else None
-        out[path] = mcts.Stat(path, parent, path.count("."), visits=n, value=v, expanded=exp, explored=n > 0)
+        out[path] = Stat(path, parent, path.count("."), visits=n, value=v, expanded=exp, explored=n > 0)
         if parent:
             out[parent].children.append(path)
     return out
@@ -64,41 +67,41 @@ def _stats(spec):
 def test_uct_chosen_child():
     # parent N=5: A = 3/4 + 2·sqrt(ln5/4) = 2.019, B = 1/1 + 2·sqrt(ln5) = 3.537 → B
     stats = _stats({"r": (5, 4.0, True), "r.0": (4, 3.0, False), "r.1": (1, 1.0, False)})
-    assert mcts.best_child_rstar(stats, "r") == "r.1"
-    assert mcts.select_rstar(stats, "r", random.Random(0)) == ["r", "r.1"]
+    assert RStar().best_child(stats, "r") == "r.1"
+    assert RStar().select(stats, "r", random.Random(0)) == ["r", "r.1"]
     # with w=0 exploitation only: A 0.75 < B 1.0 still B; make B worse
     stats["r.1"].value = 0.5
-    assert mcts.best_child_rstar(stats, "r", w=0.0) == "r.0"
+    assert RStar(RStarParams(exploration_weight=0.0)).best_child(stats, "r") == "r.0"
     # an unexplored child is taken first
     stats["r.1"].explored = False
-    assert mcts.select_rstar(stats, "r", random.Random(0)) == ["r", "r.1"]
+    assert RStar().select(stats, "r", random.Random(0)) == ["r", "r.1"]
     # REST: V + 0.7·sqrt(2 ln N_p / n); parent N=4: a(0.8, 3) = 1.588, b(0.2, 1) = 1.566 → a
-    rest = _stats({"r": (4, 0.65, True), "r.0": (3, 0.8, False), "r.1": (1, 0.2, False)})
-    assert mcts.uct_rest(0.8, 3, 4) == pytest.approx(0.8 + 0.7 * math.sqrt(2 * math.log(4) / 3))
-    assert mcts.select_rest(rest, "r", random.Random(0)) == "r.0"
-    rest["r.2"] = mcts.Stat("r.2", "r", 1, value=0.1)
-    rest["r"].children.append("r.2")
+    tree = _stats({"r": (4, 0.65, True), "r.0": (3, 0.8, False), "r.1": (1, 0.2, False)})
+    assert rest.uct(0.8, 3, 4) == pytest.approx(0.8 + 0.7 * math.sqrt(2 * math.log(4) / 3))
+    assert Rest().select(tree, "r", random.Random(0)) == ["r", "r.0"]
+    tree["r.2"] = Stat("r.2", "r", 1, value=0.1)
+    tree["r"].children.append("r.2")
     # unvisited: V + inf = 0.1 + 1.0 = 1.1 < 1.588, so ReST's default inf does not force it; inf = 10 does
-    assert mcts.select_rest(rest, "r", random.Random(0)) == "r.0"
-    assert mcts.select_rest(rest, "r", random.Random(0), inf=10.0) == "r.2"
+    assert Rest().select(tree, "r", random.Random(0)) == ["r", "r.0"]
+    assert Rest(RestParams(inf=10.0)).select(tree, "r", random.Random(0)) == ["r", "r.2"]
     # ties are broken by the rng: both picks happen over seeds
     tie = _stats({"r": (0, 0.0, True), "r.0": (0, 0.5, False), "r.1": (0, 0.5, False)})
-    assert {mcts.select_rest(tie, "r", random.Random(s)) for s in range(20)} == {"r.0", "r.1"}
+    assert {Rest().select(tie, "r", random.Random(s))[-1] for s in range(20)} == {"r.0", "r.1"}
 
 
 def test_rest_backup_values():
     stats = _stats({"r": (3, 0.0, True), "r.0": (2, 0.8, False), "r.1": (1, 0.2, False)})
-    mcts.backup_rest(stats, "r.0")
+    Rest().backup(stats, "r.0")
     assert stats["r.0"].visits == 3 and stats["r.0"].value == pytest.approx(0.8)  # a leaf keeps its V
     assert stats["r"].visits == 4
     assert stats["r"].value == pytest.approx((0.8 * 3 + 0.2 * 1) / 4)  # 0.65
-    assert mcts.rest_rollout_update(0.4, 0.9, 0.5) == pytest.approx(0.65)
+    assert rest.rollout_update(0.4, 0.9, 0.5) == pytest.approx(0.65)
 
 
 def test_rstar_backup():
     stats = _stats({"r": (0, 0.0, True), "r.0": (0, 0.0, True), "r.0.1": (0, 0.0, False)})
-    mcts.backup_rstar(stats, ["r", "r.0", "r.0.1"], 0.7)
-    mcts.backup_rstar(stats, ["r", "r.0"], 0.1)
+    RStar().backup(stats, ["r", "r.0", "r.0.1"], 0.7)
+    RStar().backup(stats, ["r", "r.0"], 0.1)
     assert [stats[p].visits for p in ("r", "r.0", "r.0.1")] == [2, 2, 1]
     assert stats["r"].value == pytest.approx(0.8) and stats["r.0.1"].value == pytest.approx(0.7)
     assert all(stats[p].explored for p in stats)
@@ -106,8 +109,8 @@ def test_rstar_backup():
 
 def test_stats_copy_is_independent():
     stats = _stats({"r": (1, 0.5, True), "r.0": (1, 0.5, False)})
-    sim = mcts.copy_stats(stats)
-    mcts.backup_rest(sim, "r.0")
+    sim = copy_stats(stats)
+    Rest().backup(sim, "r.0")
     assert stats["r.0"].visits == 1 and sim["r.0"].visits == 2
 
 
@@ -136,3 +139,17 @@ def test_node_seed_is_pure_and_paths_deterministic():
     assert t.child(t.root, 0) is a and a.seed == node_seed(3, "r.0")
     with pytest.raises(IndexError):
         t.child(t.root, 5)
+
+
+def test_scored_node_enters_the_statistics_by_policy():
+    # REST: a new node's V is its step value; rSTAR: Q starts at 0 (it sums backed-up terminal rewards)
+    tree = Tree(0)
+    node = tree.child(tree.root, 0)
+    node.status, node.reward, node.is_terminal = "done", 0.8, True
+    for policy, value in ((Rest(), 0.8), (RStar(), 0.0)):
+        st = Stat(node.path, "r", 1)
+        policy.update_stat(st, node)
+        assert (st.value, st.terminal, st.failed) == (value, True, False)
+    assert RStar().terminal_reward(node) == 0.0  # no answer stated
+    node.answer = "5"
+    assert RStar().terminal_reward(node) == 0.8 and Rest().terminal_reward(node) == 0.0

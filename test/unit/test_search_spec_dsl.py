@@ -33,9 +33,9 @@ def test_dsl_round_trip():
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_resolve(preset):
-    base, params = SearchSpec.from_dict({"policy": preset}).policy.resolved()
-    assert base == preset.split("-")[0]
-    assert getattr(params, "width", None) in (8, 16) or params.target_answers in (5, 10)
+    policy = SearchSpec.from_dict({"policy": preset}).policy.build()
+    assert policy.name == preset.split("-")[0] and isinstance(policy.params, policy.params_type)
+    assert getattr(policy.params, "width", None) in (8, 16) or policy.params.target_answers in (5, 10)
 
 
 @pytest.mark.parametrize(
@@ -44,11 +44,18 @@ def test_presets_resolve(preset):
         ({"policy": {"name": "rebase", "softmax_temperature": 0}}, "policy.softmax_temperature"),
         ({"policy": {"name": "rest", "alpha": 2}}, "policy.alpha"),
         ({"policy": {"name": "rstar", "target_answers": 0}}, "policy.target_answers"),
+        ({"policy": {"name": "rest", "roll_forward_steps": -1}}, "policy.roll_forward_steps"),
+        ({"policy": {"name": "ets", "lambda_s": -1}}, "policy.lambda_s"),
+        ({"policy": {"name": "ets", "width": 0}}, "policy.width"),
+        ({"policy": {"name": "rebase", "depth": 3}}, "policy.depth"),
+        ({"policy": {"name": "rstar", "branch": "3"}}, "policy.branch"),
+        ({"policy": "bogus"}, "policy.name"),
         ({"policy": {"name": "ets", "embedder": "bert"}}, "policy.embedder"),
         ({"step": {"stop": "\n"}}, "step.stop"),
         ({"step": {"prompt_template": "no placeholder"}}, "step.prompt_template"),
         ({"reward": {"type": "magic"}}, "reward.type"),
         ({"reward": {"type": "callback", "url": "ftp://x"}}, "reward.url"),
+        ({"reward": {"type": "verifier", "name": "nope"}}, "reward.name"),
         ({"answer": {"aggregate": "vote"}}, "answer.aggregate"),
         ({"seed": "1"}, "seed"),
         ({"task": "nope"}, "task"),

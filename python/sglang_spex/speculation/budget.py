@@ -12,9 +12,13 @@ minimum share so no query with work starves. Integer shares use largest remainde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Protocol, Set
 
 import numpy as np
+
+from sglang_spex.config import SpexConfig
+
+DEFAULT_K_TOTAL = 8
 
 
 @dataclass
@@ -105,3 +109,61 @@ def effective_k_total(k_total: int, primary_batch: int, knee: Optional[int]) -> 
     if knee is None:
         return max(0, k_total)
     return max(0, min(k_total, knee - primary_batch))
+
+
+class BudgetClient(Protocol):
+    """A live search as the budget sees it (``speculation.runner.SpexContext``)."""
+
+    search_id: str
+    inflight: Set[str]
+
+    def should_stop(self) -> bool: ...
+
+    def demand(self) -> QueryDemand: ...
+
+
+class SpecBudget:
+    """T2 across the live searches of one server (or one client-side batch)."""
+
+    def __init__(
+        self,
+        k_total: Optional[int],
+        temperature: float = 1.0,
+        min_share: int = 1,
+        use_t2: bool = True,
+        engine_primary: Optional[Callable[[], Optional[int]]] = None,
+    ):
+        self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
+        self.engine_primary = engine_primary  # live primary load of the engine (other clients' traffic too)
+        self.temperature = temperature
+        self.min_share = min_share
+        self.use_t2 = use_t2
+        self.contexts: Set[BudgetClient] = set()
+
+    def register(self, ctx: BudgetClient) -> None:
+        self.contexts.add(ctx)
+
+    def unregister(self, ctx: BudgetClient) -> None:
+        self.contexts.discard(ctx)
+
+    def available(self) -> int:
+        """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
+        primary = sum(len(c.inflight) for c in self.contexts)
+        if self.engine_primary is not None:
+            live = self.engine_primary()
+            primary = max(primary, live) if live is not None else primary
+        return effective_k_total(self.k_total, primary, knee=self.k_total)
+
+    def share(self, ctx: BudgetClient) -> int:
+        live = [c for c in self.contexts if not c.should_stop()]
+        if ctx not in live:
+            return 0
+        total = self.available()  # the speculative allowance below the knee, running speculation included
+        if not self.use_t2:  # T1 only: an even split
+            return total // len(live) + (1 if live.index(ctx) < total % len(live) else 0) if live else 0
+        demands = [c.demand() for c in live]
+        return split_budget(demands, total, self.temperature, self.min_share).get(ctx.search_id, 0)
+
+
+def make_budget(settings: SpexConfig) -> SpecBudget:
+    return SpecBudget(settings.k_total, settings.budget_temperature, settings.min_share, use_t2=settings.has("t2"))

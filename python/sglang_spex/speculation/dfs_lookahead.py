@@ -1,22 +1,24 @@
-"""T1 DFS selection: simulate the next k rollouts' UCB selections on a temporary copy of the MCTS statistics.
+"""T1 DFS selection: run the policy's next k rollouts on a temporary copy of the MCTS statistics.
 
-Each simulated rollout uses the random stream the real one will use (``ctx.rng("rollout:i")`` for rSTAR,
-``"iteration:i"`` for REST), descends with the policy's own UCT rule, skips nodes already being generated, and
-yields the expansions that rollout will need, in order. rSTAR's simulation phase (random child per level down
-to a terminal) is replayed exactly: the choice depends only on the random stream and on how many live children
-a node has, so the whole rollout path is predictable before any of its text exists — only unknown rewards
-(UCT once every child is explored) and unknown terminal flags can make it wrong. After each simulated rollout
-the copy is updated as the real backup will be: with the reward of the rollout's terminal when a speculative
-node already produced it, else 0 (a virtual loss), so the next simulated rollout moves on. Not-yet-generated nodes enter the copy as virtual children.
+Each simulated rollout is the policy's own :meth:`~sglang_spex.tot.policies.mcts.MCTSPolicy.predict_rollout`
+(its select, and for rSTAR its simulate) with the random stream the real rollout will use, on a copy whose
+unexpanded nodes grow virtual children when the rollout asks for them. What this module adds is only the T1
+bookkeeping: nodes already being generated count as expanded and are not returned; a not-yet-generated node
+enters the copy with what is known of it (a finished speculative node's terminal/failed flags); after each
+simulated rollout the copy gets the policy's ``virtual_backup``, with the reward of the rollout's terminal when
+a speculative node already produced it, else 0 (a virtual loss), so the next simulated rollout moves on; and
+the expansions are ranked by how many rollouts ahead they are needed.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from sglang_spex.tot.policies import mcts
+from sglang_spex.tot.policies.base import Stat, Stats, copy_stats
+from sglang_spex.tot.policies.mcts import MCTSPolicy
+from sglang_spex.tot.tree import child_path
 
 
 @dataclass(frozen=True)
@@ -39,112 +41,63 @@ class NodeFacts:
 Lookup = Callable[[str], Optional[NodeFacts]]
 
 
-def _depth(path: str) -> int:
-    return path.count(".")
+class VirtualStats(Dict[str, Stat]):
+    """A copy of the statistics in which a missing node appears on first access (a virtual child)."""
 
-
-class _Copy:
-    """A copy of the statistics that grows virtual children for nodes the search has not expanded yet."""
-
-    def __init__(self, stats: mcts.Stats, lookup: Lookup, branch: int, max_depth: Optional[int]):
-        self.s = mcts.copy_stats(stats)
+    def __init__(self, stats: Stats, lookup: Lookup, branch: int, max_depth: int):
+        super().__init__(copy_stats(stats))
         self.lookup = lookup
         self.branch = branch
         self.max_depth = max_depth
+        for st in self.values():
+            st.terminal = st.terminal or st.depth >= max_depth
 
-    def stat(self, path: str) -> mcts.Stat:
-        st = self.s.get(path)
-        if st is None:
-            parent = path.rsplit(".", 1)[0]
-            st = self.s[path] = mcts.Stat(path, parent, _depth(path))
-            facts = self.lookup(path)
-            if facts is not None:
-                st.terminal, st.failed = facts.terminal, facts.failed
-        if self.max_depth is not None and st.depth >= self.max_depth:
-            st.terminal = True
+    def __missing__(self, path: str) -> Stat:
+        depth = path.count(".")
+        st = self[path] = Stat(path, path.rsplit(".", 1)[0], depth)
+        facts = self.lookup(path)
+        if facts is not None:
+            st.terminal, st.failed = facts.terminal, facts.failed
+        st.terminal = st.terminal or depth >= self.max_depth
         return st
 
     def virtual_expand(self, path: str) -> None:
-        st = self.stat(path)
+        """Mark ``path`` expanded, with ``branch`` virtual children unless it has real ones."""
+        st = self[path]
         if not st.expanded:
-            st.children = st.children or [f"{path}.{i}" for i in range(self.branch)]
+            st.children = st.children or [child_path(path, i) for i in range(self.branch)]
             st.expanded = True
         for c in st.children:
-            self.stat(c)
-
-    def kids(self, path: str) -> List[str]:
-        return [c for c in self.s[path].children if not self.stat(c).failed]
+            _ = self[c]  # enter every child into the copy, with its known facts
 
 
-def _rstar_rollout(cp: _Copy, root: str, rng: random.Random, w: float, busy: Set[str]) -> Optional[List[str]]:
-    """Replay one rSTAR rollout (select, then simulate to a terminal); the expansions it needs, in order."""
-    node, path = root, [root]
-    while True:  # select (mcts.select_rstar on the copy)
-        st = cp.stat(node)
-        if not st.expanded or st.terminal:
-            break
-        kids = cp.kids(node)
-        if not kids:
-            break
-        unexplored = [k for k in kids if not cp.stat(k).explored]
-        if unexplored:
-            node = rng.choice(unexplored)
-            path.append(node)
-            break
-        n_p = st.visits
-        node = max(kids, key=lambda c: mcts.uct_rstar(cp.s[c].value, cp.s[c].visits, n_p, w))
-        path.append(node)
+def _simulate(policy: MCTSPolicy, cp: VirtualStats, root: str, rng: random.Random, busy: Set[str]) -> List[str]:
+    """One predicted rollout on ``cp``: the expansions it needs, in order; then its virtual backup."""
+    walk = policy.predict_rollout(cp, root, rng)
     needs: List[str] = []
-    cur = node
-    while not cp.stat(cur).terminal:  # simulate: expand, then a random live child
-        if not cp.s[cur].expanded:
-            if cur in busy:
-                break
-            needs.append(cur)
-            cp.virtual_expand(cur)
-        kids = cp.kids(cur)
-        if not kids:
-            break
-        cur = rng.choice(kids)
-        path.append(cur)
-    facts = cp.lookup(cur) if cp.stat(cur).terminal else None
-    reward = facts.reward if facts is not None and facts.reward is not None else 0.0
-    for p in path:  # the backup this rollout will do: a finished speculative terminal's reward, else 0
-        st = cp.stat(p)
-        st.visits += 1
-        st.value += reward
-        st.explored = True
-    return needs
-
-
-def _rest_iteration(cp: _Copy, root: str, rng: random.Random, c: float, inf: float, busy: Set[str]) -> List[str]:
-    node = root
-    while cp.stat(node).expanded and cp.kids(node):
-        n_p = cp.s[node].visits
-        scored = [(mcts.uct_rest(cp.s[k].value, cp.s[k].visits, n_p, c, inf), k) for k in cp.kids(node)]
-        top = max(s for s, _ in scored)
-        node = rng.choice([k for s, k in scored if s == top])
-    st = cp.stat(node)
-    needs = [] if st.terminal or node in busy else [node]
-    cp.virtual_expand(node)
-    cur: Optional[str] = node
-    while cur is not None:  # virtual backup: N += 1 up the path
-        cp.stat(cur).visits += 1
-        cur = cp.s[cur].parent
+    try:
+        node = next(walk)
+        while True:
+            if node not in busy and not cp[node].terminal:
+                needs.append(node)
+            cp.virtual_expand(node)
+            node = next(walk)
+    except StopIteration as done:
+        path: List[str] = done.value
+    end = path[-1]
+    facts = cp.lookup(end) if cp[end].terminal else None
+    policy.virtual_backup(cp, path, facts.reward if facts is not None and facts.reward is not None else 0.0)
     return needs
 
 
 def predict_expansions(
-    stats: mcts.Stats,
+    stats: Stats,
     root: str,
-    policy: str,
-    rngs: List[random.Random],
+    policy: MCTSPolicy,
+    rngs: Sequence[random.Random],
     busy: Set[str],
     *,
-    branch: int,
-    max_depth: Optional[int] = None,
     lookup: Lookup = lambda path: None,
-    knobs: Optional[Dict[str, float]] = None,
     limit: int = 64,
 ) -> List[Expansion]:
     """The expansions the next ``len(rngs)`` rollouts of ``policy`` will need, nearest first.
@@ -152,28 +105,16 @@ def predict_expansions(
     ``stats`` is not modified. ``busy`` holds nodes already being expanded (primary or speculative); the walk
     treats them as expanded-in-progress and does not return them.
     """
-    knobs = knobs or {}
-    cp = _Copy(stats, lookup, branch, max_depth)
+    cp = VirtualStats(stats, lookup, policy.branch, policy.max_depth)
     for b in busy:
         cp.virtual_expand(b)
     out: List[Expansion] = []
     seen: Set[str] = set()
     for distance, rng in enumerate(rngs, start=1):
-        if policy == "rstar":
-            needs = _rstar_rollout(cp, root, rng, knobs.get("w", 2.0), busy) or []
-        elif policy == "rest":
-            needs = _rest_iteration(cp, root, rng, knobs.get("c", 0.7), knobs.get("inf", 1.0), busy)
-        else:
-            raise ValueError(f"DFS lookahead needs an MCTS policy, got {policy!r}")
-        for p in needs:
+        for p in _simulate(policy, cp, root, rng, busy):
             if p not in seen:
                 seen.add(p)
                 out.append(Expansion(p, distance))
         if len(out) >= limit:
             break
     return out[:limit]
-
-
-def rollout_rngs(make_rng: Callable[[str], random.Random], label: str, start: int, count: int) -> List[random.Random]:
-    """The random streams of rollouts ``start .. start+count-1`` (as the policy will create them)."""
-    return [make_rng(f"{label}:{i}") for i in range(start, start + count)]

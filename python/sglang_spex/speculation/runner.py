@@ -15,71 +15,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead
 from sglang_spex.speculation.accounting import SpecAccounting
-from sglang_spex.speculation.budget import QueryDemand, effective_k_total, running_hit_rate, split_budget
+from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
 from sglang_spex.speculation.early_stop import EarlyStop
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
 from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.engine import ROLE_SPEC, node_rid
-from sglang_spex.tot.policies import BFS_POLICIES, mcts
+from sglang_spex.tot.policies.base import Stat
+from sglang_spex.tot.policies.mcts import MCTSPolicy
+from sglang_spex.tot.policies.rebase import Rebase
 from sglang_spex.tot.tree import CANCELLED, DONE, GENERATING, KIND_STEP, PENDING, Node, child_path, node_seed
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_K_TOTAL = 8
+__all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
+
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
-ROLLOUT_LABELS = {"rstar": "rollout", "rest": "iteration"}
-
-
-class SpecBudget:
-    """T2 across the live searches of one server (or one client-side batch)."""
-
-    def __init__(
-        self,
-        k_total: Optional[int],
-        temperature: float = 1.0,
-        min_share: int = 1,
-        use_t2: bool = True,
-        engine_primary: Optional[Callable[[], Optional[int]]] = None,
-    ):
-        self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
-        self.engine_primary = engine_primary  # live primary load of the engine (other clients' traffic too)
-        self.temperature = temperature
-        self.min_share = min_share
-        self.use_t2 = use_t2
-        self.contexts: Set["SpexContext"] = set()
-
-    def register(self, ctx: "SpexContext") -> None:
-        self.contexts.add(ctx)
-
-    def unregister(self, ctx: "SpexContext") -> None:
-        self.contexts.discard(ctx)
-
-    def available(self) -> int:
-        """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
-        primary = sum(len(c.inflight) for c in self.contexts)
-        if self.engine_primary is not None:
-            live = self.engine_primary()
-            primary = max(primary, live) if live is not None else primary
-        return effective_k_total(self.k_total, primary, knee=self.k_total)
-
-    def share(self, ctx: "SpexContext") -> int:
-        live = [c for c in self.contexts if not c.should_stop()]
-        if ctx not in live:
-            return 0
-        total = self.available()  # the speculative allowance below the knee, running speculation included
-        if not self.use_t2:  # T1 only: an even split
-            return total // len(live) + (1 if live.index(ctx) < total % len(live) else 0) if live else 0
-        demands = [c.demand() for c in live]
-        return split_budget(demands, total, self.temperature, self.min_share).get(ctx.search_id, 0)
 
 
 class SpexContext(SearchContext):
@@ -105,7 +63,8 @@ class SpexContext(SearchContext):
             enabled=self.settings.has("t3") and self.settings.early_stop,
         )
         self.t1 = self.settings.has("t1")
-        self.is_bfs = self.policy_name in BFS_POLICIES
+        self.bfs: Optional[Rebase] = self.policy if isinstance(self.policy, Rebase) else None
+        self.mcts: Optional[MCTSPolicy] = self.policy if isinstance(self.policy, MCTSPolicy) else None
         self.next_rollout = 0
         self._bfs_targets: Dict[str, int] = {}  # BFS: node of the current depth -> predicted width
         self._cancels: List["asyncio.Future"] = []
@@ -120,7 +79,7 @@ class SpexContext(SearchContext):
         if not self.t1:
             return await super().generate_node(parent, index, kind)
         self._version += 1  # the policy moved on (backups, a new rollout): plan again
-        if kind != KIND_STEP:  # REST partial-rollout samples: never speculated, but the engine waits on them
+        if kind != KIND_STEP:  # partial-rollout samples: never speculated, but the engine waits on them
             self.pump()
             node = await super().generate_node(parent, index, kind)
             self.pump()
@@ -145,7 +104,7 @@ class SpexContext(SearchContext):
         adopt(node, entry.node)
         self.acc.on_hit(entry.distance, in_flight, depth=node.depth)
         self.tokens_generated += node.num_tokens
-        self.stats.setdefault(node.path, mcts.Stat(node.path, node.parent.path, node.depth))
+        self.stats.setdefault(node.path, Stat(node.path, node.parent.path, node.depth))
         self._update_stat(node)
         self._emit_node(node)
         if node.ok and node.answer is not None:
@@ -153,8 +112,8 @@ class SpexContext(SearchContext):
 
     def _after(self, node: Node) -> None:
         self._version += 1
-        if node.status == DONE and not node.is_terminal and self.is_bfs and self.t1:
-            self._bfs_early(node)
+        if node.status == DONE and not node.is_terminal and self.bfs is not None and self.t1:
+            self._bfs_early(self.bfs, node)
         self.pump()
 
     # ---- producers: what to speculate ---------------------------------------------------------------
@@ -172,11 +131,8 @@ class SpexContext(SearchContext):
             total_kv=prompt + step,
         )
 
-    def rng(self, label: str) -> random.Random:
-        name, _, idx = label.partition(":")
-        if name == ROLLOUT_LABELS.get(self.policy_name) and idx.isdigit():
-            self.next_rollout = max(self.next_rollout, int(idx) + 1)
-        return super().rng(label)
+    def on_rollout(self, index: int) -> None:
+        self.next_rollout = max(self.next_rollout, index + 1)
 
     def _taken(self, path: str) -> bool:
         return path in self.tree.nodes or path in self.store
@@ -196,36 +152,24 @@ class SpexContext(SearchContext):
 
     def _plan(self, limit: int) -> List[Tuple[Node, int, int]]:
         out: List[Tuple[Node, int, int]] = []
-        if self.is_bfs:
+        if self.bfs is not None:
             for parent, width in self._bfs_targets.items():
                 out += self._expansion(self.tree.get(parent), width, 1)
             return out[:limit]
-        branch = getattr(self.params, "branch", 3)
+        policy = self.mcts
+        if policy is None:
+            return out
         busy = {st.parent for st in self.stats.values() if st.generating and st.parent is not None}
         busy |= {e.node.parent.path for e in self.store if e.state == RUNNING}
-        knobs = {
-            "w": getattr(self.params, "exploration_weight", 2.0),
-            "c": getattr(self.params, "exploration_constant", 0.7),
-            "inf": getattr(self.params, "inf", 1.0),
-        }
         # the current rollout (its simulation path is replayed exactly) and the next k-1
         start = max(0, self.next_rollout - 1)
-        rngs = dfs_lookahead.rollout_rngs(super().rng, ROLLOUT_LABELS[self.policy_name], start, self.settings.lookahead)
+        rngs = [policy.rollout_rng(self.rng, i) for i in range(start, start + self.settings.lookahead)]
         for exp in dfs_lookahead.predict_expansions(
-            self.stats,
-            self.tree.root.path,
-            self.policy_name,
-            rngs,
-            busy,
-            branch=branch,
-            max_depth=self.max_depth,
-            lookup=self._facts,
-            knobs=knobs,
-            limit=4 * limit,
+            self.stats, self.tree.root.path, policy, rngs, busy, lookup=self._facts, limit=4 * limit
         ):
             node = self._available(exp.path)
             if node is not None:
-                out += self._expansion(node, branch, exp.distance)
+                out += self._expansion(node, policy.branch, exp.distance)
             if len(out) >= limit:
                 break
         return out[:limit]
@@ -235,7 +179,7 @@ class SpexContext(SearchContext):
         if e is None or e.state == RUNNING:
             return None
         n = e.node
-        reward = (n.reward or 0.0) if n.status == DONE and n.answer is not None else None  # rSTAR terminal reward
+        reward = self.mcts.terminal_reward(n) if self.mcts is not None else None
         return dfs_lookahead.NodeFacts(terminal=n.is_terminal, failed=n.status != DONE, reward=reward)
 
     def _available(self, path: str) -> Optional[Node]:
@@ -248,14 +192,12 @@ class SpexContext(SearchContext):
             return None
         return node
 
-    def _bfs_early(self, node: Node) -> None:
+    def _bfs_early(self, policy: Rebase, node: Node) -> None:
         """A node of the current depth is scored: predict its width from the scores known so far."""
         depth = node.depth
-        width = getattr(self.params, "width", 16)
         finished = sum(1 for n in self.tree if 0 < n.depth <= depth and n.status == DONE and n.is_terminal)
-        temp = getattr(self.params, "softmax_temperature", 0.2)
-        known = self.tree.at_depth(depth)
-        predicted = bfs_early.predicted_widths(known, bfs_early.remaining_width(width, finished), temp)
+        width_left = bfs_early.remaining_width(policy.width, finished)
+        predicted = bfs_early.predicted_widths(policy, self.tree.at_depth(depth), width_left)
         self._bfs_targets = {p: w for p, w in predicted.items() if w > 0}
         self._version += 1
 
@@ -386,10 +328,6 @@ class SpexContext(SearchContext):
             "k_total": self.budget.k_total,
         }
         return d
-
-
-def make_budget(settings: SpexConfig) -> SpecBudget:
-    return SpecBudget(settings.k_total, settings.budget_temperature, settings.min_share, use_t2=settings.has("t2"))
 
 
 def context_factory(settings: SpexConfig, budget: Optional[SpecBudget] = None, on_finish=None):

@@ -1,8 +1,10 @@
-"""SearchContext: one search's tree, engine port, step config and reward — and the only place that generates.
+"""SearchContext: one search's tree, policy, engine port, step config and reward — and the only place that
+generates.
 
-Policies never call the port: they call :meth:`SearchContext.expand` / :meth:`SearchContext.generate_node`
-and consult :meth:`SearchContext.should_stop` between steps. A subclass (SPEX) overrides ``generate_node``
-(e.g. to serve a node already produced speculatively) and the hooks ``on_children_scored``,
+:meth:`SearchContext.run` runs the spec's policy object on it and returns the result. Policies never call the
+port: they call :meth:`SearchContext.expand` / :meth:`SearchContext.generate_node` and consult
+:meth:`SearchContext.should_stop` between steps. A subclass (SPEX) overrides ``generate_node`` (e.g. to serve
+a node already produced speculatively) and the hooks ``on_rollout``, ``on_children_scored``,
 ``on_frontier_decided``, ``on_answer``, ``should_stop``.
 """
 
@@ -13,11 +15,13 @@ import logging
 import random
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from sglang_spex.tot.answers import extract_answer
+from sglang_spex.tot.answers import aggregate, candidates, extract_answer
 from sglang_spex.tot.engine import ROLE_PRIMARY, EnginePort, GenRequest, GenResult, node_rid, search_rid_prefix
-from sglang_spex.tot.policies import mcts
+from sglang_spex.tot.policies.base import Stat, Stats
+from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.rewards import Reward, build_reward
 from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import (
@@ -54,7 +58,7 @@ class SearchContext:
         reward_timeout: Optional[float] = None,
     ):
         self.spec = spec
-        self.policy_name, self.params = spec.policy.resolved()
+        self.policy = spec.policy.build()
         self.question = question
         self.reference = reference
         self.port = port
@@ -62,9 +66,8 @@ class SearchContext:
         self._own_reward = reward is None
         self.search_id = search_id or uuid.uuid4().hex[:16]
         self.tree = Tree(spec.seed)
-        self.stats: mcts.Stats = {self.tree.root.path: mcts.Stat(self.tree.root.path, None, 0)}
+        self.stats: Stats = {self.tree.root.path: Stat(self.tree.root.path, None, 0)}
         self.prompt_prefix = spec.step.prompt_template.format(question=question)
-        self.max_depth: Optional[int] = getattr(self.params, "max_depth", None)
         self.reward_timeout = spec.reward_timeout or reward_timeout or DEFAULT_REWARD_TIMEOUT
         self.progress = progress
         self.num_requests = 0
@@ -159,7 +162,7 @@ class SearchContext:
             node.answer is not None
             or eos
             or node.cum_tokens >= self.spec.step.max_total_tokens
-            or (self.max_depth is not None and node.depth >= self.max_depth)
+            or node.depth >= self.policy.max_depth
         )
         node.status = DONE
 
@@ -185,12 +188,8 @@ class SearchContext:
         logger.info("search %s node %s failed: %s", self.search_id, node.path, error)
 
     def _update_stat(self, node: Node) -> None:
-        if node.kind != KIND_STEP:
-            return
-        st = self.stats[node.path]
-        st.terminal, st.failed = node.is_terminal, node.status == FAILED
-        if self.policy_name == "rest" and node.reward is not None:
-            st.value = node.reward  # REST: a new node's V is its step value; rSTAR's Q starts at 0
+        if node.kind == KIND_STEP:
+            self.policy.update_stat(self.stats[node.path], node)
 
     async def expand(self, parent: Node, n: int, kind: str = KIND_STEP) -> List[Node]:
         """Create the next ``n`` children of ``parent`` and generate them concurrently (one batch)."""
@@ -200,7 +199,7 @@ class SearchContext:
         if kind == KIND_STEP:
             pst = self.stats[parent.path]
             for c in nodes:
-                self.stats.setdefault(c.path, mcts.Stat(c.path, parent.path, c.depth))
+                self.stats.setdefault(c.path, Stat(c.path, parent.path, c.depth))
                 if c.path not in pst.children:
                     pst.children.append(c.path)
         await asyncio.gather(*(self.generate_node(parent, start + i, kind) for i in range(n)))
@@ -210,6 +209,9 @@ class SearchContext:
         return nodes
 
     # ---- hooks --------------------------------------------------------------------------------------
+
+    def on_rollout(self, index: int) -> None:
+        """MCTS: rollout ``index`` starts (its random stream is ``policy.rollout_rng(self.rng, index)``)."""
 
     def on_children_scored(self, parent: Node, children: List[Node]) -> None:
         """A batch of siblings has been generated and scored."""
@@ -260,6 +262,49 @@ class SearchContext:
                 "terminal": node.is_terminal,
                 "tokens": node.num_tokens,
             }
+        )
+
+    # ---- running and the result ---------------------------------------------------------------------
+
+    async def run(self) -> SearchResult:
+        """Run the policy to the end and return the result; a task cancel aborts the search's requests."""
+        status, error = "done", None
+        try:
+            await self.policy.run(self)
+            if self.cancelled:
+                status = "cancelled"
+        except asyncio.CancelledError:
+            await asyncio.shield(self.cancel("cancelled"))
+            raise
+        except Exception as e:  # the policy itself broke: report, and abort what it left running
+            status, error = "failed", repr(e)
+            await self.cancel("error")
+        finally:
+            await self.close()
+        return self.result(status, error)
+
+    def result(self, status: str, error: Optional[str] = None) -> SearchResult:
+        """The search's result as it stands: answers aggregated, every node, accounting."""
+        self.sync_stats()
+        cands = candidates(self.tree.terminals(), self.spec.answer.score)
+        answer = aggregate(cands, self.spec.answer.aggregate)
+        return SearchResult(
+            search_id=self.search_id,
+            question=self.question,
+            policy=self.spec.policy.name,
+            status=status,
+            answer=answer,
+            correct=judge(answer, self.reference, self.spec.task),
+            reference=self.reference,
+            answers=[asdict(c) for c in cands],
+            nodes=[n.to_dict() for n in self.tree],
+            tokens_generated=self.tokens_generated,
+            num_requests=self.num_requests,
+            wall_time=time.monotonic() - self.started,
+            failures=[{"path": n.path, "error": n.error or ""} for n in self.tree if n.status == FAILED],
+            stop_reason=self.stop_reason,
+            error=error,
+            speculation=self.extra_result(),
         )
 
     async def cancel(self, reason: str = "cancelled", timeout: float = 10.0) -> None:

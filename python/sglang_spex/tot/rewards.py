@@ -21,15 +21,46 @@ import ast
 import math
 import operator
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import httpx
 
-from sglang_spex.tot.search_spec import RewardConfig
 from sglang_spex.tot.tree import Node
+from sglang_spex.tot.validation import check
 
+REWARD_TYPES = ("logprob", "prm", "verifier", "callback")
 VerifierFn = Callable[[str, List[str]], float]
 VERIFIERS: Dict[str, VerifierFn] = {}
+
+
+@dataclass
+class RewardConfig:
+    """Which reward scores a node (the ``reward`` section of a search spec)."""
+
+    type: str = "logprob"  # logprob | prm | verifier | callback
+    url: Optional[str] = None  # prm: the PRM's SGLang server; callback: the client's scoring URL
+    name: Optional[str] = None  # verifier: a name registered on the server
+    mode: str = "token"  # prm: "token" (P(good) vs P(bad) at the step tag) | "mean_logprob"
+    good_token: str = "+"
+    bad_token: str = "-"
+    step_tag: str = "\n"
+    prm_template: str = "{question}\n{steps}"
+
+    def validate(self, p: str = "reward") -> None:
+        check(self.type in REWARD_TYPES, f"{p}.type", f"must be one of {list(REWARD_TYPES)}")
+        if self.type in ("prm", "callback"):
+            check(
+                isinstance(self.url, str) and self.url.startswith(("http://", "https://")),
+                f"{p}.url",
+                f"a {self.type} reward needs an http(s) URL",
+            )
+        if self.type == "prm":
+            check(self.mode in ("token", "mean_logprob"), f"{p}.mode", "must be 'token' or 'mean_logprob'")
+        if self.type == "verifier":
+            check(
+                self.name in VERIFIERS, f"{p}.name", f"unknown verifier {self.name!r}; registered: {sorted(VERIFIERS)}"
+            )
 
 
 def register_verifier(name: str) -> Callable[[VerifierFn], VerifierFn]:

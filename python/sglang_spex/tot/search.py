@@ -8,97 +8,26 @@ policies one rollout at a time per question; ``run_batch`` runs many questions c
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
-from sglang_spex.tot.answers import aggregate, candidates, check_answer
 from sglang_spex.tot.context import ProgressFn, SearchContext
 from sglang_spex.tot.engine import EnginePort
-from sglang_spex.tot.policies import POLICIES
+from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.search_spec import SearchSpec
-from sglang_spex.tot.tree import FAILED
+
+__all__ = ["ContextFactory", "SearchResult", "build_result", "judge", "run_batch", "run_context", "run_search"]
 
 ContextFactory = Callable[..., SearchContext]
 
 
-@dataclass
-class SearchResult:
-    search_id: str
-    question: str
-    policy: str
-    status: str  # done | cancelled | failed
-    answer: Optional[str]
-    correct: Optional[bool]
-    reference: Optional[str]
-    answers: List[Dict[str, Any]]
-    nodes: List[Dict[str, Any]]
-    tokens_generated: int
-    num_requests: int
-    wall_time: float
-    failures: List[Dict[str, str]] = field(default_factory=list)
-    stop_reason: Optional[str] = None
-    error: Optional[str] = None
-    speculation: Optional[Dict[str, Any]] = None  # SPEX accounting (None for a baseline search)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "SearchResult":
-        return cls(**d)
-
-
-def judge(answer: Optional[str], reference: Optional[str], task: Optional[str]) -> Optional[bool]:
-    if reference is None:
-        return None
-    if task is not None:
-        from sglang_spex.tot.tasks import Question, get_task
-
-        return get_task(task).check_answer(answer, Question("", "", str(reference)))
-    return check_answer(answer, str(reference))
-
-
 def build_result(ctx: SearchContext, status: str, error: Optional[str] = None) -> SearchResult:
-    ctx.sync_stats()
-    cands = candidates(ctx.tree.terminals(), ctx.spec.answer.score)
-    answer = aggregate(cands, ctx.spec.answer.aggregate)
-    return SearchResult(
-        search_id=ctx.search_id,
-        question=ctx.question,
-        policy=ctx.spec.policy.name,
-        status=status,
-        answer=answer,
-        correct=judge(answer, ctx.reference, ctx.spec.task),
-        reference=ctx.reference,
-        answers=[asdict(c) for c in cands],
-        nodes=[n.to_dict() for n in ctx.tree],
-        tokens_generated=ctx.tokens_generated,
-        num_requests=ctx.num_requests,
-        wall_time=time.monotonic() - ctx.started,
-        failures=[{"path": n.path, "error": n.error or ""} for n in ctx.tree if n.status == FAILED],
-        stop_reason=ctx.stop_reason,
-        error=error,
-        speculation=ctx.extra_result(),
-    )
+    """The result of ``ctx`` as it stands (:meth:`SearchContext.result`)."""
+    return ctx.result(status, error)
 
 
 async def run_context(ctx: SearchContext) -> SearchResult:
-    """Run the spec's policy on a prepared context; cancellation (task cancel) aborts its requests."""
-    status, error = "done", None
-    try:
-        await POLICIES[ctx.policy_name].run(ctx)
-        if ctx.cancelled:
-            status = "cancelled"
-    except asyncio.CancelledError:
-        await asyncio.shield(ctx.cancel("cancelled"))
-        raise
-    except Exception as e:  # the policy itself broke: report, and abort what it left running
-        status, error = "failed", repr(e)
-        await ctx.cancel("error")
-    finally:
-        await ctx.close()
-    return build_result(ctx, status, error)
+    """Run a prepared context to its result (:meth:`SearchContext.run`)."""
+    return await ctx.run()
 
 
 async def run_search(
@@ -117,7 +46,7 @@ async def run_search(
     ctx = context_factory(
         spec, question, port, reference=reference, search_id=search_id, progress=progress, **ctx_kwargs
     )
-    return await run_context(ctx)
+    return await ctx.run()
 
 
 async def run_batch(

@@ -6,7 +6,8 @@ with x_i (keep leaf i), y_j (keep ancestor j), z_k (semantic cluster k covered),
 leaf i under j, y_j ≤ Σ x_i under j, z_k ≤ Σ x_i in cluster k, Σ x ≥ 1. O_i is the REBASE allocation of
 leaf i normalised to sum 1, cost = 1/(M+N) for every node (M ancestors, N leaves). Clusters: embeddings of
 the leaves' last steps, average linkage, cosine distance, cut at 0.05. Then REBASE's softmax allocation runs
-again over the kept leaves. Solver: CBC through PuLP.
+again over the kept leaves. Solver: CBC through PuLP. SPEX's early expansion predicts ETS's widths with the
+REBASE allocation (:meth:`Rebase.predict_widths`): the ILP needs the whole frontier.
 """
 
 from __future__ import annotations
@@ -15,31 +16,30 @@ import asyncio
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from sglang_spex.tot.policies.rebase import allocate_widths, bfs, node_score
+from pulp import PULP_CBC_CMD, LpMaximize, LpProblem, LpVariable, lpSum
+
+from sglang_spex.tot.embed import cluster_texts
+from sglang_spex.tot.policies.base import SearchHost
+from sglang_spex.tot.policies.rebase import Rebase, RebaseParams, allocate_widths
 from sglang_spex.tot.tree import Node
+from sglang_spex.tot.validation import check
+
+EMBEDDERS = ("auto", "minilm", "tfidf")
 
 
 @dataclass
-class Params:
-    width: int = 16
-    softmax_temperature: float = 0.2
-    max_depth: int = 25
+class EtsParams(RebaseParams):
     lambda_c: float = 1.0
     lambda_s: float = 1.5
     cluster_threshold: float = 0.05
     embedder: str = "auto"  # auto | minilm | tfidf
 
     def validate(self) -> None:
-        from sglang_spex.tot.policies.rebase import Params as RebaseParams
-        from sglang_spex.tot.search_spec import SearchSpecError
-
-        RebaseParams(self.width, self.softmax_temperature, self.max_depth).validate()
-        if self.lambda_c < 0 or self.lambda_s < 0:
-            raise SearchSpecError("policy.lambda_c" if self.lambda_c < 0 else "policy.lambda_s", "must be >= 0")
-        if not 0 < self.cluster_threshold < 2:
-            raise SearchSpecError("policy.cluster_threshold", "must be in (0, 2)")
-        if self.embedder not in ("auto", "minilm", "tfidf"):
-            raise SearchSpecError("policy.embedder", "must be auto, minilm or tfidf")
+        super().validate()
+        check(self.lambda_c >= 0, "policy.lambda_c", "must be >= 0")
+        check(self.lambda_s >= 0, "policy.lambda_s", "must be >= 0")
+        check(0 < self.cluster_threshold < 2, "policy.cluster_threshold", "must be in (0, 2)")
+        check(self.embedder in EMBEDDERS, "policy.embedder", "must be auto, minilm or tfidf")
 
 
 def outcome_scores(scores: Sequence[float], width: int, temperature: float) -> List[float]:
@@ -58,8 +58,6 @@ def ilp_select(
 ) -> List[bool]:
     """Which leaves to keep. ``leaf_ancestors[i]``: ids of the nodes above leaf i (any hashable ids);
     ``clusters[i]``: leaf i's semantic cluster, or None to drop the coverage term."""
-    from pulp import PULP_CBC_CMD, LpMaximize, LpProblem, LpVariable, lpSum
-
     n = len(outcome)
     branches: Dict[str, List[int]] = {}
     for i, anc in enumerate(leaf_ancestors):
@@ -88,42 +86,37 @@ def ilp_select(
     return [bool(round(v.value() or 0)) for v in x]
 
 
-def _ancestor_ids(node: Node) -> List[str]:
-    return [a.path for a in node.ancestors()]
+class Ets(Rebase):
+    """REBASE's BFS loop with the ILP choosing which candidates keep a width."""
 
+    name = "ets"
+    params_type = EtsParams
 
-def select_widths(
-    cands: Sequence[Node], width: int, temperature: float, lambda_c: float, lambda_s: float, clusters
-) -> List[int]:
-    scores = [node_score(n) for n in cands]
-    keep = ilp_select(
-        outcome_scores(scores, width, temperature), [_ancestor_ids(n) for n in cands], clusters, lambda_c, lambda_s
-    )
-    kept = [i for i, k in enumerate(keep) if k]
-    sub = allocate_widths([scores[i] for i in kept], width, temperature)
-    out = [0] * len(cands)
-    for i, w in zip(kept, sub):
-        out[i] = w
-    return out
+    def clusters(self, cands: Sequence[Node]) -> Optional[List[int]]:
+        """Semantic cluster of each candidate's last step, or None when the coverage term is off or moot."""
+        p = self.params
+        texts = [n.text for n in cands]
+        if p.lambda_s <= 0 or len(cands) < 2 or len(set(texts)) < 2:
+            return None
+        return cluster_texts(texts, p.cluster_threshold, p.embedder)
 
+    def select_widths(self, cands: Sequence[Node], width: int) -> List[int]:
+        """ILP keep/drop over the candidates, then the REBASE allocation over the kept ones."""
+        p = self.params
+        scores = [self.score(n) for n in cands]
+        keep = ilp_select(
+            outcome_scores(scores, width, p.softmax_temperature),
+            [[a.path for a in n.ancestors()] for n in cands],
+            self.clusters(cands),
+            p.lambda_c,
+            p.lambda_s,
+        )
+        kept = [i for i, k in enumerate(keep) if k]
+        sub = self.predict_widths([scores[i] for i in kept], width)
+        out = [0] * len(cands)
+        for i, w in zip(kept, sub):
+            out[i] = w
+        return out
 
-def _clusters(cands: Sequence[Node], p: Params) -> Optional[List[int]]:
-    from sglang_spex.tot.embed import cluster_texts
-
-    texts = [n.text for n in cands]
-    if p.lambda_s <= 0 or len(cands) < 2 or len(set(texts)) < 2:
-        return None
-    return cluster_texts(texts, p.cluster_threshold, p.embedder)
-
-
-async def _choose(ctx, cands: List[Node], width: int, depth: int) -> List[int]:
-    p: Params = ctx.params
-
-    def work() -> List[int]:  # embeddings + CBC off the event loop
-        return select_widths(cands, width, p.softmax_temperature, p.lambda_c, p.lambda_s, _clusters(cands, p))
-
-    return await asyncio.to_thread(work)
-
-
-async def run(ctx) -> None:
-    await bfs(ctx, _choose)
+    async def select(self, ctx: SearchHost, cands: List[Node], width: int, depth: int) -> List[int]:
+        return await asyncio.to_thread(self.select_widths, cands, width)  # embeddings + CBC off the event loop

@@ -2,7 +2,8 @@
 
 Per depth: every finished node (answer or token limit) takes one unit of width away; the remaining width is
 allocated over the unfinished nodes by :func:`allocate_widths` and all of them expand at once. Stops when the
-width is used up, nothing is left to expand, or at ``max_depth``.
+width is used up, nothing is left to expand, or at ``max_depth``. :class:`Rebase` is also the BFS loop ETS
+runs with its own frontier choice.
 """
 
 from __future__ import annotations
@@ -14,26 +15,23 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from sglang_spex.tot.policies.base import Policy, SearchHost
 from sglang_spex.tot.tree import DONE, Node
+from sglang_spex.tot.validation import check, check_int
 
 EPS = 1e-9  # guards ceil() against float round-up (e.g. 2.0000000001)
 
 
 @dataclass
-class Params:
+class RebaseParams:
     width: int = 16
     softmax_temperature: float = 0.2
     max_depth: int = 25
 
     def validate(self) -> None:
-        from sglang_spex.tot.search_spec import SearchSpecError
-
-        if not isinstance(self.width, int) or self.width < 1:
-            raise SearchSpecError("policy.width", "must be an integer >= 1")
-        if self.softmax_temperature <= 0:
-            raise SearchSpecError("policy.softmax_temperature", "must be > 0")
-        if not isinstance(self.max_depth, int) or self.max_depth < 1:
-            raise SearchSpecError("policy.max_depth", "must be an integer >= 1")
+        check_int(self.width, "policy.width", 1)
+        check(self.softmax_temperature > 0, "policy.softmax_temperature", "must be > 0")
+        check_int(self.max_depth, "policy.max_depth", 1)
 
 
 def allocate_widths(scores: Sequence[float], width: int, temperature: float) -> List[int]:
@@ -60,41 +58,51 @@ def allocate_widths(scores: Sequence[float], width: int, temperature: float) -> 
     return out
 
 
-def split_finished(frontier: Sequence[Node]) -> Tuple[List[Node], List[Node]]:
-    """(finished, candidates) among the frontier's generated nodes; failed/cancelled nodes are dropped."""
-    done = [n for n in frontier if n.status == DONE]
-    return [n for n in done if n.is_terminal], [n for n in done if not n.is_terminal]
+class Rebase(Policy):
+    """The BFS family: ``select`` gives each frontier candidate its width, ``run`` expands them depth by depth."""
 
+    name = "rebase"
+    params_type = RebaseParams
 
-def node_score(node: Node) -> float:
-    return 1.0 if node.is_root else float(node.reward if node.reward is not None else 0.0)
+    @property
+    def width(self) -> int:
+        """The search's total width (answers it may finish with)."""
+        return int(self.params.width)
 
+    @staticmethod
+    def score(node: Node) -> float:
+        """A candidate's score: its reward (the root counts 1, an unscored node 0)."""
+        return 1.0 if node.is_root else float(node.reward if node.reward is not None else 0.0)
 
-async def bfs(ctx, choose) -> None:
-    """The REBASE/ETS loop; ``choose(ctx, candidates, width, depth)`` returns the width per candidate."""
-    p = ctx.params
-    width, depth, frontier = p.width, 0, [ctx.tree.root]
-    while True:
-        if depth == 0:
-            cands = frontier
-        else:
-            finished, cands = split_finished(frontier)
-            width -= len(finished)
-        if width <= 0 or not cands or ctx.should_stop():
-            break
-        widths = [width] if depth == 0 else await choose(ctx, cands, width, depth)
-        chosen = [(n, w) for n, w in zip(cands, widths) if w > 0]
-        ctx.on_frontier_decided(depth, chosen)
-        batches = await asyncio.gather(*(ctx.expand(n, w) for n, w in chosen))
-        frontier = [c for b in batches for c in b]
-        depth += 1
-        if depth >= p.max_depth:
-            break
+    def predict_widths(self, scores: Sequence[float], width: int) -> List[int]:
+        """The width each score would get from scores alone: REBASE's softmax allocation."""
+        return allocate_widths(scores, width, self.params.softmax_temperature)
 
+    async def select(self, ctx: SearchHost, cands: List[Node], width: int, depth: int) -> List[int]:
+        """The width of each candidate of ``depth`` (same order)."""
+        return self.predict_widths([self.score(n) for n in cands], width)
 
-async def _choose(ctx, cands: List[Node], width: int, depth: int) -> List[int]:
-    return allocate_widths([node_score(n) for n in cands], width, ctx.params.softmax_temperature)
+    @staticmethod
+    def split_finished(frontier: Sequence[Node]) -> Tuple[List[Node], List[Node]]:
+        """(finished, candidates) among the frontier's generated nodes; failed/cancelled nodes are dropped."""
+        done = [n for n in frontier if n.status == DONE]
+        return [n for n in done if n.is_terminal], [n for n in done if not n.is_terminal]
 
-
-async def run(ctx) -> None:
-    await bfs(ctx, _choose)
+    async def run(self, ctx: SearchHost) -> None:
+        width, depth, frontier = self.width, 0, [ctx.tree.root]
+        while True:
+            if depth == 0:
+                cands = frontier
+            else:
+                finished, cands = self.split_finished(frontier)
+                width -= len(finished)
+            if width <= 0 or not cands or ctx.should_stop():
+                break
+            widths = [width] if depth == 0 else await self.select(ctx, cands, width, depth)
+            chosen = [(n, w) for n, w in zip(cands, widths) if w > 0]
+            ctx.on_frontier_decided(depth, chosen)
+            batches = await asyncio.gather(*(ctx.expand(n, w) for n, w in chosen))
+            frontier = [c for b in batches for c in b]
+            depth += 1
+            if depth >= self.max_depth:
+                break

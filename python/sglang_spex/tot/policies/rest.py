@@ -5,21 +5,26 @@ expanded) → if the node is terminal (V ≥ end_gate, an answer, EOS, a limit) 
 ``target_answers`` the search stops; otherwise it is only backed up → expand ``branch`` children (V = their
 reward) → greedy partial rollout from the best child: ``roll_forward_steps`` steps of ``roll_branch``
 samples each, keep the highest value, V = (1−α)V + α·maxV, N += 1 → weighted backup V_p = Σ V_c N_c / Σ N_c.
-Rollout steps are nodes of kind "rollout" (``<path>.g<i>``), not tree children.
+Rollout steps are nodes of kind "rollout" (``<path>.g<i>``), not tree children. Iteration i draws from the
+stream ``"iteration:<i>"``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
-from sglang_spex.tot.policies import mcts
+from sglang_spex.tot.policies.base import SearchHost, Stat, Stats
+from sglang_spex.tot.policies.mcts import MCTSPolicy, RolloutWalk, check_target_answers, selectable
 from sglang_spex.tot.tree import KIND_ROLLOUT, Node
+from sglang_spex.tot.validation import check, check_int
 
 
 @dataclass
-class Params:
+class RestParams:
     iterations: int = 100
     max_depth: int = 10
     branch: int = 3
@@ -33,71 +38,127 @@ class Params:
     target_answers: Optional[int] = None  # collect this many answer nodes instead of stopping at the first solution
 
     def validate(self) -> None:
-        from sglang_spex.tot.search_spec import SearchSpecError
-
         for name in ("iterations", "max_depth", "branch", "roll_branch"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise SearchSpecError(f"policy.{name}", "must be an integer >= 1")
-        if not isinstance(self.roll_forward_steps, int) or self.roll_forward_steps < 0:
-            raise SearchSpecError("policy.roll_forward_steps", "must be an integer >= 0")
-        if not 0 <= self.alpha <= 1:
-            raise SearchSpecError("policy.alpha", "must be in [0, 1]")
-        if self.exploration_constant < 0:
-            raise SearchSpecError("policy.exploration_constant", "must be >= 0")
-        if self.target_answers is not None and (not isinstance(self.target_answers, int) or self.target_answers < 1):
-            raise SearchSpecError("policy.target_answers", "must be an integer >= 1 or null")
+            check_int(getattr(self, name), f"policy.{name}", 1)
+        check_int(self.roll_forward_steps, "policy.roll_forward_steps", 0)
+        check(0 <= self.alpha <= 1, "policy.alpha", "must be in [0, 1]")
+        check(self.exploration_constant >= 0, "policy.exploration_constant", "must be >= 0")
+        check_target_answers(self.target_answers)
 
 
-def is_terminal(ctx, path: str) -> bool:
-    st = ctx.stats[path]
-    return st.terminal or (path != ctx.tree.root.path and st.value >= ctx.params.end_gate)
+def uct(v: float, n: int, n_parent: int, c: float = 0.7, inf: float = 1.0) -> float:
+    """ReST-MCTS*: V + c·sqrt(2 ln N_parent / n); unvisited → V + inf."""
+    if n == 0:
+        return v + inf
+    return v + c * math.sqrt(2.0 * math.log(max(n_parent, 1)) / n)
 
 
-async def greedy_rollout(ctx, node: Node) -> float:
-    """Partial rollout: the best value seen over ``roll_forward_steps`` greedy steps (``low`` if none)."""
-    p: Params = ctx.params
-    best_v, cur = p.low, node
-    for _ in range(p.roll_forward_steps):
-        if cur.is_terminal or ctx.should_stop():
-            break
-        start = len(cur.rollouts)
-        samples = await asyncio.gather(
-            *(ctx.generate_node(cur, start + j, kind=KIND_ROLLOUT) for j in range(p.roll_branch))
-        )
-        live = [s for s in samples if s.ok and s.reward is not None]
-        if not live:
-            break
-        cur = max(live, key=lambda s: s.reward)
-        best_v = max(best_v, float(cur.reward))
-    return best_v
+def rollout_update(v: float, best_v: float, alpha: float = 0.5) -> float:
+    """ReST-MCTS*: V ← (1 − α)·V + α·maxV after a partial rollout."""
+    return v * (1.0 - alpha) + best_v * alpha
 
 
-async def run(ctx) -> None:
-    p: Params = ctx.params
-    root = ctx.tree.root.path
-    for it in range(p.iterations):
-        if ctx.should_stop() or (p.target_answers and len(ctx.tree.terminals()) >= p.target_answers):
-            break
-        rng = ctx.rng(f"iteration:{it}")
-        leaf = mcts.select_rest(ctx.stats, root, rng, p.exploration_constant, p.inf)
-        if is_terminal(ctx, leaf):
-            ctx.stats[leaf].terminal = True
-            if not p.target_answers:
-                break  # solution found
-            mcts.backup_rest(ctx.stats, leaf)
-            ctx.sync_stats()
-            continue
-        await ctx.expand(ctx.tree.get(leaf), p.branch)
-        if ctx.should_stop():
-            break
-        if not mcts.selectable(ctx.stats, leaf):
-            ctx.stats[leaf].terminal = True  # nothing could be generated: treat as an end
-        else:
-            roll = mcts.best_child_rest(ctx.stats, leaf, rng, p.exploration_constant, p.inf)
-            st = ctx.stats[roll]
-            if not is_terminal(ctx, roll):
-                st.value = mcts.rest_rollout_update(st.value, await greedy_rollout(ctx, ctx.tree.get(roll)), p.alpha)
+class Rest(MCTSPolicy):
+    name = "rest"
+    params_type = RestParams
+    rng_label = "iteration"
+
+    def best_child(self, stats: Stats, path: str, rng: random.Random) -> str:
+        """argmax UCT over the live children; ties are broken by ``rng.choice`` (as the reference does)."""
+        n_p, p = stats[path].visits, self.params
+        scored = [
+            (uct(stats[k].value, stats[k].visits, n_p, p.exploration_constant, p.inf), k)
+            for k in selectable(stats, path)
+        ]
+        top = max(s for s, _ in scored)
+        return rng.choice([k for s, k in scored if s == top])
+
+    def select(self, stats: Stats, root: str, rng: random.Random) -> List[str]:
+        """Follow the best UCT child while the node is expanded and has live children."""
+        path = [root]
+        while stats[path[-1]].expanded and selectable(stats, path[-1]):
+            path.append(self.best_child(stats, path[-1], rng))
+        return path
+
+    def is_terminal(self, stats: Stats, path: str, root: str) -> bool:
+        """A finished node, or (below the root) one whose value reached ``end_gate``."""
+        st = stats[path]
+        return st.terminal or (path != root and st.value >= self.params.end_gate)
+
+    async def simulate(self, ctx: SearchHost, node: Node) -> float:
+        """Greedy partial rollout: the best value seen over ``roll_forward_steps`` steps (``low`` if none)."""
+        p = self.params
+        best_v, cur = p.low, node
+        for _ in range(p.roll_forward_steps):
+            if cur.is_terminal or ctx.should_stop():
+                break
+            start = len(cur.rollouts)
+            samples = await asyncio.gather(
+                *(ctx.generate_node(cur, start + j, kind=KIND_ROLLOUT) for j in range(p.roll_branch))
+            )
+            live = [s for s in samples if s.ok and s.reward is not None]
+            if not live:
+                break
+            cur = max(live, key=lambda s: s.reward)
+            best_v = max(best_v, float(cur.reward))
+        return best_v
+
+    def backup(self, stats: Stats, path: str) -> None:
+        """From ``path`` up: N += 1 and (if expanded) V = Σ V_c·N_c / Σ N_c over the live children."""
+        cur: Optional[str] = path
+        while cur is not None:
+            st = stats[cur]
             st.visits += 1
-        mcts.backup_rest(ctx.stats, leaf)
-        ctx.sync_stats()
+            if st.expanded:
+                kids = [stats[k] for k in selectable(stats, cur)]
+                total = sum(k.visits for k in kids)
+                if total > 0:
+                    st.value = sum(k.value * k.visits for k in kids) / total
+            cur = st.parent
+
+    def predict_rollout(self, stats: Stats, root: str, rng: random.Random) -> RolloutWalk:
+        """Selection, then the leaf it expands; the values its partial rollout will bring are unknown."""
+        path = self.select(stats, root, rng)
+        yield path[-1]
+        return path
+
+    def virtual_backup(self, stats: Stats, path: List[str], reward: float) -> None:
+        """N += 1 along the path; V waits for the rollout's text (``reward`` is not a REST value)."""
+        for p in path:
+            stats[p].visits += 1
+
+    def update_stat(self, st: Stat, node: Node) -> None:
+        """A new node's V is its step value (rSTAR's Q starts at 0)."""
+        super().update_stat(st, node)
+        if node.reward is not None:
+            st.value = node.reward
+
+    async def run(self, ctx: SearchHost) -> None:
+        p, stats = self.params, ctx.stats
+        root = ctx.tree.root.path
+        for it in range(p.iterations):
+            if ctx.should_stop() or self.enough_answers(len(ctx.tree.terminals())):
+                break
+            ctx.on_rollout(it)
+            rng = self.rollout_rng(ctx.rng, it)
+            leaf = self.select(stats, root, rng)[-1]
+            if self.is_terminal(stats, leaf, root):
+                stats[leaf].terminal = True
+                if not p.target_answers:
+                    break  # solution found
+                self.backup(stats, leaf)
+                ctx.sync_stats()
+                continue
+            await ctx.expand(ctx.tree.get(leaf), p.branch)
+            if ctx.should_stop():
+                break
+            if not selectable(stats, leaf):
+                stats[leaf].terminal = True  # nothing could be generated: treat as an end
+            else:
+                roll = self.best_child(stats, leaf, rng)
+                st = stats[roll]
+                if not self.is_terminal(stats, roll, root):
+                    st.value = rollout_update(st.value, await self.simulate(ctx, ctx.tree.get(roll)), p.alpha)
+                st.visits += 1
+            self.backup(stats, leaf)
+            ctx.sync_stats()

@@ -3,21 +3,32 @@
 Rollout i: select (unexplored children first, chosen at random; else UCT Q/N + w·sqrt(ln N_p / N)) → expand
 the leaf (``branch`` children at once) → simulate to a terminal by picking random children, expanding as
 needed → back up the terminal's reward along the whole path (Q += r, N += 1). The rollout's randomness comes
-from ``ctx.rng(f"rollout:{i}")``, so the search is a deterministic function of its seed and the node texts.
+from the stream ``"rollout:<i>"``, so the search is a deterministic function of its seed and the node texts.
 A terminal's reward is its node reward when it states an answer, else 0.
+
+The rollout is a generator over the statistics (:meth:`RStar.rollout`) that yields each node it needs
+expanded: the search loop generates those children for real; SPEX's DFS lookahead gives them virtual
+children on a copy. Both run this same code, so the whole select-and-simulate path is predictable before
+any of its text exists.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
-from sglang_spex.tot.policies import mcts
+from sglang_spex.tot.policies.base import SearchHost, Stats
+from sglang_spex.tot.policies.mcts import MCTSPolicy, RolloutWalk, check_target_answers, selectable
 from sglang_spex.tot.tree import Node
+from sglang_spex.tot.validation import check, check_int
+
+UNVISITED = 999.0  # rStar: an unvisited child (or the root) gets this UCT value
 
 
 @dataclass
-class Params:
+class RStarParams:
     num_rollouts: int = 15
     max_depth: int = 5
     branch: int = 3
@@ -25,50 +36,112 @@ class Params:
     target_answers: Optional[int] = None  # stop once this many answer nodes exist
 
     def validate(self) -> None:
-        from sglang_spex.tot.search_spec import SearchSpecError
-
         for name in ("num_rollouts", "max_depth", "branch"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise SearchSpecError(f"policy.{name}", "must be an integer >= 1")
-        if self.exploration_weight < 0:
-            raise SearchSpecError("policy.exploration_weight", "must be >= 0")
-        if self.target_answers is not None and (not isinstance(self.target_answers, int) or self.target_answers < 1):
-            raise SearchSpecError("policy.target_answers", "must be an integer >= 1 or null")
+            check_int(getattr(self, name), f"policy.{name}", 1)
+        check(self.exploration_weight >= 0, "policy.exploration_weight", "must be >= 0")
+        check_target_answers(self.target_answers)
 
 
-def terminal_reward(node: Node) -> float:
-    return float(node.reward or 0.0) if node.ok and node.answer is not None else 0.0
+def uct(q: float, n: int, n_parent: int, w: float = 2.0) -> float:
+    """rStar: Q/N + w·sqrt(ln N_parent / N); unvisited → 999."""
+    if n == 0:
+        return UNVISITED
+    return q / n + w * math.sqrt(math.log(max(n_parent, 1)) / n)
 
 
-async def expand(ctx, path: str) -> None:
-    """rStar ``_expand``: generate the children of an unexpanded, non-terminal node."""
-    st = ctx.stats[path]
-    if st.expanded or st.terminal:
-        return
-    await ctx.expand(ctx.tree.get(path), ctx.params.branch)
+class RStar(MCTSPolicy):
+    name = "rstar"
+    params_type = RStarParams
+    rng_label = "rollout"
 
+    def best_child(self, stats: Stats, path: str) -> str:
+        """argmax UCT over the live children; the first of equal values wins (Python ``max``)."""
+        n_p, w = stats[path].visits, self.params.exploration_weight
+        return max(selectable(stats, path), key=lambda c: uct(stats[c].value, stats[c].visits, n_p, w))
 
-async def run(ctx) -> None:
-    p: Params = ctx.params
-    for i in range(p.num_rollouts):
-        if ctx.should_stop() or (p.target_answers and len(ctx.tree.terminals()) >= p.target_answers):
-            break
-        rng = ctx.rng(f"rollout:{i}")
-        path = mcts.select_rstar(ctx.stats, ctx.tree.root.path, rng, p.exploration_weight)
-        await expand(ctx, path[-1])
-        cur, sim = path[-1], []
-        while not ctx.should_stop():  # simulate to a terminal
-            if ctx.stats[cur].terminal:
-                break
-            await expand(ctx, cur)
-            kids = mcts.selectable(ctx.stats, cur)
+    def select(self, stats: Stats, root: str, rng: random.Random) -> List[str]:
+        """Descend from ``root``; stop at an unexpanded node, or step into a random unexplored child, else
+        follow the best UCT child."""
+        path, node = [], root
+        while True:
+            path.append(node)
+            if not stats[node].expanded or stats[node].terminal:
+                return path
+            kids = selectable(stats, node)
+            unexplored = [k for k in kids if not stats[k].explored]
+            if unexplored:
+                path.append(rng.choice(unexplored))
+                return path
             if not kids:
-                ctx.stats[cur].terminal = True  # every child failed: a dead end
+                return path
+            node = self.best_child(stats, node)
+
+    def simulate(self, stats: Stats, leaf: str, rng: random.Random) -> RolloutWalk:
+        """From ``leaf`` down to a terminal through random live children; a node whose children all failed
+        becomes a terminal (a dead end). Returns the nodes below ``leaf``."""
+        cur, sim = leaf, []
+        while not stats[cur].terminal:
+            if not stats[cur].expanded:
+                yield cur
+            kids = selectable(stats, cur)
+            if not kids:
+                stats[cur].terminal = True
                 break
             cur = rng.choice(kids)
             sim.append(cur)
-        if ctx.should_stop():
-            break
-        mcts.backup_rstar(ctx.stats, path + sim, terminal_reward(ctx.tree.get(cur)))
-        ctx.sync_stats()
+        return sim
+
+    def rollout(self, stats: Stats, root: str, rng: random.Random) -> RolloutWalk:
+        """Select, then simulate: the whole rollout path."""
+        path = self.select(stats, root, rng)
+        sim = yield from self.simulate(stats, path[-1], rng)
+        return path + sim
+
+    def predict_rollout(self, stats: Stats, root: str, rng: random.Random) -> RolloutWalk:
+        return self.rollout(stats, root, rng)
+
+    def backup(self, stats: Stats, path: List[str], reward: float) -> None:
+        """Every node on the rollout path gets Q += reward, N += 1 and becomes explored."""
+        for p in reversed(path):
+            st = stats[p]
+            st.value += reward
+            st.visits += 1
+            st.explored = True
+
+    def virtual_backup(self, stats: Stats, path: List[str], reward: float) -> None:
+        self.backup(stats, path, reward)
+
+    def terminal_reward(self, node: Node) -> float:
+        """Its reward if it states an answer, else 0."""
+        return float(node.reward or 0.0) if node.ok and node.answer is not None else 0.0
+
+    async def expand(self, ctx: SearchHost, path: str) -> None:
+        """rStar ``_expand``: generate the children of an unexpanded, non-terminal node."""
+        st = ctx.stats[path]
+        if st.expanded or st.terminal:
+            return
+        await ctx.expand(ctx.tree.get(path), self.branch)
+
+    async def run(self, ctx: SearchHost) -> None:
+        root = ctx.tree.root.path
+        for i in range(self.params.num_rollouts):
+            if ctx.should_stop() or self.enough_answers(len(ctx.tree.terminals())):
+                break
+            ctx.on_rollout(i)
+            path = await self._drive(ctx, self.rollout(ctx.stats, root, self.rollout_rng(ctx.rng, i)))
+            if path is None or ctx.should_stop():
+                break
+            self.backup(ctx.stats, path, self.terminal_reward(ctx.tree.get(path[-1])))
+            ctx.sync_stats()
+
+    async def _drive(self, ctx: SearchHost, walk: RolloutWalk) -> Optional[List[str]]:
+        """Run a rollout against the real search: generate what it asks for; None once the search stops."""
+        try:
+            need = next(walk)
+            while True:
+                await self.expand(ctx, need)
+                if ctx.should_stop():
+                    return None
+                need = walk.send(None)
+        except StopIteration as done:
+            return done.value

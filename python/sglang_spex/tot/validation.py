@@ -1,0 +1,60 @@
+"""Field validation shared by the search spec, the reward config and the policies' params.
+
+A leaf module (it imports nothing of ours), so every config dataclass can raise :class:`SearchSpecError`
+without importing the spec that holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Type, TypeVar
+
+T = TypeVar("T")
+
+
+class SearchSpecError(ValueError):
+    """A search spec field is invalid; ``field`` names it (dotted), ``reason`` says why."""
+
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(f"{field_name}: {reason}")
+        self.field = field_name
+        self.reason = reason
+
+    def to_dict(self) -> Dict[str, str]:
+        return {"field": self.field, "reason": self.reason}
+
+
+def check(ok: bool, name: str, reason: str) -> None:
+    """Raise :class:`SearchSpecError` for field ``name`` unless ``ok``."""
+    if not ok:
+        raise SearchSpecError(name, reason)
+
+
+def is_num(x: Any) -> bool:
+    """An int or float, not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_int(value: Any, name: str, minimum: int) -> None:
+    """``value`` is an integer (not a bool) >= ``minimum``."""
+    check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        name,
+        f"must be an integer >= {minimum}",
+    )
+
+
+def from_dict(cls: Type[T], data: Any, prefix: str) -> T:
+    """Build dataclass ``cls`` from a JSON object, refusing unknown fields (named ``prefix.<field>``)."""
+    check(isinstance(data, dict), prefix, "must be an object")
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    check(not unknown, f"{prefix}.{unknown[0]}" if unknown else prefix, "unknown field")
+    return cls(**data)
+
+
+def check_numbers(obj: Any, prefix: str) -> None:
+    """Every field of dataclass ``obj`` whose default is a number holds a number."""
+    for f in dataclasses.fields(obj):
+        if is_num(f.default):
+            check(is_num(getattr(obj, f.name)), f"{prefix}.{f.name}", "must be a number")
