@@ -1,26 +1,43 @@
-"""Session-scoped real SGLang servers shared by the suite (each start costs ~20 s on CPU)."""
+"""Session-scoped real SGLang servers shared by the suite (each start costs ~20 s on CPU).
+
+Scheduler modes (``server_modes.py``): ``overlap`` is SGLang's ``event_loop_overlap`` (its GPU default),
+``no-overlap`` its ``event_loop_normal`` (the launcher's CPU default). ``spex_server`` runs in the default mode;
+``spex_server_in_mode`` runs a test once per mode (its default-mode instance is the same server).
+
+Every test whose fixtures (directly or through other fixtures) start a server is marked ``server``
+automatically, so ``pytest -m "not server"`` starts none.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Iterator, List
 
 import pytest
+from server_modes import DEFAULT_MODE, MODES, TINY, spex_args, start_server
 
 from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
 from sglang_spex.serve import ServerProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-
-# float32: the identity tests compare trees generated in different batch compositions; bf16 logits of one
-# request shift with its batch neighbours (see docs/architecture.md), float32 keeps those shifts negligible.
-TINY = ["--dtype", "float32", "--model-path"]
+SERVER_FIXTURES = {"spex_server", "spex_server_in_mode", "plain_server", "smollm2_server", "small_pool_server"}
 
 
-def _server(args):
-    srv = ServerProcess(args)
-    srv.start()
-    return srv
+def _uses_server(item: pytest.Item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))  # the whole fixture closure, not only direct arguments
+    if names & SERVER_FIXTURES:
+        return True
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
+    funcs = [getattr(item, "function", None)] + [d.func for ds in defs.values() for d in ds]
+    return any("ServerProcess" in getattr(getattr(f, "__code__", None), "co_names", ()) for f in funcs if f)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Mark every test that starts or uses a real server ``server``."""
+    for item in items:
+        if _uses_server(item):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")
@@ -34,23 +51,39 @@ def smollm2_model() -> str:
 
 
 @pytest.fixture(scope="session")
-def spex_server(tiny_model):
-    """Tiny Llama served with --tot-speculation (the plugin's hooks active)."""
-    srv = _server([*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "8", "--enable-metrics"])
+def _default_spex_server(tiny_model) -> Iterator[ServerProcess]:
+    srv = start_server(spex_args(tiny_model), DEFAULT_MODE)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="session")
-def plain_server(tiny_model):
+def spex_server(_default_spex_server) -> ServerProcess:
+    """Tiny Llama served with --tot-speculation (the plugin's hooks active), default scheduler mode."""
+    return _default_spex_server
+
+
+@pytest.fixture(scope="session", params=MODES)
+def spex_server_in_mode(request, tiny_model) -> Iterator[ServerProcess]:
+    """The --tot-speculation tiny server in each scheduler mode (the default-mode one is ``spex_server``)."""
+    if request.param == DEFAULT_MODE:
+        yield request.getfixturevalue("_default_spex_server")
+        return
+    srv = start_server(spex_args(tiny_model), request.param)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server(tiny_model) -> Iterator[ServerProcess]:
     """The same launcher without --tot-speculation: plain SGLang, plugin inert."""
-    srv = _server([*TINY, tiny_model])
+    srv = ServerProcess([*TINY, tiny_model]).start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="session")
-def smollm2_server(smollm2_model):
-    srv = _server(["--model-path", smollm2_model, "--tot-speculation"])
+def smollm2_server(smollm2_model) -> Iterator[ServerProcess]:
+    srv = ServerProcess(["--model-path", smollm2_model, "--tot-speculation"]).start()
     yield srv
     srv.stop()

@@ -47,10 +47,11 @@ def engine_idle(url: str) -> bool:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_spex_equals_baseline_on_real_sglang(spex_server, policy):
+def test_spex_equals_baseline_on_real_sglang(spex_server_in_mode, policy):
     spec = make_spec(POLICIES[policy])
-    base = asyncio.run(_run(spex_server.url, spec))
-    spx = asyncio.run(_run(spex_server.url, spec, SpexConfig(enabled=True, k_total=6, components=("t1", "t2"))))
+    url = spex_server_in_mode.url
+    base = asyncio.run(_run(url, spec))
+    spx = asyncio.run(_run(url, spec, SpexConfig(enabled=True, k_total=6, components=("t1", "t2"))))
     assert base.status == spx.status == "done"
     assert signature(spx) == signature(base)
     assert spx.answer == base.answer
@@ -63,8 +64,8 @@ def pool(url: str) -> dict:
     return requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]["pool"]
 
 
-def test_bfs_misses_are_aborted_and_freed(spex_server):
-    url = spex_server.url
+def test_bfs_misses_are_aborted_and_freed(spex_server_in_mode):
+    url = spex_server_in_mode.url
     before = pool(url)
     spec = make_spec({"name": "rebase", "width": 6, "max_depth": 3, "softmax_temperature": 0.1}, seed=11)
     res = asyncio.run(_run(url, spec, SpexConfig(enabled=True, k_total=12)))

@@ -8,8 +8,8 @@ import time
 import requests
 
 
-def test_promote_running_speculative_request(spex_server):
-    url, rid = spex_server.url, "spex:promo1:r.0:"
+def test_promote_running_speculative_request(spex_server_in_mode):
+    url, rid = spex_server_in_mode.url, "spex:promo1:r.0:"
     body = {
         "text": "Step 1: add the numbers.",
         "rid": rid,

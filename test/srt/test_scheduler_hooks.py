@@ -57,8 +57,8 @@ def _spec_batch(url: str, tag: str, n: int, new_tokens: int):
     return reqs
 
 
-def test_cap_holds_every_step_and_follows_runtime_changes(spex_server):
-    url = spex_server.url
+def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
+    url = spex_server_in_mode.url
     wait_idle(url)
     try:
         assert post(url, "/spex/budget", {"k": 3})["scheduler"]["budget"] == 3
@@ -108,15 +108,19 @@ def _cancel_round(url: str, immediate: bool, n: int, tag: str):
     return [a - b for a, b in zip(after, before)]
 
 
-def test_cancel_latency_at_most_one_token(spex_server):
-    url = spex_server.url
+def test_cancel_latency_at_most_one_token(spex_server_in_mode):
+    url = spex_server_in_mode.url
     wait_idle(url)
     n = 12
+    start = wait_idle(url)["pool"]
     try:
         plain = _cancel_round(url, False, n, "cp")
         ours = _cancel_round(url, True, n, "ci")
     finally:
         post(url, "/spex/knobs", {"immediate_cancel": True})
+    end = wait_idle(url)["pool"]  # every cancelled request's KV is back (free or evictable in the tree)
+    assert end["kv_available"] + end["kv_evictable"] == start["kv_available"] + start["kv_evictable"]
+    assert end["req_slots_free"] == start["req_slots_free"]
     print(f"tokens decoded after cancel, histogram [0,1,2,3,>=4]: SGLang abort {plain}; immediate cancel {ours}")
     assert sum(plain) == n and sum(ours) == n  # every cancel of a running request was measured
     assert sum(ours[2:]) == 0  # <= 1 extra token
@@ -150,8 +154,8 @@ async def _cycle(client: httpx.AsyncClient, url: str, i: int, rng: random.Random
         await task
 
 
-def test_no_kv_leak_after_1000_cycles(spex_server):
-    url = spex_server.url
+def test_no_kv_leak_after_1000_cycles(spex_server_in_mode):
+    url = spex_server_in_mode.url
     base = wait_idle(url)
     post(url, "/spex/release", {})
     base = wait_idle(url)
@@ -178,7 +182,7 @@ def test_no_kv_leak_after_1000_cycles(spex_server):
     assert e["req_slots_free"] == b["req_slots_free"]
     assert end["protection"]["locks"] == 0 and end["protection"]["pending"] == 0
     assert end["watched_cancels"] == 0
-    assert "memory leak detected" not in Path(spex_server.log_path).read_text()
+    assert "memory leak detected" not in Path(spex_server_in_mode.log_path).read_text()
     c0, c1 = base["counters"], end["counters"]
     p0, p1 = base["protection"]["counters"], end["protection"]["counters"]
     assert c1.get("cancel_immediate", 0) > c0.get("cancel_immediate", 0)  # running requests were cancelled

@@ -1,0 +1,46 @@
+"""Starting test servers in a given scheduler mode (shared by the conftests)."""
+
+from __future__ import annotations
+
+from typing import List
+
+import requests
+
+from sglang_spex.serve import ServerProcess
+
+# float32: the identity tests compare trees generated in different batch compositions; bf16 logits of one
+# request shift with its batch neighbours (see docs/architecture.md), float32 keeps those shifts negligible.
+TINY = ["--dtype", "float32", "--model-path"]
+MODES = ("overlap", "no-overlap")
+# The launcher's CPU default is the non-overlap loop (measured faster on this kind of host, see launch_server.py);
+# the suite's shared ``spex_server`` uses it, ``spex_server_in_mode`` adds the overlap loop.
+DEFAULT_MODE = "no-overlap"
+
+
+def mode_args(mode: str) -> List[str]:
+    """Launcher flags for a scheduler mode, explicit in both modes (``--enable-overlap-schedule`` is the
+    launcher's opt-in to SGLang's overlap loop on CPU; on a GPU it is SGLang's default anyway)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown scheduler mode {mode!r}")
+    return ["--enable-overlap-schedule"] if mode == "overlap" else ["--disable-overlap-schedule"]
+
+
+def start_server(args: List[str], mode: str = DEFAULT_MODE) -> ServerProcess:
+    """Start a server in ``mode`` and check that SGLang really runs that scheduler loop."""
+    srv = ServerProcess([*args, *mode_args(mode)])
+    srv.start()
+    try:
+        info = requests.get(srv.url + "/get_server_info", timeout=60).json()
+        if bool(info["disable_overlap_schedule"]) != (mode == "no-overlap"):
+            raise RuntimeError(
+                f"asked for {mode} scheduling, SGLang runs disable_overlap_schedule={info['disable_overlap_schedule']}"
+                f" (launcher flags {mode_args(mode)})"
+            )
+    except Exception:
+        srv.stop()
+        raise
+    return srv
+
+
+def spex_args(tiny_model: str) -> List[str]:
+    return [*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "8", "--enable-metrics"]
