@@ -51,6 +51,20 @@ PROMPTS = [
 ]
 
 
+STAGES = (
+    "env",
+    "model",
+    "server_spex",
+    "decode",
+    "search",
+    "cancel_kv",
+    "top_p",
+    "respec_ngram",
+    "drafter",
+    "respec_eagle3",
+)
+
+
 class StageTimeout(Exception):
     pass
 
@@ -182,7 +196,7 @@ class GpuCheck:
     def serve(self, args: List[str], tag: str) -> ServerProcess:
         """Stop the current server, start one with ``args`` (startup bounded by the stage's alarm)."""
         self.stop_server()
-        log = str(self.out / f"server-{tag}.log")
+        log = str(self.out / f"server-{tag.replace(':', '_')}.log")
         self.server = ServerProcess(args, log_path=log, startup_timeout=3600)  # kept before start: a timeout stops it
         return self.server.start()
 
@@ -290,6 +304,8 @@ class GpuCheck:
     def stage_search(self) -> Dict[str, Any]:
         url = self.need_server("spex")
         questions = get_task("toy_add").questions(self.sizes.questions, split="test", seed=0)
+        warm = {**self.sizes.rstar, "max_depth": 1}  # first-search costs must not land on the baseline
+        asyncio.run(_post_all(url + "/tot/search", [self._search_body(warm, questions[0], {"enabled": False})], 600))
         runs = {}
         for mode, spx in (("baseline", {"enabled": False}), ("spex", {"enabled": True, "components": ["t1", "t2"]})):
             httpx.post(url + "/flush_cache", timeout=60)
@@ -378,12 +394,14 @@ class GpuCheck:
         got = [o["output_ids"] for o in _generate(srv.url, PROMPTS[:4], n)]
         ref = self.state.get("greedy_ref")
         same = "n/a" if ref is None else f"{sum(a == b for a, b in zip(got, ref))}/{len(got)}"
-        st = httpx.get(srv.url + "/get_server_info", timeout=60).json()["internal_states"][0].get("respec") or {}
+        info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
+        st = info["internal_states"][0].get("respec") or {}
+        overlap = "off" if info.get("disable_overlap_schedule") else "on"
         spec_steps, plain_steps = st.get("spec_steps", 0), st.get("plain_steps", 0)
         switches = (st.get("fsm") or {}).get("switches")
         detail = (
             f"B=1 {out[1]['tok_s']:.0f} tok/s, B=8 {out[8]['tok_s']:.0f} tok/s; spec steps {spec_steps}, "
-            f"plain steps {plain_steps}, switches {switches}; greedy = plain {same}"
+            f"plain steps {plain_steps}, switches {switches}; greedy = plain {same}; overlap {overlap}"
         )
         return {"_fail": not (spec_steps > 0 and plain_steps > 0), "_detail": detail}
 
@@ -395,11 +413,11 @@ class GpuCheck:
             raise Skip("no drafter")
         return self._respec(EAGLE3, ["--speculative-draft-model-path", self.state["drafter"]])
 
-    def run(self) -> int:
-        order = ["env", "model", "server_spex", "decode", "search", "cancel_kv", "top_p", "respec_ngram"]
-        order += ["drafter", "respec_eagle3"]
+    def run(self, stages: Optional[Sequence[str]] = None) -> int:
+        """Run ``stages`` (default :data:`STAGES`, in that order; ``env`` and ``model`` always run)."""
+        wanted = set(stages or STAGES) | {"env", "model"}
         try:
-            for name in order:
+            for name in [s for s in STAGES if s in wanted]:
                 if name in ("env", "model") or "model" in self.state:
                     self.run_stage(name, getattr(self, f"stage_{name}"))
                 else:
@@ -513,12 +531,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     ap.add_argument("--budget-s", type=float, default=470.0, help="global deadline for all stages, seconds")
     ap.add_argument("--out", type=Path, default=Path("/tmp/gpu_check"), help="table, JSON and server logs")
+    ap.add_argument("--stages", default="", help=f"comma list of stages to run (default all: {','.join(STAGES)})")
     a = ap.parse_args(argv)
+    stages = [x for x in a.stages.split(",") if x]
+    unknown = [x for x in stages if x not in STAGES]
+    if unknown:
+        ap.error(f"--stages: unknown {unknown}")
     dry = a.dry_run or os.environ.get("GPU_CHECK_DRY") == "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     check = GpuCheck(dry, a.budget_s, a.out)
     signal.signal(signal.SIGTERM, _terminate)
-    return check.run()
+    return check.run(stages)
 
 
 if __name__ == "__main__":

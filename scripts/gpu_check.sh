@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh             # GPU run, under 8 minutes with a warm environment
 #   bash scripts/gpu_check.sh --dry-run   # the same stages on CPU servers with the tiny model (or GPU_CHECK_DRY=1)
 #
-# Env: GPU_CHECK_BUDGET_S (total seconds, default 470), GPU_CHECK_OUT (results folder, default /tmp/gpu_check).
+# Env: GPU_CHECK_BUDGET_S (total seconds, default 470), GPU_CHECK_OUT (results folder, default /tmp/gpu_check),
+# GPU_CHECK_STAGES (comma list of stages to run, default all; see scripts/gpu_check.py --help).
 # Exit status: 0 when no stage failed.
 set -uo pipefail
 
@@ -15,7 +16,7 @@ DRY="${GPU_CHECK_DRY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +45,7 @@ LEFT=$(( BUDGET - SETUP_S ))
 [ "$LEFT" -lt 60 ] && LEFT=60
 FLAGS=(--budget-s "$LEFT" --out "$OUT")
 [ "$DRY" = 1 ] && FLAGS+=(--dry-run)
+[ -n "${GPU_CHECK_STAGES:-}" ] && FLAGS+=(--stages "$GPU_CHECK_STAGES")
 # the driver enforces per-stage timeouts and the deadline itself; this outer limit only catches a hang in it
 timeout --signal=TERM --kill-after=30 $(( LEFT + 60 )) .venv/bin/python scripts/gpu_check.py "${FLAGS[@]}"
 RC=$?
