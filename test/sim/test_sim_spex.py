@@ -6,6 +6,7 @@ import pytest
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.sim.run import compare
+from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
 
 def _done_nodes(run):
@@ -14,8 +15,6 @@ def _done_nodes(run):
 
 @pytest.mark.parametrize("policy,bs", [("rstar-5", 1), ("rebase-8", 2), ("rest-5", 1)])
 def test_spex_equals_baseline_with_t3_off(policy, bs):
-    from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
-
     spec = SearchSpec(policy=PolicyConfig(policy), seed=5)
     cfg = SpexConfig(enabled=True, k_total=None, early_stop=False)  # k_total from the simulated knee
     base, spex = compare(spec, cfg, cost=("A100-80G", "Llemma-7B"), questions=4, concurrency=bs)

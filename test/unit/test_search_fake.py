@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from sglang_spex.tot.context import SearchContext
+from sglang_spex.tot.rewards import VERIFIERS, Reward, register_verifier
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec
 
@@ -56,8 +57,6 @@ async def test_bfs_issues_a_whole_depth_at_once():
 
 
 async def test_failing_reward_marks_node_failed():
-    from sglang_spex.tot.rewards import VERIFIERS, register_verifier
-
     @register_verifier("test_flaky")
     def flaky(question, steps):
         if "= 1" in steps[-1][:8] or steps[-1].startswith("3"):
@@ -78,11 +77,6 @@ async def test_failing_reward_marks_node_failed():
 
 
 async def test_reward_timeout_marks_node_failed():
-    class Slow(SearchContext):
-        pass
-
-    from sglang_spex.tot.rewards import Reward
-
     class SlowReward(Reward):
         async def score(self, node, question, search_id=""):
             await asyncio.sleep(10 if node.path.endswith(".1") else 0)
@@ -101,9 +95,7 @@ async def test_cancel_aborts_by_search_prefix():
     port = FakePort(delay=0.05)
     spec = spec_for({"name": "rebase", "width": 4, "max_depth": 20})
     ctx = SearchContext(spec, "q", port)
-    from sglang_spex.tot.search import run_context
-
-    task = asyncio.create_task(run_context(ctx))
+    task = asyncio.create_task(ctx.run())
     await asyncio.sleep(0.12)
     await ctx.cancel()
     res = await task

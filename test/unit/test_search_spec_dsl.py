@@ -24,7 +24,8 @@ def test_dsl_round_trip():
         s.speculation(k=3)
 
     d = json.loads(prog.to_json())
-    assert d["policy"] == {"name": "ets", "width": 8, "lambda_c": 1.0, "lambda_s": 1.5}
+    assert d["policy"] == {"name": "ets", "width": 8}  # unset knobs keep the policy's own defaults
+    assert SearchSpec.from_dict(d).policy.build().params.lambda_s == 1.5
     assert d["step"]["stop"] == ["\n"] and d["seed"] == 4 and d["reward_timeout"] == 5
     assert d["speculation"] == {"k": 3}
     assert SearchSpec.from_dict(d).to_dict() == d

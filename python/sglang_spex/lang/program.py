@@ -27,6 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
+from sglang_spex.tot.http_port import HttpPort
+from sglang_spex.tot.search import SearchResult, run_batch
 from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
 
 # ---- declarations -------------------------------------------------------------------------------------
@@ -37,20 +39,25 @@ def policy(name: str, **knobs: Any) -> PolicyConfig:
     return PolicyConfig(name=name, params=dict(knobs))
 
 
-def rebase(width: int = 16, softmax_temperature: float = 0.2, **knobs: Any) -> PolicyConfig:
-    return policy("rebase", width=width, softmax_temperature=softmax_temperature, **knobs)
+def rebase(**knobs: Any) -> PolicyConfig:
+    """REBASE; ``knobs`` are ``RebaseParams`` fields (width, softmax_temperature, max_depth), unset = default."""
+    return policy("rebase", **knobs)
 
 
-def ets(width: int = 16, lambda_c: float = 1.0, lambda_s: float = 1.5, **knobs: Any) -> PolicyConfig:
-    return policy("ets", width=width, lambda_c=lambda_c, lambda_s=lambda_s, **knobs)
+def ets(**knobs: Any) -> PolicyConfig:
+    """ETS; ``knobs`` are ``EtsParams`` fields (REBASE's plus lambda_c, lambda_s, cluster_threshold, embedder)."""
+    return policy("ets", **knobs)
 
 
-def rstar(num_rollouts: int = 15, exploration_weight: float = 2.0, **knobs: Any) -> PolicyConfig:
-    return policy("rstar", num_rollouts=num_rollouts, exploration_weight=exploration_weight, **knobs)
+def rstar(**knobs: Any) -> PolicyConfig:
+    """rSTAR-MCTS; ``knobs`` are ``RStarParams`` fields (num_rollouts, max_depth, branch, exploration_weight,
+    target_answers)."""
+    return policy("rstar", **knobs)
 
 
-def rest(iterations: int = 100, exploration_constant: float = 0.7, **knobs: Any) -> PolicyConfig:
-    return policy("rest", iterations=iterations, exploration_constant=exploration_constant, **knobs)
+def rest(**knobs: Any) -> PolicyConfig:
+    """REST-MCTS*; ``knobs`` are ``RestParams`` fields (iterations, branch, exploration_constant, end_gate, …)."""
+    return policy("rest", **knobs)
 
 
 def logprob() -> RewardConfig:
@@ -176,7 +183,10 @@ class Program:
 
     # -- execution --
 
-    async def arun(self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any):
+    async def arun(
+        self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any
+    ) -> SearchResult:
+        """Search one question; returns a SearchResult."""
         return (await self.arun_batch([question], backend, references=[reference], **kw))[0]
 
     async def arun_batch(
@@ -185,17 +195,14 @@ class Program:
         backend: Union[Endpoint, str],
         references: Optional[Sequence[Optional[str]]] = None,
         concurrency: int = 8,
-        on_result: Optional[Callable[[int, Any], None]] = None,
+        on_result: Optional[Callable[[int, SearchResult], None]] = None,
         **client_kw: Any,
-    ):
-        from sglang_spex.tot.search import SearchResult, run_batch
-
+    ) -> List[SearchResult]:
+        """Search many questions, at most ``concurrency`` at once, server- or client-side; results in order."""
         spec = self.spec()
         ep = Endpoint(backend) if isinstance(backend, str) else backend
         refs = list(references) if references is not None else [None] * len(questions)
         if not ep.server_side:
-            from sglang_spex.tot.http_port import HttpPort
-
             port = HttpPort(ep.url, timeout=ep.timeout)
             try:
                 return await run_batch(
@@ -224,11 +231,13 @@ class Program:
 
             return list(await asyncio.gather(*(one(i) for i in range(len(questions)))))
 
-    def run(self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any):
+    def run(
+        self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any
+    ) -> SearchResult:
         """Search one question (blocking); returns a SearchResult."""
         return asyncio.run(self.arun(question, backend, reference, **kw))
 
-    def run_batch(self, questions: Sequence[str], backend: Union[Endpoint, str], **kw: Any) -> List[Any]:
+    def run_batch(self, questions: Sequence[str], backend: Union[Endpoint, str], **kw: Any) -> List[SearchResult]:
         """Search many questions concurrently (blocking); results in question order."""
         return asyncio.run(self.arun_batch(questions, backend, **kw))
 

@@ -26,6 +26,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from sglang_spex.profile.cache import Profile, latest_profile
 from sglang_spex.profile.roofline import KneeFit, find_knee, k_total_from_knee
 from sglang_spex.sim.client import NO_OVERHEAD, ClientOverhead
 from sglang_spex.sim.hardware import Device, Model, get_device, get_model
@@ -112,9 +113,7 @@ class RooflineCost(CostModel):
 class MeasuredCost(CostModel):
     """Step times replayed from a live profile (``cpu-measured``)."""
 
-    def __init__(self, profile, name: str = "cpu-measured", client: ClientOverhead = NO_OVERHEAD):
-        from sglang_spex.profile.cache import Profile  # noqa: F401  (type only)
-
+    def __init__(self, profile: Profile, name: str = "cpu-measured", client: ClientOverhead = NO_OVERHEAD):
         self.profile = profile
         self.client = client
         self.fit: KneeFit = profile.fit
@@ -141,13 +140,11 @@ class MeasuredCost(CostModel):
         return self.fit  # the measured knee (at the measured context)
 
 
-def make_cost(spec: str, model: Optional[str] = None, profile=None) -> CostModel:
+def make_cost(spec: str, model: Optional[str] = None, profile: Optional[Profile] = None) -> CostModel:
     """``make_cost("A100-80G", "Llemma-7B")``, or ``make_cost("cpu-measured", profile=p)`` — without ``p``, the
     newest cached profile whose model path contains ``model`` (default ``"SmolLM2"``)."""
     if spec == "cpu-measured":
         if profile is None:
-            from sglang_spex.profile.cache import latest_profile
-
             profile = latest_profile(model_contains=model or "SmolLM2")
             if profile is None:
                 raise FileNotFoundError("no cached profile: run the profiler first (POST /spex/profile)")

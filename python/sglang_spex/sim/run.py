@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.clock import run_virtual
 from sglang_spex.sim.cost import CostModel, RooflineCost, make_cost
 from sglang_spex.sim.engine import SimPort
 from sglang_spex.sim.workload import Workload
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.rewards import Reward
 from sglang_spex.tot.search import SearchResult, run_batch
@@ -143,18 +145,15 @@ def simulate(
     return SimRun(results, elapsed, engine, time.perf_counter() - w0, config)
 
 
-def spex_factory(cfg, cost: Optional[CostModel] = None) -> Callable[..., SearchContext]:
-    """SPEX contexts for :func:`simulate` (``cfg``: a :class:`~sglang_spex.config.SpexConfig`; ``k_total=None``
-    takes the knee of ``cost``, as ``--tot-k-total auto`` takes the live profile's)."""
-    from sglang_spex.config import replace
-    from sglang_spex.speculation.runner import context_factory
-
+def spex_factory(cfg: SpexConfig, cost: Optional[CostModel] = None) -> Callable[..., SearchContext]:
+    """SPEX contexts for :func:`simulate` (``k_total=None`` takes the knee of ``cost``, as ``--tot-k-total auto``
+    takes the live profile's)."""
     if cfg.k_total is None and cost is not None:
         cfg = replace(cfg, k_total=cost.k_total())
     return context_factory(cfg)
 
 
-def compare(spec: SearchSpec, cfg, *, cost: CostSpec, **kw: Any) -> Tuple[SimRun, SimRun]:
+def compare(spec: SearchSpec, cfg: SpexConfig, *, cost: CostSpec, **kw: Any) -> Tuple[SimRun, SimRun]:
     """(baseline, SPEX) on the same simulated engine model, workload and questions."""
     cost_model = resolve_cost(cost)
     base = simulate(spec, cost=cost_model, **kw)

@@ -1,7 +1,7 @@
 """Field validation shared by the search spec, the reward config and the policies' params.
 
 A leaf module (it imports nothing of ours), so every config dataclass can raise :class:`SearchSpecError`
-without importing the spec that holds it.
+without importing the spec that holds it, and any other input check can raise a :class:`FieldError`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Dict, Type, TypeVar
 T = TypeVar("T")
 
 
-class SearchSpecError(ValueError):
-    """A search spec field is invalid; ``field`` names it (dotted), ``reason`` says why."""
+class FieldError(ValueError):
+    """An input field is invalid; ``field`` names it (dotted), ``reason`` says why."""
 
     def __init__(self, field_name: str, reason: str):
         super().__init__(f"{field_name}: {reason}")
@@ -22,6 +22,10 @@ class SearchSpecError(ValueError):
 
     def to_dict(self) -> Dict[str, str]:
         return {"field": self.field, "reason": self.reason}
+
+
+class SearchSpecError(FieldError):
+    """A search spec field is invalid."""
 
 
 def check(ok: bool, name: str, reason: str) -> None:
