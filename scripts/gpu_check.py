@@ -96,7 +96,7 @@ GPU = Sizes(
     rebase_width=8,
     respec_tokens=96,
     timeouts={
-        "env": 30,
+        "env": 120,  # imports torch and sglang; an import cut short by the alarm breaks later stages
         "model": 120,
         "server_spex": 240,
         "decode": 60,
