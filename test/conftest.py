@@ -10,8 +10,10 @@ automatically, so ``pytest -m "not server"`` starts none.
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Iterator, List
+import types
+from typing import Iterator, List, Set
 
 import pytest
 from server_modes import DEFAULT_MODE, MODES, TINY, spex_args, start_server
@@ -24,13 +26,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SERVER_FIXTURES = {"spex_server", "spex_server_in_mode", "plain_server", "smollm2_server", "small_pool_server"}
 
 
+def _code_names(code: types.CodeType) -> Set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:  # comprehensions, lambdas, nested functions
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _starts_server(fn: object, depth: int = 3) -> bool:
+    """``fn`` constructs a ``ServerProcess``, itself or through functions of its own module (``depth`` calls)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    names = _code_names(code)
+    if "ServerProcess" in names:
+        return True
+    module_globals = getattr(fn, "__globals__", {})
+    return depth > 0 and any(
+        _starts_server(module_globals[n], depth - 1)
+        for n in names
+        if inspect.isfunction(module_globals.get(n)) and module_globals[n].__module__ == fn.__module__
+    )
+
+
 def _uses_server(item: pytest.Item) -> bool:
     names = set(getattr(item, "fixturenames", ()))  # the whole fixture closure, not only direct arguments
     if names & SERVER_FIXTURES:
         return True
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
     funcs = [getattr(item, "function", None)] + [d.func for ds in defs.values() for d in ds]
-    return any("ServerProcess" in getattr(getattr(f, "__code__", None), "co_names", ()) for f in funcs if f)
+    return any(_starts_server(f) for f in funcs if f is not None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
