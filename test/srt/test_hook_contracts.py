@@ -19,7 +19,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.srt import hooks
+from sglang_spex.srt import hooks, lossless_verify
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM_DOC = ROOT / "docs" / "upstream.md"
@@ -94,6 +94,12 @@ def test_table_is_well_formed_and_names_existing_code():
             assert tp.target.rsplit(".", 1)[1] in inspect.getsource(module), (tp.id, tp.by)
 
 
+def test_module_hook_lists_match_the_table():
+    """A hook module that lists its own hooks (``HOOKS``) lists exactly the table's records of its feature."""
+    table = {(tp.id, tp.target, hooks.load_ref(tp.fn), tp.kind) for tp in hooks.points_of("lossless_verify")}
+    assert table == {(i, target, fn, kind.name) for i, target, fn, kind in lossless_verify.HOOKS}
+
+
 def test_upstream_doc_lists_the_same_touch_points():
     rows = _doc_rows()
     assert rows and all(len(r) == 5 for r in rows), [r for r in rows if len(r) != 5]
@@ -148,7 +154,7 @@ def test_without_speculation_only_the_report_and_backend_features_register(clean
     assert plan.disabled == {}
     assert {"seeded_sampling", "scheduler", "respec_ngram", "respec_eagle", "routes"} <= set(plan.off)
     ours = {tp.target for f in plan.enabled for tp in hooks.points_of(f) if tp.registered_here}
-    assert ours == {f"{hooks.SCHEDULER}.get_internal_state"}
+    assert ours == {f"{hooks.SCHEDULER}.get_internal_state", "sglang.srt.speculative.eagle_utils._verify_uses_greedy"}
     assert hooks.register_all(SpexConfig(enabled=False)) is plan  # idempotent per process
     assert len(HookRegistry._hooks[f"{hooks.SCHEDULER}.get_internal_state"]) == 1
 

@@ -54,6 +54,7 @@ SELF = "sglang_spex.srt.hooks"
 SCHED = "sglang_spex.srt.scheduling"
 PROTECT = "sglang_spex.srt.prefix_protection"
 SCHED_ADAPTER = "sglang_spex.adapters.scheduler"
+SPEC_ADAPTER = "sglang_spex.adapters.spec_workers"
 KERNEL_EXT = "sgl_kernel_ext.attention"
 
 
@@ -105,6 +106,7 @@ CONDITIONS: Mapping[str, Callable[[SpexConfig], bool]] = MappingProxyType(
 FEATURES: Tuple[Feature, ...] = (
     Feature("report", "always"),
     Feature("cpu_attention", "sgl-kernel-ext installed", f"{KERNEL_EXT}:register"),
+    Feature("lossless_verify", "always"),
     Feature("respec_ngram", "--respec-adaptive"),
     Feature("respec_report", "--respec-adaptive"),
     Feature("respec_eagle", "--respec-adaptive"),
@@ -145,6 +147,10 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("A4", f"{DRAFT_FACTORY}.create_draft_extend_backend", "AROUND", "cpu_attention",
        "draft extend with a plain spex_cpu backend",
        f"{KERNEL_EXT}.draft:h_create_draft_extend_backend", by=f"{KERNEL_EXT}.draft:register_draft_hooks"),
+    # ---- lossless_verify (always: a correctness fix; the hook acts only on CPU batches that are not all greedy)
+    _T("V1", "sglang.srt.speculative.eagle_utils._verify_uses_greedy", "AROUND", "lossless_verify",
+       "CPU speculative verify at temperature > 0 samples (rejection sampling) instead of committing the argmax",
+       "sglang_spex.srt.lossless_verify:v1_verify_uses_greedy"),
     # ---- respec_* (--respec-adaptive), independent of --tot-speculation
     _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
        "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",
@@ -162,11 +168,15 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "a plain step skips the draft extend; R4 replays it in one catch-up when speculation resumes",
        "sglang_spex.respec.eagle_policy:h_draft_extend"),
     _T("P1", "sglang.srt.speculative.eagle_utils.get_draft_recurrent_hidden_state_spec", "call", "respec_eagle",
-       "shape of the drafter's recurrent state rows the catch-up restores", by="sglang_spex.respec.eagle_catchup"),
+       "shape of the drafter's recurrent state rows the catch-up restores", by=SPEC_ADAPTER),
     _T("P2", "sglang.srt.managers.utils.GenerationBatchResult", "call", "respec_ngram",
-       "the plain step's result in the form SGLang's spec bookkeeping expects", by="sglang_spex.respec.ngram_plain"),
+       "the plain step's (and the catch-up's) result in the form SGLang's spec bookkeeping expects", by=SPEC_ADAPTER),
     _T("P3", "sglang.srt.speculative.ngram_info.NgramVerifyInput", "call", "respec_ngram",
-       "a verify that accepted only the bonus token, for the plain step", by="sglang_spex.respec.ngram_plain"),
+       "a verify that accepted only the bonus token, for the plain step", by=SPEC_ADAPTER),
+    _T("P7", "sglang.srt.speculative.eagle_info.EagleDraftInput", "call", "respec_eagle",
+       "the draft input the catch-up builds for SGLang's batched draft extend", by=SPEC_ADAPTER),
+    _T("P8", "sglang.srt.layers.logits_processor.LogitsProcessorOutput", "call", "respec_eagle",
+       "carries the captured target hidden states into the catch-up's draft extend", by=SPEC_ADAPTER),
     # ---- seeded_sampling (--tot-speculation)
     _T("H2", f"{SAMPLING_INFO}.from_schedule_batch", "AFTER", "seeded_sampling",
        "honour per-request sampling_seed: a node's sample depends on (seed, position), not on its batch",
