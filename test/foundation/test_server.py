@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+
 import requests
 
 PROMPTS = ["Step 1: add the numbers.", "Let us think step by step", "0 1 2 3"]
@@ -36,8 +38,6 @@ def test_plain_launcher_is_inert_and_identical(spex_server, plain_server):
 
 
 def test_sampling_seed_is_batch_independent(spex_server):
-    import concurrent.futures as cf
-
     def sample(seed):
         body = {
             "text": PROMPTS[1],

@@ -3,6 +3,8 @@ loop inside the SGLang server) and client-side (HttpPort), reproducibility, rewa
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from sglang_spex.tot.http_port import HttpPort
@@ -67,8 +69,6 @@ async def test_client_side_matches_server_side_and_batches(spex_server):
 
 
 def test_failing_reward_marks_node_failed_and_search_completes(spex_server):
-    import time
-
     def score(body):
         if body["path"].endswith(".1"):
             raise RuntimeError("reward model down")
