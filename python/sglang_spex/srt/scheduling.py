@@ -102,11 +102,6 @@ def state_of(scheduler: Any) -> SpexSchedulerState:
     return state
 
 
-def configure(budget: Optional[int], spec_priority: int) -> None:
-    """No-op kept for callers of the former process-wide state: each scheduler's state now reads the
-    ``SpexConfig`` once when :func:`state_of` creates it."""
-
-
 def _urgency(priority: Optional[int], low_first: bool) -> int:
     """Larger = more urgent, whichever direction the server uses."""
     if priority is None:
