@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+
+import torch
 
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.adaptive import Runtime, runnable_configs
 from sglang_spex.respec.drift import OnlineReprofiler
+from sglang_spex.respec.eagle_catchup import DraftLedger
 from sglang_spex.respec.eagle_policy import RespecStepPolicy, candidate_steps
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
 from sglang_spex.respec.solver import solve
@@ -112,12 +116,6 @@ def test_uniform_slowdown_refits_costs_but_keeps_the_plan():
 
 
 def test_draft_ledger_records_prunes_and_caps():
-    from types import SimpleNamespace
-
-    import torch
-
-    from sglang_spex.respec.eagle_catchup import DraftLedger
-
     ledger = DraftLedger(max_positions=3)
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
     for step in range(4):
@@ -126,9 +124,12 @@ def test_draft_ledger_records_prunes_and_caps():
             next_token_ids=torch.tensor([10 + step, 20 + step]), logits_output=SimpleNamespace(hidden_states=hidden)
         )
         ledger.record(batch, result)
+        hidden.fill_(-1.0)  # SGLang reuses its buffers: the ledger must hold its own copy
         if step == 1:
-            assert [t for t, _ in ledger.pending["a"]] == [10, 11] and ledger.pending["b"][1][1][0].item() == 1.0
-            assert ledger.pending["a"][0][1].device.type == "cpu"
+            assert [t for t, _ in ledger.entries("a")] == [10, 11] and ledger.entries("b")[1][1][0].item() == 1.0
+            assert ledger.entries("a")[0][1].device.type == "cpu"
+            ledger.keep_only(["a", "b"])
+            assert ledger.info()["pending_positions"] == 4
     assert ledger.info()["overflowed_requests"] == 2 and not ledger.pending  # past 3 positions: resume cold
     ledger.keep_only(["a"])
     assert ledger.lost == {"a"} and ledger.info()["skipped_positions"] == 8

@@ -1,37 +1,43 @@
-"""ReSpec Adaptive Server, online part: the scheduler process's runtime -- FSM, forced modes, per-request opt-out,
+"""ReSpec Adaptive Server, online part: the runtime of one spec worker -- FSM, forced modes, per-request opt-out,
 step clock, online re-profiling, counters -- shared by both speculative paths:
 
 * NGRAM: hook R1 runs a true plain decode step when the runtime says "no speculation" (:mod:`.ngram_plain`);
 * EAGLE / EAGLE3: the runtime is SGLang's ``AdaptiveSpecPolicy`` (hooks R3/R4, :mod:`.eagle_policy`), so SGLang's
   ``AdaptiveController`` switches among (s, t=1, n=s+1) runtime states and to steps=0 for "no speculation".
 
-A *state* is a profile config key (``NGRAM:s4t1n4``, ``EAGLE3:s3t1n4``), ``SPEC`` (forced on, no profile) or
-``None`` (plain decode). A request opts out with ``sampling_params.custom_params = {"respec": "off"}``: a decode
-batch holding one runs without speculation (the batch shares one forward, so its mates do too; counted).
+The runtime lives on the spec worker SGLang's scheduler drives (:func:`runtime_of`; the scheduler reaches it as
+``scheduler.draft_worker``), not in a module global. A *state* is a profile config key (``NGRAM:s4t1n4``,
+``EAGLE3:s3t1n4``), ``SPEC`` (forced on, no profile) or ``None`` (plain decode). A request opts out with
+``sampling_params.custom_params = {"respec": "off"}``: a decode batch holding one runs without speculation (the
+batch shares one forward, so its mates do too; counted).
 
-Configuration reaches the scheduler process in the environment variable ``SGLANG_SPEX_RESPEC`` (JSON, written
-by the launcher for ``--respec-*``); see :class:`~sglang_spex.config.RespecConfig`.
+Configuration: :meth:`~sglang_spex.config.RespecConfig.from_env` (the launcher's ``--respec-*`` flags).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Deque, List, Optional, Tuple
 
+from sglang_spex.adapters import spec_workers as sw
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.drift import OnlineReprofiler
 from sglang_spex.respec.fsm import AdaptiveFSM, Hysteresis, State
-from sglang_spex.respec.profiler import Profile, SpecConfig
+from sglang_spex.respec.profiler import PROFILE_DIR, Profile, SpecConfig, _slug
 from sglang_spex.respec.solver import Plan, solve
+from sglang_spex.srt.metrics import RespecMetrics
 
 logger = logging.getLogger(__name__)
 
 SPEC = "spec"  # FSM state used when no profile names configs (force modes)
+UNDECIDED = ""  # a hook's "no ReSpec decision for this batch" (SGLang's path runs, no step is recorded)
 OPT_OUT = {"respec": "off"}  # custom_params entry of a request that never speculates
 _MAX_STEP_GAP_S = 5.0  # a longer gap between decode steps is idle time, not a step
+_MAX_UNREAD = 4  # closed steps waiting for SGLang's host copy of their accept lengths (overlap: 1-2)
 
 
 def runnable_configs(profile: Profile, cfg: RespecConfig) -> List[str]:
@@ -63,8 +69,6 @@ def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
         return Path(cfg.profile)
     if not model_path:
         return None
-    from sglang_spex.respec.profiler import PROFILE_DIR, _slug
-
     found = sorted(PROFILE_DIR.glob(f"{_slug(model_path)}__*.json")) if PROFILE_DIR.exists() else []
     for path in found:
         if not cfg.algorithm or runnable_configs(Profile.load(path), cfg):
@@ -90,7 +94,13 @@ def load_plan(cfg: RespecConfig, model_path: str = "") -> Optional[Plan]:
 
 
 class Runtime:
-    """The scheduler process's FSM and switch bookkeeping (one per process, built on first use)."""
+    """One spec worker's FSM and switch bookkeeping (kept on the worker, see :func:`runtime_of`).
+
+    Step clock: a decode step lasts from its forward's start to the next forward's start (as the offline profile
+    measures a step, and the same under overlap scheduling, where forwards are launched back to back). Its
+    accept length is read from SGLang's own host copy of the result (``copy_to_cpu``) once that copy is done,
+    usually one or two steps later; a step is fed to online re-profiling then. No extra device sync is made.
+    """
 
     def __init__(self, cfg: RespecConfig, plan: Optional[Plan], profile: Optional[Profile] = None):
         self.cfg = cfg
@@ -100,16 +110,17 @@ class Runtime:
         self.reprofiler: Optional[OnlineReprofiler] = None
         if plan is not None and profile is not None and cfg.drift > 0:
             self.reprofiler = OnlineReprofiler(profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift)
+        self.ledger: Optional[Any] = None  # EAGLE plain mode: the drafter's DraftLedger (respec/eagle_catchup.py)
         self.decode_steps = 0
         self.plain_steps = 0
         self.spec_steps = 0
         self.opt_out_steps = 0
-        self.spec_tokens = 0.0  # sum over spec steps of mean tokens per sequence (accept length incl. bonus)
+        self.spec_tokens = 0.0  # sum over read spec steps of mean tokens per sequence (accept length incl. bonus)
+        self.read_spec_steps = 0  # spec steps whose accept length has been read
         self.accept_ewma: Optional[float] = None
         self.last_state: State = None
-        self._open: Optional[tuple] = None  # (start, state, batch, tokens per step) of the step in flight
-        from sglang_spex.srt.metrics import RespecMetrics
-
+        self._open: Optional[list] = None  # [start, state, batch, result] of the decode step in flight
+        self._unread: Deque[Tuple[State, int, Optional[float], Any]] = deque()  # (state, batch, step_s, result)
         self.metrics = RespecMetrics()
 
     @property
@@ -154,25 +165,43 @@ class Runtime:
             return 0
         return default if state == SPEC else SpecConfig.parse(state).num_steps
 
-    # --- step clock: wall time start-to-start, as the offline profile measures a step ---------------------
+    # --- step clock -----------------------------------------------------------------------------------------
     def begin_step(self, decode: bool) -> None:
-        """A forward is starting; closes the previous decode step (its wall time ends here)."""
+        """A forward is starting: closes the previous decode step (its wall time ends here), reads finished ones."""
         now = time.perf_counter()
         if self._open is not None:
-            start, state, batch, tps = self._open
-            if decode and now - start < _MAX_STEP_GAP_S:
-                self.record(state, batch, now - start, tps)
-        self._open = (now, None, 0, 0.0) if decode else None
+            start, state, batch, result = self._open
+            timed = decode and now - start < _MAX_STEP_GAP_S
+            self._unread.append((state, batch, now - start if timed else None, result))
+        self._open = [now, None, 0, None] if decode else None
+        self.read_finished()
 
-    def end_step(self, state: State, batch: int, tokens_per_step: float) -> None:
-        """The decode step begun last ran ``state`` on ``batch`` sequences and gained ``tokens_per_step`` each."""
+    def end_step(self, state: State, batch: int, result: Any) -> None:
+        """The decode step begun last ran ``state`` on ``batch`` sequences; ``result`` is its SGLang result."""
         if self._open is not None:
-            self._open = (self._open[0], state, batch, tokens_per_step)
-        if state is not None:
-            self.spec_tokens += tokens_per_step
-            a = self.accept_ewma
-            self.accept_ewma = tokens_per_step if a is None else 0.9 * a + 0.1 * tokens_per_step
-            self.metrics.accept(self.accept_ewma)
+            self._open[1:] = [state, batch, result]
+
+    def read_finished(self) -> None:
+        """Account every closed step whose accept lengths SGLang has copied to the host (oldest first)."""
+        while self._unread:
+            state, batch, step_s, result = self._unread[0]
+            tokens = 1.0
+            if state is not None:
+                lens = sw.host_accept_lens(result)
+                if lens is None:
+                    if len(self._unread) < _MAX_UNREAD:
+                        return  # SGLang's copy is still in flight (overlap): read it at a later step
+                    self._unread.popleft()  # no host copy came (not a sampled result): left out of the stats
+                    continue
+                tokens = float(lens.float().mean()) if lens.numel() else 1.0
+                self.spec_tokens += tokens
+                self.read_spec_steps += 1
+                a = self.accept_ewma
+                self.accept_ewma = tokens if a is None else 0.9 * a + 0.1 * tokens
+                self.metrics.accept(self.accept_ewma)
+            self._unread.popleft()
+            if step_s is not None:
+                self.record(state, batch, step_s, tokens)
 
     def record(self, state: State, batch: int, step_s: float, tokens_per_step: float) -> None:
         """One finished decode step: feeds online re-profiling; a refit re-plans the FSM."""
@@ -186,13 +215,14 @@ class Runtime:
             self.metrics.reprofile()
 
     def info(self) -> dict:
+        self.read_finished()
         out: dict = {
             "state": self.last_state or "none",
             "decode_steps": self.decode_steps,
             "plain_steps": self.plain_steps,
             "spec_steps": self.spec_steps,
             "opt_out_steps": self.opt_out_steps,
-            "mean_accept_length": self.spec_tokens / self.spec_steps if self.spec_steps else None,
+            "mean_accept_length": self.spec_tokens / self.read_spec_steps if self.read_spec_steps else None,
             "accept_length_ewma": self.accept_ewma,
         }
         out["config"] = asdict(self.cfg)
@@ -205,45 +235,42 @@ class Runtime:
         return out
 
 
-_runtime: Optional[Runtime] = None
+def new_runtime(model_path: str = "") -> Runtime:
+    """A runtime for this process's ReSpec config (``RespecConfig.from_env``) and its profile's plan."""
+    cfg = RespecConfig.from_env()
+    profile, plan = load_profile_and_plan(cfg, model_path)
+    return Runtime(cfg, plan, profile)
 
 
-def runtime(model_path: str = "") -> Runtime:
-    global _runtime
-    if _runtime is None:
-        cfg = RespecConfig.from_env()
-        profile, plan = load_profile_and_plan(cfg, model_path)
-        _runtime = Runtime(cfg, plan, profile)
-    return _runtime
+def runtime_of(worker: Any) -> Runtime:
+    """The ReSpec runtime of an SGLang spec worker (NGRAM or EAGLE V2), created on first use and kept on it."""
+    rt = sw.attached(worker, sw.RUNTIME_ATTR)
+    if rt is None:
+        rt = new_runtime(sw.model_path(worker))
+        sw.attach(worker, sw.RUNTIME_ATTR, rt)
+    return rt
 
 
 def opted_out(batch: Any) -> bool:
     """True if a request of the batch asked for no speculation (``custom_params={"respec": "off"}``)."""
     for req in batch.reqs:
-        params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-        if isinstance(params, dict) and params.get("respec") == OPT_OUT["respec"]:
+        params = sw.custom_params(req)
+        if params is not None and params.get("respec") == OPT_OUT["respec"]:
             return True
     return False
-
-
-def mean_accept(result: Any) -> float:
-    """Mean tokens per sequence of a decode result (accept length incl. the bonus token; 1 for plain decode)."""
-    lens = getattr(result, "accept_lens", None)
-    return float(lens.float().mean()) if lens is not None and lens.numel() else 1.0
 
 
 def h_report_state(result, scheduler, *args, **kwargs):
     """AFTER Scheduler.get_internal_state: FSM state, switch and step counts, KV pool figures."""
     try:
-        info = runtime().info()
-        from sglang_spex.respec.eagle_policy import _ledger
-
-        ledger = _ledger()
+        worker = sw.spec_worker(scheduler)
+        rt = runtime_of(worker) if worker is not None else None
+        info = rt.info() if rt is not None else {}
         running = len(scheduler.running_batch.reqs) if scheduler.running_batch is not None else 0
-        if ledger is not None:
+        if rt is not None and rt.ledger is not None:
             if not running:
-                ledger.keep_only([])  # the requests of the last decode step have finished
-            info["drafter_ledger"] = ledger.info()
+                rt.ledger.keep_only([])  # the requests of the last decode step have finished
+            info["drafter_ledger"] = rt.ledger.info()
         info["pool"] = {
             "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
             "kv_evictable": int(scheduler.tree_cache.evictable_size()),

@@ -7,52 +7,69 @@ Instead a :class:`DraftLedger` keeps, per request, what the skipped extend would
 and the target's captured hidden state of each plain position. The drafter's state rows of the batch are zeroed
 stand-ins (as SGLang's own ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` stubs them).
 
+The ledger copies each plain step's tokens and hidden states to host memory without waiting for them (pinned
+memory, ``non_blocking``, an event recorded behind the copy, as SGLang's ``copy_to_cpu`` does), so a plain step
+makes no device sync -- under the overlap scheduler the next batch is already being prepared. The copies are
+waited for only when a catch-up needs them.
+
 When a decode batch speculates again, :func:`catch_up` replays the ledger through the drafter's own
 ``_draft_extend_for_decode`` (SGLang's batched draft extend over ``n`` = num_draft_tokens positions per request)
 in windows of ``n`` positions, writing the drafter's KV at the skipped positions and restoring each request's
 draft state (top-k, hidden) from its last window: the drafter then proposes from the same state as if it had
 run all along, and requests that finished while speculation was off never cost the drafter anything -- in an RL
-rollout, most of them. Rows of requests with fewer windows write only SGLang's padding slot 0. The ledger lives
-in host memory (one copy of the step's hidden states per plain step) and holds at most ``max_positions`` per
-request; a request past that drops its ledger and resumes cold (its drafter KV keeps holes; counted).
+rollout, most of them. Rows of requests with fewer windows write only SGLang's padding slot 0. The ledger holds
+at most ``max_positions`` per request; a request past that drops its ledger and resumes cold (its drafter KV
+keeps holes; counted). All SGLang internals go through :mod:`sglang_spex.adapters.spec_workers`.
 """
 
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import torch
 
+from sglang_spex.adapters import spec_workers as sw
+
 logger = logging.getLogger(__name__)
 
-_BATCH_FIELDS = (
-    "seq_lens",
-    "seq_lens_cpu",
-    "seq_lens_sum",
-    "orig_seq_lens",
-    "out_cache_loc",
-    "input_ids",
-    "spec_info",
-    "forward_mode",
-    "prefix_lens",
-    "extend_lens",
-    "extend_num_tokens",
-)
+
+@dataclass
+class _PlainStep:
+    """One plain step's outputs on their way to host memory (row i = request i of that step's batch)."""
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    done: Any  # an event recorded after the copies (None: already on the host)
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` that does not wait for the device (pinned + non_blocking off CPU)."""
+    if t.device.type == "cpu":
+        return t.detach().clone()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t.detach(), non_blocking=True)
+    return out
 
 
 class DraftLedger:
     """(next token, target hidden state) of every plain position the drafter has not seen, per request id."""
 
     def __init__(self, max_positions: int = 4096) -> None:
-        self.pending: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+        self.pending: Dict[str, List[Tuple[int, int]]] = {}  # rid -> [(step id, row)] in position order
         self.max_positions = max_positions  # per request; past it the request resumes cold (counted in `lost`)
         self.lost: set = set()  # requests whose ledger overflowed: no catch-up, the drafter resumes cold
-        self.plain_step = False  # R5 skips the draft extend while True (set by R4 around a plain step)
         self.skipped = 0  # draft-extend positions never run (requests finished while off, or still pending)
         self.replayed = 0  # positions replayed by catch-up
         self.catch_ups = 0
+        self._steps: Dict[int, _PlainStep] = {}
+        self._next_id = 0
 
     def keep_only(self, rids: List[str]) -> None:
         """Forget requests no longer in the batch (finished, or retracted: a re-prefill resyncs the drafter)."""
@@ -60,21 +77,47 @@ class DraftLedger:
         for rid in [r for r in self.pending if r not in live]:
             del self.pending[rid]
         self.lost &= live
+        self._drop_unreferenced()
 
     def record(self, batch: Any, result: Any) -> None:
-        """A plain step's output: one (token, hidden) per request, in batch order."""
-        tokens = result.next_token_ids.tolist()
-        host = result.logits_output.hidden_states.detach().to("cpu", copy=True)  # off the accelerator: one copy
-        for i, req in enumerate(batch.reqs):
-            if req.rid in self.lost:
+        """A plain step's output: one (token, hidden) per request, in batch order (copied to host, not waited)."""
+        tokens, hidden = sw.plain_step_outputs(result)
+        step_id, self._next_id = self._next_id, self._next_id + 1
+        step = _PlainStep(_to_host(tokens), _to_host(hidden), None)
+        if tokens.device.type != "cpu":
+            step.done = torch.get_device_module(tokens.device).Event()
+            step.done.record()
+        self._steps[step_id] = step
+        for i, rid in enumerate(sw.rids(batch)):
+            if rid in self.lost:
                 continue
-            entries = self.pending.setdefault(req.rid, [])
+            entries = self.pending.setdefault(rid, [])
             if len(entries) >= self.max_positions:
-                del self.pending[req.rid]
-                self.lost.add(req.rid)
+                del self.pending[rid]
+                self.lost.add(rid)
                 continue
-            entries.append((int(tokens[i]), host[i]))
+            entries.append((step_id, i))
         self.skipped += len(batch.reqs)
+        self._drop_unreferenced()
+
+    def entries(self, rid: str) -> List[Tuple[int, torch.Tensor]]:
+        """(token, host hidden row) of each pending position of ``rid``, oldest first (waits for their copies)."""
+        out = []
+        for step_id, row in self.pending.get(rid, []):
+            step = self._steps[step_id]
+            step.wait()
+            out.append((int(step.tokens[row]), step.hidden[row]))
+        return out
+
+    def pop(self, rids: List[str]) -> None:
+        for rid in rids:
+            self.pending.pop(rid, None)
+        self._drop_unreferenced()
+
+    def _drop_unreferenced(self) -> None:
+        used = {s for entries in self.pending.values() for s, _ in entries}
+        for step_id in [s for s in self._steps if s not in used]:
+            del self._steps[step_id]
 
     def info(self) -> dict:
         return {
@@ -86,85 +129,55 @@ class DraftLedger:
         }
 
 
-def stub_draft_state(draft_worker: Any, result: Any, bs: int) -> None:
-    """Zero stand-ins for the draft state a skipped extend would have produced (never read before a catch-up)."""
-    from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
+_Window = Tuple[List[int], List[int], List[int], torch.Tensor, torch.Tensor, List[int]]
 
-    nxt = result.next_draft_input
-    topk = draft_worker.topk
-    device = result.next_token_ids.device
-    nxt.topk_p = torch.zeros((bs, topk), dtype=torch.float32, device=device)
-    nxt.topk_index = torch.zeros((bs, topk), dtype=torch.int64, device=device)
-    size, dtype = get_draft_recurrent_hidden_state_spec(draft_worker.draft_runner)
-    if size is not None:
-        nxt.hidden_states = torch.zeros((bs, size), dtype=dtype, device=device)
+
+def _window(pend: List[List[Tuple[int, torch.Tensor]]], committed: List[int], r: int, n: int) -> _Window:
+    """Round ``r`` on the host: (start positions, accept counts (1 for an idle row), positions to write (0 for an
+    idle row), tokens [bs*n], hidden [bs*n, H], rows whose last window it is)."""
+    first = next(p[0][1] for p in pend if p)
+    bs = len(pend)
+    starts, accept, valid, last = [0] * bs, [1] * bs, [0] * bs, []
+    tokens = torch.zeros(bs * n, dtype=torch.int64)
+    hidden = torch.zeros(bs * n, first.shape[-1], dtype=first.dtype)
+    for i, p in enumerate(pend):
+        chunk = p[r * n : (r + 1) * n]
+        if not chunk:
+            continue
+        c = len(chunk)
+        starts[i], accept[i], valid[i] = committed[i] - len(p) + r * n, c, c
+        tokens[i * n : i * n + c] = torch.tensor([t for t, _ in chunk])
+        hidden[i * n : i * n + c] = torch.stack([h for _, h in chunk])
+        if (r + 1) * n >= len(p):
+            last.append(i)
+    return starts, accept, valid, tokens, hidden, last
 
 
 def catch_up(worker: Any, batch: Any, ledger: DraftLedger) -> int:
     """Replay the ledger of the batch's requests through the drafter (see module doc); positions replayed."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    rids = [r.rid for r in batch.reqs]
-    pend = [ledger.pending.get(rid, []) for rid in rids]
+    rids = sw.rids(batch)
+    pend = [ledger.entries(rid) for rid in rids]
     total = sum(len(p) for p in pend)
     if not total:
         return 0
-    dw = worker.draft_worker
-    n = int(worker.speculative_num_draft_tokens)
-    bs, device = len(rids), batch.seq_lens.device
-    committed = batch.seq_lens.tolist()
+    dw = sw.eagle_draft_worker(worker)
+    n = sw.eagle_width(worker)
+    device = batch.seq_lens.device
+    committed = sw.committed_lens(batch)
     info = batch.spec_info  # EagleDraftInput: rows in batch order
-    rows = [info.topk_p.clone(), info.topk_index.clone(), info.hidden_states.clone()]
-    width = next(p[0][1] for p in pend if p).shape[-1]
-    hdtype = next(p[0][1] for p in pend if p).dtype
-    r2t = batch.req_to_token_pool.req_to_token
-    pool = batch.req_pool_indices.tolist()
-    saved = {f: getattr(batch, f, None) for f in _BATCH_FIELDS}
+    rows = sw.draft_state_rows(info)
     rounds = max((len(p) + n - 1) // n for p in pend)
-    try:
+    with sw.batch_restored(batch):
         for r in range(rounds):
-            starts, accept = [0] * bs, [1] * bs
-            tokens = torch.zeros(bs * n, dtype=torch.int64, device=device)
-            hidden = torch.zeros(bs * n, width, dtype=hdtype, device=device)
-            loc = torch.zeros(bs * n, dtype=torch.int64, device=device)  # slot 0: SGLang's padding slot
-            last: List[int] = []
-            for i, p in enumerate(pend):
-                chunk = p[r * n : (r + 1) * n]
-                if not chunk:
-                    continue
-                c, start = len(chunk), committed[i] - len(p) + r * n
-                starts[i], accept[i] = start, c
-                tokens[i * n : i * n + c] = torch.tensor([t for t, _ in chunk], device=device)
-                hidden[i * n : i * n + c] = torch.stack([h for _, h in chunk]).to(device)
-                loc[i * n : i * n + c] = r2t[pool[i], start : start + c].to(torch.int64)
-                if (r + 1) * n >= len(p):
-                    last.append(i)
-            seq = torch.tensor(starts, dtype=saved["seq_lens"].dtype, device=device)
-            batch.seq_lens = seq
-            batch.orig_seq_lens = seq.to(saved["orig_seq_lens"].dtype) if saved["orig_seq_lens"] is not None else None
-            if saved["seq_lens_cpu"] is not None:
-                batch.seq_lens_cpu = seq.cpu().to(saved["seq_lens_cpu"].dtype)
-            batch.seq_lens_sum = int(sum(starts))
-            batch.out_cache_loc = loc
-            batch.forward_mode = ForwardMode.DECODE
-            out = SimpleNamespace()
-            result = SimpleNamespace(
-                prepared_draft_extend_inputs=None,
-                accept_lens=torch.tensor(accept, dtype=torch.int32, device=device),
-                next_token_ids=tokens,
-                logits_output=SimpleNamespace(hidden_states=hidden),
-                next_draft_input=out,
-                new_seq_lens=seq + torch.tensor(accept, dtype=seq.dtype, device=device),
-            )
-            dw._draft_extend_for_decode(batch, result)
-            for i in last:
-                rows[0][i], rows[1][i], rows[2][i] = out.topk_p[i], out.topk_index[i], out.hidden_states[i]
-    finally:
-        for f, v in saved.items():
-            setattr(batch, f, v)
-    info.topk_p, info.topk_index, info.hidden_states = rows
-    for rid in rids:
-        ledger.pending.pop(rid, None)
+            starts, accept, valid, tokens, hidden, last = _window(pend, committed, r, n)
+            seq_cpu = torch.tensor(starts, dtype=torch.int64)
+            seq = seq_cpu.to(device=device, dtype=batch.seq_lens.dtype)
+            counts = torch.tensor(accept, dtype=torch.int32).to(device)
+            sw.point_at_window(batch, seq, seq_cpu, torch.tensor(valid).to(device), n)
+            out = sw.replay_draft_extend(dw, batch, tokens.to(device), hidden.to(device), counts, seq)
+            sw.copy_rows(rows, out, last)
+    sw.set_draft_state_rows(info, rows)
+    ledger.pop(rids)
     ledger.replayed += total
     ledger.skipped -= total
     ledger.catch_ups += 1

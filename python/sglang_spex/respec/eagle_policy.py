@@ -27,16 +27,10 @@ import json
 import logging
 from typing import Any, Iterable, List, Optional, Sequence
 
+from sglang_spex.adapters import spec_workers as sw
 from sglang_spex.config import RespecConfig, flag_value
-from sglang_spex.respec.adaptive import (
-    Runtime,
-    load_profile_and_plan,
-    mean_accept,
-    opted_out,
-    runtime,
-    switchable_configs,
-)
-from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up, stub_draft_state
+from sglang_spex.respec.adaptive import Runtime, load_profile_and_plan, opted_out, runtime_of, switchable_configs
+from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up
 from sglang_spex.respec.fsm import State
 from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
 
@@ -103,57 +97,61 @@ class RespecStepPolicy:
 
 
 def h_controller_init(result, controller, *args, **kwargs):
-    """AFTER AdaptiveController.__init__ (R3): our policy replaces SGLang's acceptance-EMA policy."""
-    worker = controller.worker
-    model_path = getattr(getattr(worker, "server_args", None), "model_path", "") or ""
-    global _policy
-    _policy = RespecStepPolicy(runtime(model_path), int(worker.speculative_num_steps), controller.params)
-    controller.params = _policy
-    logger.info("respec: EAGLE adaptive policy, candidate steps %s", controller.params.candidate_steps)
+    """AFTER AdaptiveController.__init__ (R3): our policy replaces SGLang's acceptance-EMA policy.
+
+    The policy (and its drafter ledger) lives on SGLang's controller, the runtime on the worker (:func:`runtime_of`).
+    """
+    worker = sw.controller_worker(controller)
+    rt = runtime_of(worker)
+    policy = RespecStepPolicy(rt, sw.server_steps(worker), sw.controller_policy(controller))
+    rt.ledger = policy.ledger
+    sw.set_step_policy(controller, policy)
+    logger.info("respec: EAGLE adaptive policy, candidate steps %s", policy.candidate_steps)
     return result
 
 
 def h_eagle_forward(original, worker, batch, *args, **kwargs):
-    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): state, catch-up and plain-step marking, step clock."""
-    policy = getattr(getattr(worker, "adaptive_controller", None), "params", None)
+    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): state, catch-up and plain-step marking, step clock.
+
+    A plain step hands the ledger to R5 on the draft worker for the duration of the forward. Under overlap
+    scheduling nothing here waits for the device: the catch-up reads the ledger's host copies (waited for only
+    then), and the step's accept length is read later from SGLang's own host copy (:class:`Runtime`).
+    """
+    policy = sw.step_policy(worker)
     if not isinstance(policy, RespecStepPolicy):
         return original(worker, batch, *args, **kwargs)
-    decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch) and not batch.forward_mode.is_idle()
+    decode = sw.is_decode(batch)
     ledger, bs = policy.ledger, len(batch.reqs)
+    plain = False
     if decode:
         try:
             policy.rt.begin_step(True)
             state = policy.decide(bs, opted_out(batch))
-            ledger.keep_only([r.rid for r in batch.reqs])
+            ledger.keep_only(sw.rids(batch))
             if state is not None and ledger.pending:
-                worker.activate_step_by_batch(bs)  # the window of the state about to run
+                sw.activate_state(worker, bs)  # the window of the state about to run
                 catch_up(worker, batch, ledger)
-            ledger.plain_step = state is None and policy.rt.cfg.eagle_off == "plain"
+            plain = state is None and policy.rt.cfg.eagle_off == "plain"
         except Exception:
             logger.exception("respec: step bookkeeping failed")
     else:
         policy.rt.begin_step(False)
+    draft_worker = sw.eagle_draft_worker(worker)
+    sw.attach(draft_worker, sw.LEDGER_ATTR, ledger if plain else None)
     try:
         result = original(worker, batch, *args, **kwargs)
     finally:
-        ledger.plain_step = False
+        sw.attach(draft_worker, sw.LEDGER_ATTR, None)
     if decode:
-        policy.rt.end_step(policy.state, bs, mean_accept(result))
+        policy.rt.end_step(policy.state, bs, result)
     return result
 
 
 def h_draft_extend(original, draft_worker, batch, batch_result, *args, **kwargs):
     """AROUND EagleDraftWorker._draft_extend_for_decode (R5): skipped in a plain step, its inputs kept for later."""
-    ledger = _ledger()
-    if ledger is None or not ledger.plain_step:
+    ledger = sw.attached(draft_worker, sw.LEDGER_ATTR)
+    if ledger is None:
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     ledger.record(batch, batch_result)
-    stub_draft_state(draft_worker, batch_result, len(batch.reqs))
+    sw.stub_draft_state(draft_worker, batch_result, len(batch.reqs))
     return None
-
-
-_policy: Optional[RespecStepPolicy] = None
-
-
-def _ledger() -> Optional[DraftLedger]:
-    return _policy.ledger if _policy is not None else None
