@@ -1,0 +1,235 @@
+"""Speculative decoding on CPU is lossless at temperature 1 (hook V1), on real SGLang servers.
+
+Model: the tiny random Llama with its ``lm_head`` scaled by ``LM_HEAD_SCALE`` (its raw logits are almost flat,
+so every distribution would look alike), served in float32. For one prompt, ``N`` requests per population
+(T=1; T=1 with top_p=0.8) are sent in one batch, with a few greedy requests mixed in. The first ``K`` generated
+tokens of each population are compared between no speculation and each speculative algorithm by a chi-square
+test of homogeneity (2 x cells, cells with fewer than ``MIN_CELL`` samples in both arms together pooled into
+one), at ``ALPHA``. The test of the test builds today's behaviour (SGLang's CPU verify commits the target's
+argmax: the first token is sampled at prefill, every later one is the greedy continuation) from the
+no-speculation server itself, and the same statistic must reject it; ``test_power_against_argmax_collapse``
+simulates the test on the model's exact distribution (transformers) to bound its power and size.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import pytest
+import requests
+import torch
+from safetensors.torch import load_file, save_file
+from scipy import stats
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from sglang_spex.serve import ServerProcess
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "kernel_ext"))  # eagle3_head helper
+
+PROMPT = "a b c a b c a b c a b c"
+N = 300  # samples per population and arm
+K = 3  # generated tokens compared
+MIN_CELL = 10
+ALPHA = 1e-4
+LM_HEAD_SCALE = 20.0
+GREEDY_PROMPTS = ["a b c a b c", "Step 1: add the numbers.", "the answer is 4 2"]
+POPULATIONS = {"t1": {"temperature": 1.0}, "t1_top_p": {"temperature": 1.0, "top_p": 0.8}}
+SERVER = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
+
+Sample = Tuple[int, ...]
+
+
+def homogeneity_pvalue(a: Sequence[Sample], b: Sequence[Sample], min_cell: int = MIN_CELL) -> float:
+    """Chi-square homogeneity p-value of two samples of token tuples (rare cells pooled into one)."""
+    ca, cb = Counter(a), Counter(b)
+    cells = sorted(c for c in set(ca) | set(cb) if ca[c] + cb[c] >= min_cell)
+    rows = [[cnt[c] for c in cells] + [len(s) - sum(cnt[c] for c in cells)] for cnt, s in ((ca, a), (cb, b))]
+    table = np.array(rows)
+    table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 1.0
+    return float(stats.chi2_contingency(table).pvalue)
+
+
+def _scaled_model(src: Path, out: Path) -> Path:
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    weights = load_file(str(src / "model.safetensors"))
+    weights["lm_head.weight"] = (weights["lm_head.weight"].float() * LM_HEAD_SCALE).to(torch.bfloat16)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def peaked_model(tiny_model, tmp_path_factory) -> str:
+    return str(_scaled_model(Path(tiny_model), tmp_path_factory.mktemp("tiny-peaked")))
+
+
+def _generate(url: str, texts: List, params: List[dict], key: str = "text") -> List[dict]:
+    payload = {key: texts, "sampling_params": params}
+    r = requests.post(url + "/generate", json=payload, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def collect(url: str) -> Dict[str, object]:
+    """One batch: N requests per population plus the greedy prompts; samples, greedy ids and meta_info."""
+    texts, params = [], []
+    for pop in POPULATIONS.values():
+        texts += [PROMPT] * N
+        params += [{**pop, "max_new_tokens": K, "ignore_eos": True}] * N
+    texts += GREEDY_PROMPTS
+    params += [{"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}] * len(GREEDY_PROMPTS)
+    out = _generate(url, texts, params)
+    result: Dict[str, object] = {"meta": [o["meta_info"] for o in out]}
+    for i, name in enumerate(POPULATIONS):
+        result[name] = [tuple(o["output_ids"]) for o in out[i * N : (i + 1) * N]]
+    result["greedy"] = [o["output_ids"] for o in out[len(POPULATIONS) * N :]]
+    return result
+
+
+def argmax_collapsed(url: str, prompt_ids: List[int], pop: dict) -> List[Sample]:
+    """Today's CPU speculative output: first token sampled, the rest the greedy continuation of it."""
+    first = _generate(url, [PROMPT] * N, [{**pop, "max_new_tokens": 1, "ignore_eos": True}] * N)
+    starts = [prompt_ids + o["output_ids"] for o in first]
+    greedy = {"temperature": 0, "max_new_tokens": K - 1, "ignore_eos": True}
+    rest = _generate(url, starts, [greedy] * N, key="input_ids")
+    return [tuple(f["output_ids"] + r["output_ids"]) for f, r in zip(first, rest)]
+
+
+@pytest.fixture(scope="module")
+def baseline(peaked_model) -> Dict[str, object]:
+    with ServerProcess([*SERVER, "--model-path", peaked_model]) as srv:
+        data = collect(srv.url)
+        prompt_ids = AutoTokenizer.from_pretrained(peaked_model)(PROMPT).input_ids
+        data["collapsed"] = {name: argmax_collapsed(srv.url, prompt_ids, pop) for name, pop in POPULATIONS.items()}
+        data["independent"] = collect(srv.url)  # a second no-speculation sample (the test's size, on the server)
+    return data
+
+
+def _spec_args(algo: str, model: str, head_dir: Path) -> List[str]:
+    from eagle3_head import make_random_eagle3_head
+
+    tree = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
+    if algo == "ngram":
+        return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
+    if algo == "standalone_tree":
+        return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", model, *tree]
+    head = str(make_random_eagle3_head(Path(model), head_dir))
+    if algo == "eagle3_tree":
+        return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head, *tree]
+    chain = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head, *chain]
+
+
+ALGORITHMS = ["ngram", "eagle3_chain", "eagle3_tree", "standalone_tree"]
+
+
+@pytest.fixture(scope="module", params=ALGORITHMS)
+def speculative(request, peaked_model, tmp_path_factory) -> Dict[str, object]:
+    args = _spec_args(request.param, peaked_model, tmp_path_factory.mktemp(f"eagle3-{request.param}"))
+    with ServerProcess([*SERVER, "--model-path", peaked_model, *args]) as srv:
+        data = collect(srv.url)
+    data["algo"] = request.param
+    return data
+
+
+def _distinct(samples: Sequence[Sample]) -> int:
+    return len(set(samples))
+
+
+@pytest.mark.parametrize("population", list(POPULATIONS))
+def test_speculative_distribution_equals_no_speculation(baseline, speculative, population):
+    meta = speculative["meta"]
+    assert all(m["spec_verify_ct"] > 0 for m in meta[:N])  # the samples did go through verify
+    assert max(m["spec_accept_length"] for m in meta) > 1.0  # and drafts were accepted somewhere
+    p = homogeneity_pvalue(baseline[population], speculative[population])
+    print(
+        f"{speculative['algo']}/{population}: p={p:.3g} distinct {_distinct(speculative[population])}"
+        f" vs {_distinct(baseline[population])} without speculation"
+    )
+    assert p > ALPHA
+
+
+def test_greedy_requests_in_a_sampling_batch_stay_exact(baseline, speculative):
+    assert speculative["greedy"] == baseline["greedy"]
+
+
+@pytest.mark.parametrize("population", list(POPULATIONS))
+def test_test_rejects_argmax_collapse(baseline, population):
+    """Test of the test on the server's own data: today's argmax verify fails, a fresh no-spec sample passes."""
+    collapsed = baseline["collapsed"][population]
+    p_collapsed = homogeneity_pvalue(baseline[population], collapsed)
+    p_same = homogeneity_pvalue(baseline[population], baseline["independent"][population])
+    print(
+        f"{population}: collapsed p={p_collapsed:.3g} (distinct {_distinct(collapsed)}), no-spec twice p={p_same:.3g}"
+    )
+    assert p_collapsed < ALPHA
+    assert p_same > ALPHA
+
+
+def _filtered(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """T=1 probabilities after SGLang's top-p rule (mass strictly before a kept token <= top_p)."""
+    probs = torch.softmax(logits.float(), -1)
+    values, order = probs.sort(dim=-1, descending=True, stable=True)
+    values[(values.cumsum(-1) - values) > top_p] = 0
+    probs = torch.zeros_like(probs).scatter_(-1, order, values)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def exact_distributions(model_dir: str, top_p: float, floor: float = 1e-3):
+    """(categories, true probs, argmax-collapsed probs) of the first K=3 tokens, from transformers.
+
+    Exact except that (t1, t2) pairs below ``floor`` are merged into one category (the test pools such rare
+    tuples into one cell anyway).
+    """
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    ids = tok(PROMPT, return_tensors="pt").input_ids[0].tolist()
+
+    def next_probs(prefixes: List[List[int]]) -> torch.Tensor:
+        with torch.no_grad():
+            return _filtered(model(torch.tensor([ids + p for p in prefixes])).logits[:, -1], top_p)
+
+    p1 = next_probs([[]])[0]
+    vocab = p1.numel()
+    p2 = next_probs([[t] for t in range(vocab)])  # [t1, t2]
+    joint2 = p1[:, None] * p2
+    pairs = [tuple(x) for x in (joint2 >= floor).nonzero().tolist()]
+    p3 = next_probs([list(x) for x in pairs])
+    true: Dict[Sample, float] = {}
+    for (t1, t2), row in zip(pairs, p3):
+        for t3 in row.nonzero()[:, 0].tolist():
+            true[(t1, t2, t3)] = float(joint2[t1, t2] * row[t3])
+    true[(-1, -1, -1)] = max(0.0, 1.0 - sum(true.values()))
+    a1 = p2.argmax(-1)  # greedy t2 after each t1; collapsed only where p1 > 0
+    firsts = p1.nonzero()[:, 0].tolist()
+    a2 = next_probs([[t, int(a1[t])] for t in firsts]).argmax(-1)
+    collapsed = {(t, int(a1[t]), int(b)): float(p1[t]) for t, b in zip(firsts, a2.tolist())}
+    cats = sorted(set(true) | set(collapsed))
+    return cats, np.array([true.get(c, 0.0) for c in cats]), np.array([collapsed.get(c, 0.0) for c in cats])
+
+
+POWER_REPLICATES = 500
+
+
+@pytest.mark.parametrize("population", list(POPULATIONS))
+def test_power_against_argmax_collapse(peaked_model, population):
+    """Simulated on the model's exact distribution: the test rejects argmax collapse in every replicate."""
+    cats, true, collapsed = exact_distributions(peaked_model, POPULATIONS[population].get("top_p", 1.0))
+    rng = np.random.default_rng(0)
+
+    def draw(probs: np.ndarray) -> List[Sample]:
+        return [cats[i] for i in rng.choice(len(cats), size=N, p=probs / probs.sum())]
+
+    size = np.mean([homogeneity_pvalue(draw(true), draw(true)) < ALPHA for _ in range(POWER_REPLICATES)])
+    power = np.mean([homogeneity_pvalue(draw(true), draw(collapsed)) < ALPHA for _ in range(POWER_REPLICATES)])
+    print(f"{population}: simulated size {size:.4f}, power {power:.4f} over {POWER_REPLICATES} replicates")
+    assert power == 1.0  # 500/500 rejections: power >= 0.994 at 95 % confidence
+    assert size <= 0.01
