@@ -44,8 +44,8 @@ from typing import (
 ENV_VAR = "SGLANG_SPEX_CONFIG"
 CACHE_ENV_VAR = "SPEX_CACHE_DIR"
 FORCE_CPU_ENV_VAR = "SPEX_FORCE_CPU"
-# Legacy: the learner spec alone. Read by respec/routes.py and srt/routes.py until they use load().learner; the
-# launcher still exports it for them. Remove it (and its export) once they do.
+# Legacy: the learner spec alone, set directly by a few tests/benchmarks; the launcher folds it into the config.
+# Remove it once they pass --respec-learner instead.
 LEARNER_ENV_VAR = "SPEX_RESPEC"
 
 
@@ -59,7 +59,7 @@ ENV_VARS: Tuple[EnvVar, ...] = (
     EnvVar(ENV_VAR, "unset (all defaults)", "the PluginConfig as JSON; written by the launcher, read by load()"),
     EnvVar(CACHE_ENV_VAR, "~/.cache/sglang-spex", "root of the model and profile caches (cache_dir())"),
     EnvVar(FORCE_CPU_ENV_VAR, "unset", "1: the launcher treats the machine as having no GPU (CPU defaults)"),
-    EnvVar(LEARNER_ENV_VAR, "unset", "legacy learner spec JSON; superseded by the learner field of the config"),
+    EnvVar(LEARNER_ENV_VAR, "unset", "legacy: a learner spec the launcher folds into the config (--respec-learner)"),
 )
 
 

@@ -10,7 +10,6 @@ they inherit.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -111,7 +110,10 @@ def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List
 
 
 def _legacy_learner(cfg: PluginConfig) -> PluginConfig:
-    """A learner spec set directly in the legacy variable (no ``--respec-learner``) joins the config."""
+    """A learner spec set directly in the legacy variable (no ``--respec-learner``) joins the config.
+
+    Kept while test/respec/test_grpo.py, benchmark/bench_respec_learner.py and examples/grpo_rollouts.py pass the
+    spec that way; remove it (and ``LEARNER_ENV_VAR``) once they pass ``--respec-learner SPEC`` instead."""
     text = os.environ.get(LEARNER_ENV_VAR)
     if cfg.learner is not None or not text:
         return cfg
@@ -137,8 +139,6 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     cfg = _legacy_learner(cfg)
     cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
     export(cfg)
-    if cfg.learner is not None:  # legacy: respec/routes.py reads the learner spec from its own variable
-        os.environ[LEARNER_ENV_VAR] = json.dumps(cfg.learner.to_dict())
     if not gpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)

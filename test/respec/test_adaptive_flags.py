@@ -125,8 +125,7 @@ def test_learner_flags(tmp_path, clean_env):
         ["--model-path", "m", "--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-learner-mode", "sync"]
     )
     assert (load().learner.drafter, load().learner.target, load().learner.learner.mode) == ("d", "t", "sync")
-    legacy = json.loads(os.environ[LEARNER_ENV_VAR])  # still exported for respec/routes.py
-    assert (legacy["drafter"], legacy["target"], legacy["learner"]["mode"]) == ("d", "t", "sync")
+    assert LEARNER_ENV_VAR not in os.environ  # the learner travels in the one config only
 
 
 def test_legacy_learner_variable_joins_the_config(clean_env):
