@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_spex.config import SpexConfig
+from sglang_spex.config import load
 from sglang_spex.srt import hooks
 
 logger = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 def register() -> None:
     """Register this process's features (SGLang's plugin entry point)."""
-    cfg = SpexConfig.from_env()
+    cfg = load().spex
     plan = hooks.register_all(cfg)
     logger.info("sglang-spex plugin registered (speculation=%s, features=%s, disabled=%s)", cfg.enabled,
                 plan.enabled, sorted(plan.disabled))  # fmt: skip

@@ -18,6 +18,7 @@ import sglang
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.plugins.hook_registry import HookRegistry
 
+from sglang_spex import config
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt import hooks, lossless_verify
 
@@ -168,3 +169,18 @@ def test_spex_info_lists_the_hooks_applied_in_the_scheduler(spex_server):
     expected = {tp.id for f in ("report", "seeded_sampling", "scheduler") for tp in hooks.points_of(f)}
     assert expected <= applied, expected - applied
     assert "routes" in report["off"]  # the scheduler process serves no HTTP
+
+
+def test_respec_features_register_under_respec_adaptive(monkeypatch, clean_registry):
+    cfg = config.PluginConfig(respec=config.RespecConfig(enabled=True, algorithm="NGRAM"))
+    monkeypatch.setenv(config.ENV_VAR, cfg.to_json())
+    config.reset()
+    try:
+        plan = hooks.register_all(cfg.spex)
+    finally:
+        monkeypatch.delenv(config.ENV_VAR)
+        config.reset()
+    assert {"respec_ngram", "respec_report", "respec_eagle"} <= set(plan.enabled) and plan.disabled == {}
+    for tp in hooks.points_of("respec_ngram") + hooks.points_of("respec_report") + hooks.points_of("respec_eagle"):
+        if tp.is_hook:
+            assert any(h == plan.fns[tp.id] for _, h, _ in HookRegistry._hooks[tp.target]), tp

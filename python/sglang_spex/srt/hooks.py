@@ -30,7 +30,7 @@ import sglang
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_spex import __version__
-from sglang_spex.config import RespecConfig, SpexConfig
+from sglang_spex.config import SpexConfig, load
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Feature:
 
 
 def _respec_on(cfg: SpexConfig) -> bool:
-    return RespecConfig.from_env().enabled
+    return load().respec.enabled
 
 
 CONDITIONS: Mapping[str, Callable[[SpexConfig], bool]] = MappingProxyType(
@@ -357,10 +357,9 @@ class HookPlan:
                      feature.name, sglang.__version__, reason)  # fmt: skip
 
     def setup_scheduler(self) -> None:
-        """Scheduler feature: IPC type, stats channel (fixed before SGLang forks), budget config, report."""
+        """Scheduler feature: IPC type, stats channel (fixed before SGLang forks), the report's scheduler part."""
         load_ref("sglang_spex.srt.control:register_types")()
         load_ref("sglang_spex.srt.batch_stats:prepare_channel")()
-        load_ref(f"{SCHED}:configure")(self.cfg.k_total, self.cfg.spec_priority)
         self._sched_report = load_ref("sglang_spex.srt.control:sched_report")
 
     def install_routes(self) -> None:
