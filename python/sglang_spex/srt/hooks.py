@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import sglang
+import torch
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_spex import __version__
@@ -444,9 +445,7 @@ def scheduler_report() -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------- H2 bodies (seeded sampling)
-def _random_seeds(n: int, device):
-    import torch
-
+def _random_seeds(n: int, device: Any) -> torch.Tensor:
     return torch.randint(0, 2**62, (n,), dtype=torch.int64, device=device)
 
 
@@ -463,8 +462,6 @@ def _h2_seeded_sampling(result, cls, batch, *args, **kwargs):
         seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
         if all(s is None for s in seeds):
             return result
-        import torch
-
         fill = _random_seeds(len(seeds), "cpu").tolist()
         values = [s if s is not None else f for s, f in zip(seeds, fill)]
         result.sampling_seed = torch.tensor(values, dtype=torch.int64).to(batch.device)
