@@ -299,7 +299,9 @@ class RespecConfig(_Section):
         help="profile JSON (scripts/respec_profile.py) or auto (the cached profile of the model)",
     )
     hysteresis: str = _opt(
-        "1,8,2", check=(lambda v: bool(_HYST.match(v)), "expected MARGIN,MIN_DWELL[,CONFIRM]"), help="FSM hysteresis"
+        "1,8,2",
+        check=(lambda v: bool(_HYST.match(v)), "expected MARGIN,MIN_DWELL[,CONFIRM]"),
+        help="FSM hysteresis: MARGIN,MIN_DWELL[,CONFIRM]",
     )
     force: Optional[str] = _opt(
         None,
@@ -338,8 +340,10 @@ class LearnerConfig(_Section):
 
     _flag_group = "sglang-spex: ReSpec online learner"
 
-    variant: Literal["frozen", "unweighted", "reward"] = _opt("reward", flag="--respec-kd", help="KD variant")
-    mode: Literal["sync", "async"] = _opt("async", flag="--respec-learner-mode", help="update mode")
+    variant: Literal["frozen", "unweighted", "reward"] = _opt(
+        "reward", flag="--respec-kd", help="KD variant: frozen, unweighted or reward"
+    )
+    mode: Literal["sync", "async"] = _opt("async", flag="--respec-learner-mode", help="learner updates: sync or async")
     update_interval: int = _opt(
         1, flag="--respec-update-interval", check=_POSITIVE, help="update the drafter every N posted batches"
     )
