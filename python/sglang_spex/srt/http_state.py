@@ -58,9 +58,11 @@ def http_state(request: Request) -> SpexHttpState:
     return getattr(request.app.state, STATE_ATTR)
 
 
-def attach(app: FastAPI, state: SpexHttpState) -> bool:
-    """Store ``state`` on ``app`` unless the app already has one; True if stored."""
-    if getattr(app.state, STATE_ATTR, None) is not None:
-        return False
+def installed(app: FastAPI) -> bool:
+    """Whether ``app`` already has the plugin's state (and so its routes)."""
+    return getattr(app.state, STATE_ATTR, None) is not None
+
+
+def attach(app: FastAPI, state: SpexHttpState) -> None:
+    """Store ``state`` on ``app`` (``app.state.spex``)."""
     setattr(app.state, STATE_ATTR, state)
-    return True

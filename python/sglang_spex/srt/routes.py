@@ -19,7 +19,7 @@ from sglang_spex.config import SpexConfig
 from sglang_spex.profile import routes as profile_routes
 from sglang_spex.respec import routes as respec_routes
 from sglang_spex.srt import control_routes, search_service
-from sglang_spex.srt.http_state import SpexHttpState, attach, http_state
+from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, installed
 
 
 async def get_info(request: Request) -> Response:
@@ -42,9 +42,10 @@ async def get_info(request: Request) -> Response:
 
 def install(app: FastAPI, cfg: SpexConfig) -> None:
     """Add our routes to ``app`` once (the state on ``app.state`` marks an app as done)."""
-    state = SpexHttpState(cfg, get_global_state)
-    if not attach(app, state):
+    if installed(app):
         return
+    state = SpexHttpState(cfg, get_global_state)
+    attach(app, state)
     search_service.install(app)  # /tot/search*
     profile_routes.install(app, state)  # /spex/profile
     control_routes.install(app)  # /spex/budget, cancel, promote, protect, release, knobs, stats
