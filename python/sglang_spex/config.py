@@ -3,15 +3,16 @@
 :class:`PluginConfig` holds the SPEX settings (:class:`SpexConfig`), the ReSpec adaptive server
 (:class:`RespecConfig`), the online learner (:class:`LearnerSpec`, with its :class:`LearnerConfig`) and the
 process-level fields (batch-stats channel, profile staleness). The launcher builds it from its flags, which
-:func:`add_flags` generates from the dataclass fields (name, type, default and help from each field's metadata;
-the mechanism mirrors SGLang's ``sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass``, written here
-because importing that module imports all of SGLang and torch, ~8 s, and this module is imported by the
-simulator and by every fast-failing launcher call). :meth:`PluginConfig.validate` holds every cross-field check;
-unknown fields are rejected with a :class:`ConfigError` naming them wherever a config is read from JSON.
+:func:`sglang_spex.flags.add_flags` generates from the dataclass fields (name, type, default and help from each
+field's metadata; the mechanism mirrors SGLang's ``sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass``,
+written here because importing that module imports all of SGLang and torch, ~8 s, and this module is imported by
+the simulator and by every fast-failing launcher call). :meth:`PluginConfig.validate` holds every cross-field
+check; unknown fields are rejected with a :class:`ConfigError` naming them wherever a config is read from JSON.
 
 The launcher writes the config as JSON to ``SGLANG_SPEX_CONFIG`` (:func:`export`); SGLang's subprocesses inherit
-the environment and read it with :func:`load`, which parses it once per process and caches it
-(:func:`reset` clears the cache for tests). :data:`ENV_VARS` names every environment variable the package reads.
+the environment and read it with :func:`load`, which parses it once per process and caches it (keyed by the
+variable's text, so a test that changes the variable gets the new value; :func:`reset` clears the cache).
+:data:`ENV_VARS` names every environment variable the package reads.
 """
 
 from __future__ import annotations
