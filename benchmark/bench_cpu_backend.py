@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 
 import bench_tot
 import httpx
-from overlap import actual_overlap, fmt, overlap_flags, parse_overlap, spread
+from overlap import actual_overlap, fmt, overlap_flags, parse_overlap, spread, stop_servers_on_sigterm
 
 from sglang_spex.serve import ServerProcess
 from sglang_spex.tot.tasks import get_task
@@ -83,8 +83,10 @@ def measure_backend(model: str, backend: str, overlaps: List[str], a: argparse.N
                 raise RuntimeError(f"{backend} overlap {ov}: the server runs with overlap {actual}")
             out[ov] = {"decode": {b: [] for b in a.batch_sizes}, "search": [], "overlap_actual": actual}
             _run(servers[ov].url, 1, 4)  # warm-up (and prefix cache for the prompts)
-            if a.search_questions:
-                search_rate(servers[ov].url, bench_tot.build_spec("rstar-10", 1, 4, a.seed + 1).to_dict(), questions)
+            if a.search_questions:  # first-search costs must not land on one mode's first repeat
+                search_rate(
+                    servers[ov].url, {**spec, "policy": {"name": "rebase", "width": 2, "max_depth": 1}}, questions
+                )
         for rep in range(a.repeats):
             for ov in overlaps if rep % 2 == 0 else overlaps[::-1]:
                 url = servers[ov].url
@@ -133,6 +135,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
+    stop_servers_on_sigterm()
     try:
         overlaps = parse_overlap(args.overlap)
     except ValueError as e:

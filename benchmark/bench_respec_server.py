@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import requests
-from overlap import actual_overlap, fmt, overlap_flags, parse_overlap, spread
+from overlap import actual_overlap, fmt, overlap_flags, parse_overlap, spread, stop_servers_on_sigterm
 
 from sglang_spex.respec.profiler import CALIBRATION_PROMPTS, batch_prompts, flush
 from sglang_spex.serve import ServerProcess
@@ -155,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--out", type=Path, default=Path("respec_server_bench.json"))
     a = ap.parse_args(argv)
+    stop_servers_on_sigterm()
 
     from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
     from sglang_spex.respec.profiler import SpecConfig, default_drafter, prompt_set

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import statistics
 from typing import Dict, List, Sequence
 
@@ -38,3 +39,12 @@ def spread(values: Sequence[float]) -> Dict[str, float]:
 
 def fmt(s: Dict[str, float], digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _terminate(signum, frame) -> None:  # noqa: ARG001
+    raise SystemExit(128 + signum)
+
+
+def stop_servers_on_sigterm() -> None:
+    """Turn SIGTERM (e.g. from ``timeout``) into SystemExit, so ``finally`` blocks stop the servers we started."""
+    signal.signal(signal.SIGTERM, _terminate)
