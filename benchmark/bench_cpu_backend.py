@@ -77,7 +77,8 @@ def measure_backend(model: str, backend: str, overlaps: List[str], a: argparse.N
     try:
         for ov in overlaps:
             args = ["--model-path", model, "--attention-backend", backend, *overlap_flags(ov)]
-            servers[ov] = ServerProcess([*args, "--tot-speculation", "--tot-k-total", str(a.k_total)]).start()
+            servers[ov] = ServerProcess([*args, "--tot-speculation", "--tot-k-total", str(a.k_total)])
+            servers[ov].start()  # registered first: an interrupted start is stopped too
             actual = actual_overlap(servers[ov].url)
             if actual != ov:
                 raise RuntimeError(f"{backend} overlap {ov}: the server runs with overlap {actual}")

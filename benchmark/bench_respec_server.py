@@ -107,13 +107,13 @@ def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Na
     out: Dict[str, Any] = {"runs": {}, "overlap_actual": {}, "state": {}}
     try:
         for ov in overlaps:
-            srv = ServerProcess(args + overlap_flags(ov)).start()
+            srv = servers[ov] = ServerProcess(args + overlap_flags(ov))
+            srv.start()  # registered first: an interrupted start is stopped too
             out["overlap_actual"][ov] = actual_overlap(srv.url)
             if out["overlap_actual"][ov] != ov:
                 print(f"{mode}: overlap {ov} asked, server runs overlap {out['overlap_actual'][ov]}: column n/a")
-                srv.stop()
+                servers.pop(ov).stop()
                 continue
-            servers[ov] = srv
             out["runs"][ov] = {b: [] for b in a.batch_sizes}
         for rep in range(a.repeats):
             for ov in list(servers) if rep % 2 == 0 else list(servers)[::-1]:
