@@ -10,6 +10,7 @@ from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.runner import context_factory
+from sglang_spex.tot.policies.rstar import RStar
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
@@ -121,3 +122,28 @@ def test_bad_speculation_override_names_the_field():
                 context_factory=context_factory(SpexConfig(enabled=True)),
             )
         )
+
+
+class AltStream(RStar):
+    """rSTAR drawing its rollouts from another random stream."""
+
+    rng_label = "alt"
+
+
+def test_speculation_follows_the_policy_objects_own_rollout_stream():
+    # no answers: a rollout ends only at max depth, so the current rollout's whole path is predictable, and with
+    # lookahead 1 every speculative node is one the search uses, provided the runner replays the policy's stream
+    spec = make_spec({"name": "rstar", "num_rollouts": 4, "max_depth": 4, "branch": 3}, seed=3)
+    params = spec.policy.build().params
+    default = asyncio.run(run_search(spec, "q", JitterPort(answer_from_depth=99)))
+    base = asyncio.run(run_search(spec, "q", JitterPort(answer_from_depth=99), policy=AltStream(params)))
+    assert signature(base) != signature(default)  # the stream is the policy's: another stream, another tree
+    cfg = SpexConfig(enabled=True, k_total=8, lookahead=1, components=("t1", "t2"))
+    spx = asyncio.run(
+        run_search(
+            spec, "q", JitterPort(answer_from_depth=99), policy=AltStream(params), context_factory=context_factory(cfg)
+        )
+    )
+    assert signature(spx) == signature(base)
+    acc = spx.speculation
+    assert acc["issued"] > 0 and acc["hits"] == acc["issued"]

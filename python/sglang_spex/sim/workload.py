@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sglang_spex.tot.engine import GenRequest
+from sglang_spex.tot.policies.registry import DFS_POLICIES, base_name
 
 QUESTION_RE = re.compile(r"Problem (\d+):")
 ANSWER_PHRASE = "The answer is"
@@ -100,8 +101,7 @@ class Workload:
     @classmethod
     def for_policy(cls, policy: str, seed: int = 0, **overrides) -> "Workload":
         """DFS-style lengths for rSTAR/REST, long-tailed BFS lengths for REBASE/ETS."""
-        base = policy.split("-")[0]
-        lengths = "dfs" if base in ("rstar", "rest") else "bfs"
+        lengths = "dfs" if base_name(policy) in DFS_POLICIES else "bfs"
         return cls(WorkloadParams(**{"lengths": lengths, **overrides}), seed)
 
     def describe(self) -> Dict:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.tot.answers import aggregate, candidates, extract_answer
 from sglang_spex.tot.engine import ROLE_PRIMARY, EnginePort, GenRequest, GenResult, node_rid, search_rid_prefix
-from sglang_spex.tot.policies.base import Stat, Stats
+from sglang_spex.tot.policies.base import Policy, Stat, Stats
 from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.rewards import Reward, build_reward
 from sglang_spex.tot.search_spec import SearchSpec
@@ -56,9 +56,11 @@ class SearchContext:
         reference: Optional[str] = None,
         progress: Optional[ProgressFn] = None,
         reward_timeout: Optional[float] = None,
+        policy: Optional[Policy] = None,
     ):
+        """``policy``: a policy object to run instead of the one the spec names (e.g. a subclass)."""
         self.spec = spec
-        self.policy = spec.policy.build()
+        self.policy = policy if policy is not None else spec.policy.build()
         self.question = question
         self.reference = reference
         self.port = port

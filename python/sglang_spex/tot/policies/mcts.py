@@ -13,7 +13,7 @@ import abc
 import random
 from typing import Callable, ClassVar, Generator, List, Optional
 
-from sglang_spex.tot.policies.base import Policy, Stats
+from sglang_spex.tot.policies.base import Policy, SearchHost, Stats
 from sglang_spex.tot.tree import Node
 from sglang_spex.tot.validation import check
 
@@ -59,6 +59,10 @@ class MCTSPolicy(Policy):
     @abc.abstractmethod
     def select(self, stats: Stats, root: str, rng: random.Random) -> List[str]:
         """The path (root first) the next rollout descends before it expands or simulates."""
+
+    @abc.abstractmethod
+    async def expand(self, ctx: SearchHost, path: str) -> None:
+        """Generate the children a rollout at ``path`` needs."""
 
     @abc.abstractmethod
     def predict_rollout(self, stats: Stats, root: str, rng: random.Random) -> RolloutWalk:

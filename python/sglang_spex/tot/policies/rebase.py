@@ -82,6 +82,11 @@ class Rebase(Policy):
         """The width of each candidate of ``depth`` (same order)."""
         return self.predict_widths([self.score(n) for n in cands], width)
 
+    async def expand(self, ctx: SearchHost, chosen: List[Tuple[Node, int]]) -> List[Node]:
+        """Generate every chosen candidate's children at once; the next frontier, in order."""
+        batches = await asyncio.gather(*(ctx.expand(n, w) for n, w in chosen))
+        return [c for b in batches for c in b]
+
     @staticmethod
     def split_finished(frontier: Sequence[Node]) -> Tuple[List[Node], List[Node]]:
         """(finished, candidates) among the frontier's generated nodes; failed/cancelled nodes are dropped."""
@@ -101,8 +106,7 @@ class Rebase(Policy):
             widths = [width] if depth == 0 else await self.select(ctx, cands, width, depth)
             chosen = [(n, w) for n, w in zip(cands, widths) if w > 0]
             ctx.on_frontier_decided(depth, chosen)
-            batches = await asyncio.gather(*(ctx.expand(n, w) for n, w in chosen))
-            frontier = [c for b in batches for c in b]
+            frontier = await self.expand(ctx, chosen)
             depth += 1
             if depth >= self.max_depth:
                 break

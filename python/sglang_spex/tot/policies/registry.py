@@ -32,13 +32,16 @@ PRESETS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 }
 
 
+def base_name(name: str) -> str:
+    """The policy a name stands for (a preset's base policy, else the name itself)."""
+    return PRESETS[name][0] if name in PRESETS else name
+
+
 def build_policy(name: str, knobs: Dict[str, Any]) -> Policy:
     """The policy ``name`` (a base name or a preset; ``knobs`` override the preset's) with validated params;
     raises :class:`~sglang_spex.tot.validation.SearchSpecError` naming a bad knob."""
-    base, params = name, dict(knobs)
-    if base in PRESETS:
-        preset_base, preset_params = PRESETS[base]
-        base, params = preset_base, {**preset_params, **params}
+    base = base_name(name)
+    params = {**PRESETS[name][1], **knobs} if name in PRESETS else dict(knobs)
     check(base in POLICIES, "policy.name", f"unknown policy {name!r}; choose from {sorted(POLICIES) + sorted(PRESETS)}")
     cls = POLICIES[base]
     obj = from_dict(cls.params_type, params, "policy")

@@ -103,6 +103,10 @@ class Rest(MCTSPolicy):
             best_v = max(best_v, float(cur.reward))
         return best_v
 
+    async def expand(self, ctx: SearchHost, path: str) -> None:
+        """Generate ``branch`` more children of ``path`` (V of each = its reward)."""
+        await ctx.expand(ctx.tree.get(path), self.branch)
+
     def backup(self, stats: Stats, path: str) -> None:
         """From ``path`` up: N += 1 and (if expanded) V = Σ V_c·N_c / Σ N_c over the live children."""
         cur: Optional[str] = path
@@ -149,7 +153,7 @@ class Rest(MCTSPolicy):
                 self.backup(stats, leaf)
                 ctx.sync_stats()
                 continue
-            await ctx.expand(ctx.tree.get(leaf), p.branch)
+            await self.expand(ctx, leaf)
             if ctx.should_stop():
                 break
             if not selectable(stats, leaf):

@@ -1,0 +1,41 @@
+"""T1 BFS early expansion asks the BFS policy object for its widths."""
+
+from __future__ import annotations
+
+from sglang_spex.speculation.bfs_early import predicted_widths, split_on_frontier
+from sglang_spex.tot.policies.rebase import Rebase, RebaseParams
+from sglang_spex.tot.tree import DONE, GENERATING, Tree
+
+
+def level(*rewards):
+    """Children of the root; a reward of None is a sibling still generating."""
+    tree = Tree(0)
+    out = []
+    for i, r in enumerate(rewards):
+        node = tree.child(tree.root, i)
+        node.status, node.reward = (GENERATING, None) if r is None else (DONE, r)
+        out.append(node)
+    return out
+
+
+def test_early_widths_are_the_policys_allocation_with_pending_siblings_imputed():
+    # the pending sibling counts with the mean known score 0.7; e = exp(s/0.2): 0.9 -> 90.0, 0.7 -> 33.1,
+    # 0.5 -> 12.2 (sum 135.3): ceil(8*90.0/135.3) = 6, then ceil(2*33.1/45.3) = 2 (the pending one), then 0
+    nodes = level(0.9, 0.5, None)
+    assert predicted_widths(Rebase(RebaseParams(width=8)), nodes, 8) == {"r.0": 6, "r.1": 0}
+    # the policy's own temperature: T = 1 spreads it (e = 2.46, 1.65, 2.01 -> 4, then 3 pending, then 1)
+    assert predicted_widths(Rebase(RebaseParams(width=8, softmax_temperature=1.0)), nodes, 8) == {"r.0": 4, "r.1": 1}
+
+
+def test_a_subclass_predict_widths_changes_the_early_expansion():
+    class Even(Rebase):
+        def predict_widths(self, scores, width):
+            return [width // len(scores)] * len(scores)
+
+    nodes = level(0.9, 0.5, None)
+    assert predicted_widths(Even(RebaseParams(width=9)), nodes, 9) == {"r.0": 3, "r.1": 3}
+
+
+def test_frontier_keeps_children_within_the_real_width():
+    spec_children = [("r.0.0", "r.0", 0), ("r.0.1", "r.0", 1), ("r.1.0", "r.1", 0)]
+    assert split_on_frontier(spec_children, {"r.0": 1}) == (["r.0.0"], ["r.0.1", "r.1.0"])
