@@ -68,7 +68,7 @@ def _argparse_kwargs(f: dataclasses.Field, tp: Any) -> Dict[str, Any]:
         return {"type": parse or str, "choices": get_args(inner)}
     if parse is None and inner not in (int, float, str):
         raise TypeError(f"{f.name}: a flag of type {tp!r} needs a parse function")
-    return {"type": parse or inner}
+    return {"type": parse or inner, "metavar": f.name.upper()}
 
 
 def add_flags(parser: argparse.ArgumentParser, classes: Sequence[type] = SECTIONS) -> None:

@@ -9,6 +9,7 @@ they inherit.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -25,7 +26,7 @@ from sglang_spex.config import (
     export,
     flag_value,
 )
-from sglang_spex.flags import parse_args
+from sglang_spex.flags import add_flags, parse_args
 
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
 CPU_DEFAULTS: Dict[str, Optional[str]] = {
@@ -145,8 +146,22 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     return args
 
 
+def print_help() -> None:
+    """Our flags (generated from the config's fields), then SGLang's own help."""
+    parser = argparse.ArgumentParser(prog="python -m sglang_spex.launch_server", add_help=False)
+    parser.add_argument(ENABLE_OVERLAP, action="store_true", help="keep SGLang's overlap scheduler on CPU")
+    add_flags(parser)
+    print(parser.format_help())
+    from sglang.srt.server_args import prepare_server_args
+
+    prepare_server_args(["--help"])  # prints SGLang's flags and exits
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        print_help()
+        return
     try:
         args = prepare(argv)
     except ConfigError as e:
