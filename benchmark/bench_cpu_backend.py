@@ -78,7 +78,9 @@ def measure_backend(model: str, backend: str, overlaps: List[str], a: argparse.N
         for ov in overlaps:
             args = ["--model-path", model, "--attention-backend", backend, *overlap_flags(ov)]
             servers[ov] = ServerProcess([*args, "--tot-speculation", "--tot-k-total", str(a.k_total)])
+            t0 = time.monotonic()
             servers[ov].start()  # registered first: an interrupted start is stopped too
+            print(f"  {backend} overlap {ov}: server up in {time.monotonic() - t0:.0f} s", flush=True)
             actual = actual_overlap(servers[ov].url)
             if actual != ov:
                 raise RuntimeError(f"{backend} overlap {ov}: the server runs with overlap {actual}")
