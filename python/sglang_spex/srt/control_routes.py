@@ -38,13 +38,13 @@ from sglang_spex.srt.http_api import (
 )
 from sglang_spex.srt.http_state import http_state
 
-SPEX_OFF = ("speculation", "off: start the server with --tot-speculation")
+SPECULATION_OFF = ("speculation", "off: start the server with --tot-speculation")
 
 
 async def _run(request: Request, reqs: List[control.SpexControlReq]) -> Response:
     state = http_state(request)
     if not state.cfg.enabled:
-        return error_response(*SPEX_OFF, status_code=409)
+        return error_response(*SPECULATION_OFF, status_code=409)
     for req in reqs:
         err = control.validate(req)
         if err:
@@ -91,7 +91,7 @@ async def post_knobs(request: Request, body: KnobsBody) -> Response:
 async def get_stats(request: Request, history_since: Optional[int] = None) -> Response:
     state = http_state(request)
     if not state.cfg.enabled:
-        return error_response(*SPEX_OFF, status_code=409)
+        return error_response(*SPECULATION_OFF, status_code=409)
     out = {"scheduler": await control.scheduler_state(state.tokenizer_manager)}
     out["batch"] = batch_stats.read_stats(history_since=history_since)
     return JSONResponse(out)
