@@ -1,12 +1,17 @@
-"""Tiny CPU fixtures for the ReSpec tests: the tiny Llama target (float32), a drafter for it, fixed sequences."""
+"""Fixtures for the ReSpec tests: the tiny Llama target (float32), a drafter for it, fixed sequences, and the
+greedy reference outputs of one plain server shared by every ReSpec server test (started once, then stopped)."""
 
 from __future__ import annotations
 
+from typing import Dict
+
 import pytest
 import torch
+from workloads import COMMON, reference_outputs
 
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.target import TargetFeatures
+from sglang_spex.serve import ServerProcess
 
 DRAFT_VOCAB = 64
 
@@ -14,6 +19,13 @@ DRAFT_VOCAB = 64
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def respec_reference(tiny_model) -> Dict[str, dict]:
+    """Plain SGLang's greedy outputs (no speculation) of every ReSpec prompt set (``workloads.reference_outputs``)."""
+    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
+        return reference_outputs(srv.url)
 
 
 @pytest.fixture(scope="session")

@@ -9,28 +9,22 @@ the KV pool returns to its start, and the state is on ``/spex/info`` and ``/metr
 A second server forces ``alternate:3`` with the default ``--respec-eagle-off plain``: every request switches
 between true plain steps (no drafter work) and speculation mid-generation, so the drafter's KV is caught up
 (replayed from the ledger) at every resume. Greedy output must still equal plain SGLang's and the KV pool return
-to its start.
+to its start. Both servers run once per scheduler mode SGLang's EAGLE path supports here (``EAGLE_MODES``: overlap
+and non-overlap on a GPU; SGLang 0.5.23's EAGLE overlap path needs Triton, so only non-overlap on CPU).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 import pytest
 import requests
 from conftest import make_drafter
-from workloads import BASE, COMMON, REPEAT, N, generate, idle_state
+from respec_servers import EAGLE_MODES, RespecServer
+from workloads import BATCHES, COMMON, N, collect, generate, idle_state
 
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
-from sglang_spex.serve import ServerProcess
 
 EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 S3, S1 = "EAGLE3:s3t1n4", "EAGLE3:s1t1n2"
-BATCHES = {  # each sent as one /generate call; all requests run N tokens, so the batch stays this size
-    "b1": [BASE],
-    "b2": [REPEAT, BASE + " grew"],
-    "b6": [BASE + f" ({i})" for i in range(5)] + [REPEAT + " a"],
-}
 
 
 def _profile() -> Profile:
@@ -45,18 +39,8 @@ def _profile() -> Profile:
     return prof
 
 
-def _collect(url: str) -> Dict[str, List[List[int]]]:
-    return {k: [x["output_ids"] for x in generate(url, texts)] for k, texts in BATCHES.items()}
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
-        return _collect(srv.url)
-
-
-@pytest.fixture(scope="module")
-def run(tiny_model, tiny_target, tiny_seqs, reference, tmp_path_factory):  # one server at a time
+@pytest.fixture(scope="module", params=EAGLE_MODES)
+def run(request, tiny_model, tiny_target, tiny_seqs, respec_reference, tmp_path_factory):  # one server at a time
     tmp = tmp_path_factory.mktemp("respec-eagle")
     drafter = make_drafter(tiny_target, tiny_seqs).save_pretrained(tmp / "drafter")
     profile = _profile().save(tmp / "profile.json")
@@ -70,32 +54,32 @@ def run(tiny_model, tiny_target, tiny_seqs, reference, tmp_path_factory):  # one
         "--respec-drift",
         "0",
     ]
-    with ServerProcess(["--model-path", tiny_model, *COMMON, *spec, *respec, "--enable-metrics"]) as srv:
+    args = ["--model-path", tiny_model, *COMMON, *spec, *respec, "--enable-metrics"]
+    with RespecServer(args, request.param) as srv:
         before = idle_state(srv.url)["respec"]
-        out = _collect(srv.url)
+        out = collect(srv.url, BATCHES)
         mid = idle_state(srv.url)["respec"]
         out["opt_out"] = [x["output_ids"] for x in generate(srv.url, BATCHES["b1"], custom={"respec": "off"})]
         after = idle_state(srv.url)["respec"]
         info = requests.get(srv.url + "/spex/info", timeout=60).json()
         metrics = requests.get(srv.url + "/metrics", timeout=60).text
-        yield dict(out=out, before=before, mid=mid, after=after, info=info, metrics=metrics)
+        return dict(out=out, before=before, mid=mid, after=after, info=info, metrics=metrics)
 
 
-@pytest.fixture(scope="module")
-def alternating(tiny_model, tiny_target, tiny_seqs, reference, run, tmp_path_factory):  # after `run` stopped
+@pytest.fixture(scope="module", params=EAGLE_MODES)
+def alternating(request, tiny_model, tiny_target, tiny_seqs, respec_reference, tmp_path_factory):
     drafter = make_drafter(tiny_target, tiny_seqs).save_pretrained(tmp_path_factory.mktemp("respec-eagle-alt"))
     spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter), *EAGLE]
-    with ServerProcess(
-        ["--model-path", tiny_model, *COMMON, *spec, "--respec-adaptive", "--respec-force", "alternate:3"]
-    ) as srv:
+    args = ["--model-path", tiny_model, *COMMON, *spec, "--respec-adaptive", "--respec-force", "alternate:3"]
+    with RespecServer(args, request.param) as srv:
         before = idle_state(srv.url)["respec"]
-        out = _collect(srv.url)
-        yield dict(out=out, before=before, after=idle_state(srv.url)["respec"])
+        out = collect(srv.url, BATCHES)
+        return dict(out=out, before=before, after=idle_state(srv.url)["respec"])
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
-def test_plain_steps_and_drafter_catch_up_keep_greedy_output(reference, alternating, batch):
-    assert alternating["out"][batch] == reference[batch]
+def test_plain_steps_and_drafter_catch_up_keep_greedy_output(respec_reference, alternating, batch):
+    assert alternating["out"][batch] == respec_reference["batches"][batch]
 
 
 def test_drafter_caught_up_at_every_resume(alternating):
@@ -109,8 +93,8 @@ def test_drafter_caught_up_at_every_resume(alternating):
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
-def test_runtime_switching_keeps_greedy_output(reference, run, batch):
-    assert run["out"][batch] == reference[batch]
+def test_runtime_switching_keeps_greedy_output(respec_reference, run, batch):
+    assert run["out"][batch] == respec_reference["batches"][batch]
 
 
 def test_every_planned_state_ran(run):
@@ -120,8 +104,8 @@ def test_every_planned_state_ran(run):
     assert fsm["switches"] >= 2
 
 
-def test_opt_out_request_never_speculates(reference, run):
-    assert run["out"]["opt_out"] == reference["b1"]
+def test_opt_out_request_never_speculates(respec_reference, run):
+    assert run["out"]["opt_out"] == respec_reference["batches"]["b1"]
     mid, after = run["mid"], run["after"]
     assert after["opt_out_steps"] - mid["opt_out_steps"] >= N - 1  # every decode step of that request
     assert after["spec_steps"] == mid["spec_steps"]

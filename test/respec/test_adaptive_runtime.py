@@ -141,3 +141,36 @@ def test_acceptance_is_compared_in_means_not_medians():
     for i in range(100):  # 1, 2, 1, 1, 2, ...: median 1 (-29 % "drift"), mean 1.4 (no drift)
         assert rp.observe(KEY, 4, 0.012, 2.0 if i % 5 in (1, 4) else 1.0) is None
     assert rp.reprofiles == 0
+
+
+class _Copy:
+    """Stand-in for a result's ``copy_done`` event (SGLang records one behind its host copy)."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def query(self) -> bool:
+        return self.finished
+
+
+def test_accept_lengths_are_read_from_the_host_copy_once_done():
+    rt = Runtime(RespecConfig(enabled=True, force="spec", server_key=KEY), None)
+    copies = [_Copy() for _ in range(3)]
+    for c, lens in zip(copies, ([1, 3], [2, 2], [4, 4])):
+        rt.begin_step(True)
+        rt.end_step(rt.decide(2), 2, SimpleNamespace(accept_lens=torch.tensor(lens), copy_done=c))
+    rt.begin_step(True)  # closes the third step; no copy has finished: nothing read, nothing waited for
+    assert rt.read_spec_steps == 0 and rt.accept_ewma is None
+    copies[0].finished = copies[1].finished = True
+    rt.read_finished()
+    assert rt.read_spec_steps == 2 and rt.spec_tokens == 4.0  # means 2 and 2, in order; the third still in flight
+    copies[2].finished = True
+    assert rt.info()["mean_accept_length"] == (2 + 2 + 4) / 3
+
+
+def test_a_result_without_a_host_copy_is_dropped_not_waited_for():
+    rt = Runtime(RespecConfig(enabled=True, force="spec", server_key=KEY), None)
+    for _ in range(6):
+        rt.begin_step(True)
+        rt.end_step(rt.decide(1), 1, SimpleNamespace(accept_lens=torch.tensor([2]), copy_done=None))
+    assert rt.read_spec_steps == 0 and len(rt._unread) < 5  # bounded: old steps leave the queue unread

@@ -1,41 +1,30 @@
 """ReSpec adaptive server on real CPU SGLang (tiny Llama, float32, spex_cpu attention, NGRAM speculation).
 
-Two servers, one after the other (module scope): plain SGLang without speculation gives the reference; then
 NGRAM with ``--respec-adaptive --respec-force alternate:3`` switches between true plain decode steps and
-speculative steps every 3 decode steps, in the middle of every generation. Greedy token ids must equal the
-reference (nothing lost or duplicated at a switch) and the KV pool must return to its starting level.
+speculative steps every 3 decode steps, in the middle of every generation, once per scheduler mode (SGLang's
+overlap loop, where the plain step's input comes from the relayed spec_info and its lengths are published
+through ``on_publish``, and the non-overlap loop). Greedy token ids must equal plain SGLang's (nothing lost or
+duplicated at a switch) and the KV pool must return to its starting level.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 import pytest
-from workloads import COMMON, WORKLOADS, N, generate, idle_state
+from respec_servers import NGRAM_MODES, RespecServer
+from workloads import COMMON, WORKLOADS, N, collect, generate, idle_state
 
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.adaptive import Runtime
 from sglang_spex.respec.solver import Choice, Plan
-from sglang_spex.serve import ServerProcess
 
 
-def _collect(srv: ServerProcess) -> Dict[str, List[List[int]]]:
-    return {k: [x["output_ids"] for x in generate(srv.url, texts)] for k, texts in WORKLOADS.items()}
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
-        return _collect(srv)
-
-
-@pytest.fixture(scope="module")
-def adaptive(tiny_model, reference):  # after the reference server has stopped: one server at a time
+@pytest.fixture(scope="module", params=NGRAM_MODES)
+def adaptive(request, tiny_model, respec_reference):  # after the reference server has stopped: one at a time
     spec = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
     respec = ["--respec-adaptive", "--respec-force", "alternate:3"]
-    with ServerProcess(["--model-path", tiny_model, *COMMON, *spec, *respec]) as srv:
+    with RespecServer(["--model-path", tiny_model, *COMMON, *spec, *respec], request.param) as srv:
         before = idle_state(srv.url)
-        out = _collect(srv)
+        out = collect(srv.url, WORKLOADS)
         out["meta"] = [x["meta_info"] for x in generate(srv.url, WORKLOADS["b2_repetitive"])]
         after = idle_state(srv.url)
         opt = generate(srv.url, WORKLOADS["b2_repetitive"], custom={"respec": "off"})
@@ -44,10 +33,10 @@ def adaptive(tiny_model, reference):  # after the reference server has stopped: 
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
-def test_switching_spec_on_off_keeps_greedy_output(reference, adaptive, workload):
+def test_switching_spec_on_off_keeps_greedy_output(respec_reference, adaptive, workload):
     out, _, _ = adaptive
     assert all(len(ids) == N for ids in out[workload])  # no token lost at a switch
-    assert out[workload] == reference[workload]
+    assert out[workload] == respec_reference["workloads"][workload]
 
 
 def test_both_paths_ran_and_speculation_accepted(adaptive):
@@ -56,6 +45,7 @@ def test_both_paths_ran_and_speculation_accepted(adaptive):
     assert rs["plain_steps"] > 0 and rs["spec_steps"] > 0
     assert rs["config"]["force"] == "alternate:3"
     assert max(m["spec_accept_length"] for m in out["meta"]) > 1.0  # spec steps on repetitive text accept drafts
+    assert rs["mean_accept_length"] > 1.0  # the runtime read the spec steps' accept lengths from SGLang's host copy
 
 
 def test_kv_returns_to_start(adaptive):
@@ -75,10 +65,10 @@ def test_runtime_modes_without_server():
     assert not Runtime(RespecConfig(enabled=True, force="plain"), None).speculate(1)
 
 
-def test_opt_out_request_runs_plain(reference, adaptive):
+def test_opt_out_request_runs_plain(respec_reference, adaptive):
     out, _, after = adaptive
     ids, meta, later = out["opt_out"]
-    assert ids == reference["b2_repetitive"]
+    assert ids == respec_reference["workloads"]["b2_repetitive"]
     assert later["respec"]["spec_steps"] == after["respec"]["spec_steps"]  # no speculative step since
     assert later["respec"]["opt_out_steps"] - after["respec"]["opt_out_steps"] >= (N - 1) // 2
     assert all(m.get("spec_accept_length", 1.0) <= N / (N - 1) + 1e-6 for m in meta)  # prefill token + 1 per step

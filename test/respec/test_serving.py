@@ -1,6 +1,6 @@
 """The ReSpec drafter in a real CPU SGLang server (tiny Llama, float32, spex_cpu attention, EAGLE3 speculation).
 
-Two servers, one after the other (module scope): plain SGLang without speculation gives the greedy reference; then
+Plain SGLang's greedy outputs come from the shared ``respec_reference`` (one plain server, stopped before this one);
 EAGLE3 with ``--speculative-draft-model-path`` = a drafter saved by ``Eagle3Drafter.save_pretrained``. It must load
 in SGLang's ``LlamaForCausalLMEagle3`` and greedy output with speculation must equal the reference, token for token.
 Then ``HotSwapClient`` pushes a new drafter version while streamed requests are in flight: they finish with the
@@ -11,27 +11,19 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Dict, List
+from typing import List
 
 import pytest
 import requests
 import torch
-from workloads import BASE, COMMON, REPEAT, WORKLOADS, generate
+from workloads import COMMON, LOAD, N_LOAD, WORKLOADS, generate
 
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import WEIGHT_VERSION_PREFIX, HotSwapClient
 from sglang_spex.serve import ServerProcess
 
-LOAD = [BASE + " traded wheat", REPEAT + " a", "Once upon a time"]  # streamed across the hot-swap
-N_LOAD = 160
 EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 DRAFT_VOCAB = 128
-
-
-def _collect(url: str) -> Dict[str, List[List[int]]]:
-    out = {k: [x["output_ids"] for x in generate(url, texts)] for k, texts in WORKLOADS.items()}
-    out["load"] = [x["output_ids"] for x in generate(url, LOAD, N_LOAD)]
-    return out
 
 
 def _drafter(target, seed: int) -> Eagle3Drafter:
@@ -51,13 +43,7 @@ def _weight_version(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model):
-    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
-        return _collect(srv.url)
-
-
-@pytest.fixture(scope="module")
-def eagle3_server(tiny_model, tiny_target, reference, tmp_path_factory):  # after the reference server stopped
+def eagle3_server(tiny_model, tiny_target, respec_reference, tmp_path_factory):  # after the reference server stopped
     path = _drafter(tiny_target, seed=0).save_pretrained(tmp_path_factory.mktemp("respec-drafter"))
     spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(path), *EAGLE]
     with ServerProcess(["--model-path", tiny_model, *COMMON, *spec]) as srv:
@@ -76,9 +62,9 @@ def eagle3_outputs(eagle3_server):
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
-def test_saved_drafter_greedy_equals_no_speculation(reference, eagle3_outputs, workload):
+def test_saved_drafter_greedy_equals_no_speculation(respec_reference, eagle3_outputs, workload):
     out, _ = eagle3_outputs
-    assert out[workload] == reference[workload]
+    assert out[workload] == respec_reference["workloads"][workload]
 
 
 def test_saved_drafter_is_used_for_speculation(eagle3_outputs):
@@ -100,7 +86,7 @@ def _stream(url: str, text: str, out: dict, started: threading.Event) -> None:
                 started.set()
 
 
-def test_hot_swap_under_load(eagle3_server, eagle3_outputs, reference, tiny_target):
+def test_hot_swap_under_load(eagle3_server, eagle3_outputs, respec_reference, tiny_target):
     url = eagle3_server.url
     before = _weight_version(url)
     results: List[dict] = [{} for _ in LOAD]
@@ -119,11 +105,11 @@ def test_hot_swap_under_load(eagle3_server, eagle3_outputs, reference, tiny_targ
     assert before != f"{WEIGHT_VERSION_PREFIX}7"
     assert _weight_version(url) == f"{WEIGHT_VERSION_PREFIX}7"
     # streamed output_ids are cumulative: the final chunk holds the whole greedy sequence
-    assert [r["output_ids"] for r in results] == reference["load"]
+    assert [r["output_ids"] for r in results] == respec_reference["load"]
     assert in_flight > 0
     # the scheduler paused in place and resumed with the new drafter: a request saw both versions (SGLang's spans)
     spans = [[s["version"] for s in r["meta_info"]["weight_versions"]] for r in results]
     print("weight_versions:", spans)
     assert ["default", f"{WEIGHT_VERSION_PREFIX}7"] in spans
     # after the swap, new requests still decode greedily with the new drafter
-    assert [x["output_ids"] for x in generate(url, WORKLOADS["b4_mixed"])] == reference["b4_mixed"]
+    assert [x["output_ids"] for x in generate(url, WORKLOADS["b4_mixed"])] == respec_reference["workloads"]["b4_mixed"]

@@ -1,7 +1,7 @@
 """Prompt sets and request helpers shared by the real-server ReSpec tests (speculative vs plain greedy)."""
 
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import requests
 
@@ -12,7 +12,14 @@ WORKLOADS = {
     "b4_mixed": [BASE + " grew", REPEAT, "Hi", BASE + " sang in winter"],
     "b2_repetitive": [REPEAT, REPEAT + " a b"],
 }
+BATCHES = {  # EAGLE3 tests: each sent as one /generate call; all requests run N tokens, so the batch stays this size
+    "b1": [BASE],
+    "b2": [REPEAT, BASE + " grew"],
+    "b6": [BASE + f" ({i})" for i in range(5)] + [REPEAT + " a"],
+}
+LOAD = [BASE + " traded wheat", REPEAT + " a", "Once upon a time"]  # streamed across the drafter hot-swap
 N = 24  # new tokens per request
+N_LOAD = 160
 COMMON = ["--dtype", "float32", "--attention-backend", "spex_cpu"]  # tiny model: batch-independent greedy
 
 
@@ -24,6 +31,20 @@ def generate(url: str, texts: List[str], n: int = N, custom: Optional[dict] = No
     r = requests.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=300)
     r.raise_for_status()
     return r.json()
+
+
+def collect(url: str, sets: Dict[str, List[str]], n: int = N) -> Dict[str, List[List[int]]]:
+    """Greedy output ids of every prompt set, one ``/generate`` call per set."""
+    return {k: [x["output_ids"] for x in generate(url, texts, n)] for k, texts in sets.items()}
+
+
+def reference_outputs(url: str) -> Dict[str, Dict[str, List[List[int]]]]:
+    """Everything the ReSpec server tests compare against, from one plain server."""
+    return {
+        "workloads": collect(url, WORKLOADS),
+        "batches": collect(url, BATCHES),
+        "load": collect(url, {"load": LOAD}, N_LOAD)["load"],
+    }
 
 
 def idle_state(url: str) -> dict:
