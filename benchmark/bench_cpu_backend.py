@@ -41,10 +41,13 @@ def _run(url: str, bs: int, n: int) -> float:
 
 
 def decode_rate(url: str, bs: int, n_short: int, n_long: int) -> float:
-    """Decode tokens/s at batch ``bs`` (two-point difference, see module doc)."""
+    """Decode tokens/s at batch ``bs`` (two-point difference, see module doc); NaN when the long run was not
+    measurably longer (noise swamped the difference: raise ``--n-long``)."""
     t_short = _run(url, bs, n_short)
     t_long = _run(url, bs, n_long)
-    return bs * (n_long - n_short) / max(t_long - t_short, 1e-6)
+    if t_long - t_short < 0.1 * t_long:
+        return float("nan")
+    return bs * (n_long - n_short) / (t_long - t_short)
 
 
 async def _searches(url: str, bodies: List[dict]) -> List[dict]:

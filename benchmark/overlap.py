@@ -33,12 +33,22 @@ def actual_overlap(url: str) -> str:
 
 
 def spread(values: Sequence[float]) -> Dict[str, float]:
-    """Median with min and max (every repeat counts; nothing is dropped)."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    """Median with min and max of the valid (non-NaN) values; ``n`` of them, ``invalid`` the rest."""
+    ok = [v for v in values if v == v]
+    if not ok:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0, "invalid": len(values)}
+    return {
+        "median": statistics.median(ok),
+        "min": min(ok),
+        "max": max(ok),
+        "n": len(ok),
+        "invalid": len(values) - len(ok),
+    }
 
 
 def fmt(s: Dict[str, float], digits: int = 1) -> str:
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+    bad = f" [{s['invalid']} invalid]" if s.get("invalid") else ""
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f}){bad}"
 
 
 def _terminate(signum, frame) -> None:  # noqa: ARG001
