@@ -27,7 +27,9 @@ from safetensors.torch import load_file, save_file
 from scipy import stats
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from sgl_kernel_ext import spec_sampling
 from sglang_spex.serve import ServerProcess
+from sglang_spex.srt import lossless_verify
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kernel_ext"))  # eagle3_head helper
 
@@ -172,6 +174,39 @@ def test_test_rejects_argmax_collapse(baseline, population):
     )
     assert p_collapsed < ALPHA
     assert p_same > ALPHA
+
+
+def test_v1_switches_only_cpu_sampling_batches(monkeypatch):
+    """V1 on SGLang's real predicate: CPU sampling batches take the sampling branch, with the CPU ops bound."""
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+
+    for name in lossless_verify.OP_NAMES:
+        monkeypatch.setattr(eagle_utils, name, None)  # as SGLang resolves them on CPU
+    original = getattr(eagle_utils._verify_uses_greedy, "__wrapped__", eagle_utils._verify_uses_greedy)
+    flags = {"is_hip": False, "is_xpu": False, "use_rejection_sampling": False}
+
+    def v1(**kwargs):
+        return lossless_verify.v1_verify_uses_greedy(original, **{**flags, **kwargs})
+
+    assert v1(is_all_greedy=True, is_cpu=True) is True  # greedy stays greedy
+    assert eagle_utils.tree_speculative_sampling_target_only is None  # and binds nothing
+    assert v1(is_all_greedy=False, is_cpu=True) is False
+    for name in lossless_verify.OP_NAMES:
+        assert getattr(eagle_utils, name) is getattr(spec_sampling, name)
+    assert v1(is_all_greedy=False, is_cpu=False, is_hip=True) is True  # other platforms: SGLang's answer
+    assert v1(is_all_greedy=False, is_cpu=False) is False
+
+
+def test_v1_never_replaces_a_real_kernel():
+    class Module:
+        tree_speculative_sampling_target_only = staticmethod(lambda **kw: None)
+        top_k_renorm_prob = None
+        top_p_renorm_prob = None
+
+    real = Module.tree_speculative_sampling_target_only
+    assert lossless_verify.bind_cpu_ops(Module) is True
+    assert Module.tree_speculative_sampling_target_only is real
+    assert Module.top_k_renorm_prob is spec_sampling.top_k_renorm_prob
 
 
 def _filtered(logits: torch.Tensor, top_p: float) -> torch.Tensor:
