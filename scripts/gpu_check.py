@@ -198,9 +198,12 @@ class GpuCheck:
         self.stop_server()
         log = str(self.out / f"server-{tag.replace(':', '_')}.log")
         self.server = ServerProcess(args, log_path=log, startup_timeout=3600)  # kept before start: a timeout stops it
-        return self.server.start()
+        self.server.start()
+        self.state["server_tag"] = tag
+        return self.server
 
     def stop_server(self) -> None:
+        self.state["server_tag"] = None
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -251,12 +254,11 @@ class GpuCheck:
         except FileNotFoundError:
             pass
         cmd = [sys.executable, str(ROOT / "scripts" / "respec_bootstrap.py"), "--minutes", "1.5", "--threads", "8"]
-        log = open(self.out / "bootstrap.log", "w")
-        self.bootstrap = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.out / "bootstrap.log", "w") as log:  # the child keeps its own descriptor
+            self.bootstrap = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stage_server_spex(self) -> Dict[str, Any]:
         srv = self.serve([*self.model_args(), "--tot-speculation", "--enable-metrics"], "spex")
-        self.state["server_tag"] = "spex"
         info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
         flags = {k: info.get(k) for k in ("disable_overlap_schedule", "disable_cuda_graph", "sampling_backend")}
         self.state["server_flags"] = flags
@@ -347,8 +349,11 @@ class GpuCheck:
         q = get_task("toy_add").questions(1, split="test", seed=2)[0]
         policy = {"name": "rebase", "width": self.sizes.rebase_width, "max_depth": 2}
         body = self._search_body(policy, q, {"enabled": True}, top_p=0.9)
-        r = httpx.post(url + "/tot/search", json=body, timeout=600)
-        res = r.json() if r.status_code == 200 else {"status": f"HTTP {r.status_code}"}
+        try:  # answers well inside the stage's alarm, so a dead scheduler is reported with the log's evidence
+            r = httpx.post(url + "/tot/search", json=body, timeout=0.6 * self.sizes.timeouts["top_p"])
+            res = r.json() if r.status_code == 200 else {"status": f"HTTP {r.status_code}"}
+        except httpx.HTTPError as e:
+            res = {"status": f"no answer ({type(e).__name__})"}
         alive = _healthy(url)
         log = Path(self.server.log_path).read_text(errors="replace")
         seed_assert = "sampling_seed" in log and "Error" in log
@@ -383,7 +388,6 @@ class GpuCheck:
         path = _switching_profile(cfg.key, plain, self.out / f"profile-{cfg.algorithm}.json")
         respec = ["--respec-adaptive", "--respec-profile", str(path), "--respec-hysteresis", "0,0,1"]
         srv = self.serve([*self.model_args(), *cfg.server_args(), *extra, *respec, "--respec-drift", "0"], cfg.key)
-        self.state["server_tag"] = cfg.key
         n = self.sizes.respec_tokens
         out = {}
         for b in (1, 8):
@@ -490,7 +494,7 @@ def _wait_idle(url: str, timeout: float = 30.0) -> Dict[str, Any]:
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(url + "/health_generate", timeout=60).status_code == 200
+        return httpx.get(url + "/health_generate", timeout=10).status_code == 200
     except httpx.HTTPError:
         return False
 
