@@ -42,11 +42,13 @@ CPU_DEFAULTS: Dict[str, Optional[str]] = {
     "--disable-cuda-graph": None,
 }
 # Overlap scheduling on CPU is a default, not a requirement: SGLang's overlap scheduler runs on CPU, but on a 2-core
-# host (one torch thread per process) it decoded slower (tiny Llama, spex_cpu, greedy, 48 new tokens, best of 2;
-# host shared with other jobs): B=1 181 vs 180 tok/s, B=4 279 vs 457, B=16 346 vs 558 (overlap on vs off).
-# So the launcher passes --disable-overlap-schedule on CPU unless --enable-overlap-schedule is given. On a GPU it
+# host (one torch thread per process, host shared with other jobs) it decoded slower. Tiny Llama, spex_cpu, greedy,
+# decode tok/s, overlap off vs on: sequential servers, best of 2, 48 tokens: B=1 180 vs 181, B=4 457 vs 279,
+# B=16 558 vs 346; both servers up, interleaved, median of 7, 64 tokens: B=1 149 vs 98, B=4 279 vs 252,
+# B=16 423 vs 400 (run-to-run spread up to 2x on that host; SmolLM2 under a load average of 15-68 was noise).
+# So on CPU the launcher passes --disable-overlap-schedule unless --enable-overlap-schedule is given. On a GPU it
 # never touches the overlap scheduler, with or without --tot-speculation / --respec-adaptive. (SGLang itself turns
-# overlap off for NGRAM and EAGLE-family speculative decoding on CPU: speculative_hook.py.)
+# overlap off for NGRAM and EAGLE-family speculative decoding on CPU: arg_groups/speculative_hook.py.)
 CPU_OVERLAP_DEFAULT = "--disable-overlap-schedule"
 ENABLE_OVERLAP = "--enable-overlap-schedule"  # ours: keep SGLang's overlap scheduler on CPU
 CPU_ENV = {
