@@ -153,11 +153,6 @@ def point_at_window(batch: Any, seq: torch.Tensor, seq_cpu: torch.Tensor, valid:
 
 
 # ---------------------------------------------------------------- results
-def generation_result(**fields: Any) -> GenerationBatchResult:
-    """SGLang's ``GenerationBatchResult`` with the given fields."""
-    return GenerationBatchResult(**fields)
-
-
 def host_accept_lens(result: Any) -> Optional[torch.Tensor]:
     """A decode result's accept lengths on the host once SGLang's ``copy_to_cpu`` of it is done, else None.
 

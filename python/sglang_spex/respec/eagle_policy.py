@@ -18,6 +18,13 @@ EMA; ours follows the profile's plan through the hysteresis FSM:
 
 The launcher adds ``--speculative-adaptive --speculative-adaptive-config`` (:func:`sglang_adaptive_args`) so
 SGLang sizes its buffers for every candidate.
+
+State lives on SGLang's objects: the runtime on the ``EAGLEWorkerV2`` (:func:`~.adaptive.runtime_of`), the policy
+and its drafter ledger on the worker's ``AdaptiveController`` (its ``params``), and R4 hands the ledger to R5 on
+the ``EagleDraftWorker`` for the duration of a plain step. Under the overlap scheduler SGLang's own worker still
+does the overlap protocol (``on_publish`` after verify, ``FutureMap`` relay of the draft state, including R5's
+stand-ins and the rows a catch-up restores); R4 and R5 add no device sync to a plain or speculative step, and a
+catch-up waits only for the ledger's own host copies (see :mod:`.eagle_catchup`).
 """
 
 from __future__ import annotations
