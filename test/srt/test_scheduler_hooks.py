@@ -40,12 +40,29 @@ def _registered_targets(enabled: bool) -> list:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# The SPEX hooks (H2-H13): none may be registered without --tot-speculation.
+SPEX_TARGETS = (
+    "SamplingBatchInfo.from_schedule_batch",
+    "SamplingBatchInfo.merge_batch",
+    "Scheduler.init_request_dispatcher",
+    "Scheduler._add_request_to_queue",
+    "ScheduleBatch._get_decode_retraction_order",
+    "PrefillAdder.add_one_req",
+    "Scheduler._get_new_batch_prefill_raw",
+    "Scheduler.update_running_batch",
+    "Scheduler.abort_request",
+    "Scheduler.get_next_batch_to_run",
+    "UnifiedRadixCache.on_release",
+)
+
+
 def test_hooks_registered_only_with_speculation(spex_server):
-    off = [t for t in _registered_targets(False) if not t.startswith("sglang.srt.speculative.draft_utils.")]
-    # without --tot-speculation: only H1 (report) plus the spex_cpu backend's draft-factory hooks (A3/A4)
-    assert off == ["sglang.srt.managers.scheduler.Scheduler.get_internal_state"]
+    off = _registered_targets(False)
+    # without --tot-speculation: H1 (report) and hooks of other features (CPU attention, ReSpec, verify), no SPEX hook
+    assert "sglang.srt.managers.scheduler.Scheduler.get_internal_state" in off
+    assert not [t for t in off if t.endswith(SPEX_TARGETS)], off
     on = _registered_targets(True)
-    for name in ("abort_request", "get_next_batch_to_run", "_get_new_batch_prefill_raw", "on_release", "add_one_req"):
+    for name in SPEX_TARGETS:
         assert any(t.endswith(name) for t in on), name
     hooks = sched(spex_server.url)["hooks"]  # and on the live server every hook is still enabled
     assert hooks and all(h["enabled"] for h in hooks.values()), hooks
