@@ -43,7 +43,7 @@ def test_bad_payload_400_buffer_unchanged(client, body, field):
     r0 = http.post("/respec/rollouts", json={"rollouts": [GOOD]})
     assert r0.status_code == 200, (r0.text, [getattr(x, "path", None) for x in http.app.routes])
     r = http.post("/respec/rollouts", content=body, headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["field"] == field
+    assert r.status_code == 400 and r.json()["error"]["field"] == field
     state = http.get("/respec/state").json()
     assert state["buffer_size"] == 1 and state["rollouts_received"] == 1
 

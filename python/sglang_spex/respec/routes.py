@@ -2,7 +2,7 @@
 
 - ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?}]}``:
   200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad payload → 400
-  ``{"error": {"field", "reason"}, "field"}`` and the buffer is unchanged.
+  ``{"error": {"field", "reason"}}`` and the buffer is unchanged.
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload, the copy unchanged.
@@ -31,15 +31,14 @@ from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import HotSwapClient, deserialize_named_tensors
 from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
 from sglang_spex.respec.target import TargetFeatures
-from sglang_spex.srt.http_api import BodyError, PolicyBody, RolloutsBody, parse_body, read_json
+from sglang_spex.srt.http_api import BodyError, PolicyBody, RolloutsBody, error_response, parse_body, read_json
 
 logger = logging.getLogger(__name__)
 LEARNER_ATTR = "respec_learner"  # the learner lives on ``app.state.respec_learner``
 
 
 def _bad(field_name: str, reason: str) -> JSONResponse:
-    # the plugin's error shape; the top-level "field" stays for clients of the earlier {"error": str, "field"}
-    return JSONResponse({"error": {"field": field_name, "reason": reason}, "field": field_name}, status_code=400)
+    return error_response(field_name, reason)
 
 
 def _learner(request: Request) -> OnlineLearner:

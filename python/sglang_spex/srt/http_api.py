@@ -5,7 +5,7 @@ items indexed (``batch_sizes[2]``). Every body rejects unknown fields and takes 
 ``"3"`` for 3). The search ``spec`` inside ``POST /tot/search`` and the ReSpec rollouts keep their own
 validators (``tot/search_spec.py``, ``respec/buffer.py``), which name fields the same way.
 
-This module imports no other module of the plugin, so every routes module can use it.
+This module imports only the leaf ``tot/validation.py`` of the plugin, so every routes module can use it.
 """
 
 from __future__ import annotations
@@ -17,21 +17,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sglang_spex.tot.validation import FieldError
+
 STATE_ATTR = "spex"  # the plugin's HTTP-side state lives on ``app.state.spex`` (``srt/http_state.py``)
 
 B = TypeVar("B", bound="Body")
 
 
-class BodyError(ValueError):
+class BodyError(FieldError):
     """A request body field is invalid; ``field`` names it, ``reason`` says why."""
-
-    def __init__(self, field_name: str, reason: str):
-        super().__init__(f"{field_name}: {reason}")
-        self.field = field_name
-        self.reason = reason
-
-    def to_dict(self) -> Dict[str, str]:
-        return {"field": self.field, "reason": self.reason}
 
 
 def error_response(field_name: str, reason: str, status_code: int = 400) -> JSONResponse:

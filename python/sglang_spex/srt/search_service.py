@@ -40,7 +40,7 @@ from sglang_spex.srt.engine_port import TokenizerManagerPort
 from sglang_spex.srt.http_api import STATE_ATTR, BodyError, SearchBody, error_response, json_body
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.engine import search_rid_prefix
-from sglang_spex.tot.search import ContextFactory, SearchResult, build_result, run_context
+from sglang_spex.tot.search import ContextFactory, SearchResult
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 logger = logging.getLogger(__name__)
@@ -197,14 +197,14 @@ class SearchService:
         try:
             async with self._sem:
                 if h.ctx.cancelled:
-                    h.result = build_result(h.ctx, "cancelled")
+                    h.result = h.ctx.result("cancelled")
                 else:
                     h.status = RUNNING
-                    h.result = await run_context(h.ctx)
+                    h.result = await h.ctx.run()
         except asyncio.CancelledError:
-            h.result = build_result(h.ctx, "cancelled")
+            h.result = h.ctx.result("cancelled")
         except Exception as e:  # never lose a search silently
-            h.result = build_result(h.ctx, "failed", repr(e))
+            h.result = h.ctx.result("failed", repr(e))
         h.status = h.result.status
         h.publish({"event": "result", "result": h.result.to_dict()})
 

@@ -15,19 +15,9 @@ from sglang_spex.tot.engine import EnginePort
 from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.search_spec import SearchSpec
 
-__all__ = ["ContextFactory", "SearchResult", "build_result", "judge", "run_batch", "run_context", "run_search"]
+__all__ = ["ContextFactory", "SearchResult", "judge", "run_batch", "run_search"]
 
 ContextFactory = Callable[..., SearchContext]
-
-
-def build_result(ctx: SearchContext, status: str, error: Optional[str] = None) -> SearchResult:
-    """The result of ``ctx`` as it stands (:meth:`SearchContext.result`)."""
-    return ctx.result(status, error)
-
-
-async def run_context(ctx: SearchContext) -> SearchResult:
-    """Run a prepared context to its result (:meth:`SearchContext.run`)."""
-    return await ctx.run()
 
 
 async def run_search(
