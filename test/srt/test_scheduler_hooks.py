@@ -76,6 +76,7 @@ def _spec_batch(url: str, tag: str, n: int, new_tokens: int):
 
 def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
     url = spex_server_in_mode.url
+    post(url, "/spex/release", {})
     start = wait_idle(url)["pool"]
     try:
         assert post(url, "/spex/budget", {"k": 3})["scheduler"]["budget"] == 3
@@ -100,7 +101,8 @@ def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
         print("max speculative requests per budget:", by_budget, "steps:", len(rows))
         assert by_budget[3] == 3 and by_budget[5] == 5  # the cap binds (the check is not vacuous)
         assert sched(url)["counters"].get("spec_retracted_for_budget", 0) > 0
-        end = wait_idle(url)["pool"]  # retracted requests left nothing behind
+        post(url, "/spex/release", {})  # the finished nodes' searches end: their protected prefixes go
+        end = wait_idle(url)["pool"]  # and retracted requests left nothing behind
         assert end["kv_available"] + end["kv_evictable"] == start["kv_available"] + start["kv_evictable"]
         assert end["req_slots_free"] == start["req_slots_free"]
     finally:

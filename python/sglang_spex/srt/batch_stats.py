@@ -1,8 +1,8 @@
 """Per-step batch statistics, published by the scheduler through a shared-memory file any process can read.
 
 The scheduler writes one row per scheduled batch into a ring of ``RING`` rows (``FIELDS``) plus a few
-counters, in a file under ``/dev/shm`` named by the environment variable ``SGLANG_SPEX_STATS`` (set by
-the plugin in the launching process, inherited by SGLang's subprocesses). Reading costs one ``mmap``
+counters, in a file under ``/dev/shm`` named by the plugin config's ``stats_path`` (``config.stats_channel``:
+picked by the launcher, or by the first process that asks, and inherited by SGLang's subprocesses). Reading costs one ``mmap``
 slice: no IPC round trip, no lock. The writer bumps ``seq`` after a row is complete; a reader that lags
 by more than ``RING`` rows sees overwritten rows (``history`` reports the gap).
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import tempfile
 import time
 from typing import Any, Dict, Optional
 
@@ -30,12 +29,12 @@ import numpy as np
 
 from sglang_spex.adapters import radix_cache as rc
 from sglang_spex.adapters import scheduler as sa
+from sglang_spex.config import stats_channel
 from sglang_spex.srt import scheduling
 from sglang_spex.srt.hook_guard import HookGuard
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "SGLANG_SPEX_STATS"
 MAGIC = 0x5350455853544154  # "SPEXSTAT"
 VERSION = 1
 RING = 8192
@@ -81,17 +80,9 @@ _C = {name: i for i, name in enumerate(COUNTERS)}
 _NBYTES = 8 * (_HDR + len(COUNTERS) + RING * len(FIELDS))
 
 
-def default_path() -> str:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, f"sglang-spex-stats-{os.getpid()}")
-
-
 def prepare_channel() -> str:
     """Fix the stats path for this process tree (call in the launching process, before SGLang forks)."""
-    path = os.environ.get(ENV_VAR)
-    if not path:
-        path = os.environ[ENV_VAR] = default_path()
-    return path
+    return stats_channel()
 
 
 def _views(mm: np.memmap):
@@ -150,7 +141,7 @@ class StatsReader:
     """Any process: read the latest row, the counters and recent history without IPC."""
 
     def __init__(self, path: Optional[str] = None):
-        self.path = path or os.environ.get(ENV_VAR) or ""
+        self.path = path or stats_channel()
         self.mm = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(_NBYTES,))
         self.header, self.counters_arr, self.ring = _views(self.mm)
         if int(self.header[0]) != MAGIC or int(self.header[1]) != VERSION:
@@ -185,7 +176,7 @@ G_STATS = HookGuard("batch_stats")
 
 def _writer_of(state: scheduling.SpexSchedulerState) -> StatsWriter:
     if state.stats is None:
-        state.stats = StatsWriter(os.environ.get(ENV_VAR) or prepare_channel())
+        state.stats = StatsWriter(stats_channel())
     return state.stats
 
 
