@@ -70,7 +70,7 @@ def run_variants(a, setup, task) -> Dict:
         clients = {}
         for v in a.variants:
             spec = learner_spec(setup, v, "async", lr=a.kd_lr, train_steps=a.kd_train_steps, micro_batch=8)
-            srv = stack.enter_context(ServerProcess(eagle3_server_args(setup, a.dtype), env={"SPEX_RESPEC": spec}))
+            srv = stack.enter_context(ServerProcess([*eagle3_server_args(setup, a.dtype), "--respec-learner", spec]))
             clients[v] = ServerClient(srv.url)
         first, *rest = a.variants
         policy = Policy.from_pretrained(setup.policy_dir, lr=a.policy_lr, temperature=a.temperature)
@@ -133,7 +133,7 @@ def run_stall(a, setup) -> Dict:
     out: Dict[str, List[Dict]] = {"none": [], "async": [], "sync": []}
     for mode in ("async", "sync"):
         spec = learner_spec(setup, "reward", mode, lr=a.kd_lr, train_steps=a.stall_train_steps, micro_batch=8)
-        with ServerProcess(eagle3_server_args(setup, a.dtype), env={"SPEX_RESPEC": spec}) as srv:
+        with ServerProcess([*eagle3_server_args(setup, a.dtype), "--respec-learner", spec]) as srv:
             client = ServerClient(srv.url)
             decode_rate(srv.url, None, rollouts, a)  # warm-up
             for _ in range(a.stall_reps):

@@ -6,7 +6,7 @@ drafter aligned with the moving policy.
         --drafter ~/.cache/sglang-spex/models/SmolLM2-135M-Instruct-eagle3-respec --steps 3
 
 Launches ``python -m sglang_spex.launch_server`` with EAGLE3 (a drafter bootstrapped on the policy's own
-samples) and the learner (``SPEX_RESPEC``), then per step: G samples per prompt, verifier rewards, group-
+samples) and the learner (``--respec-learner``), then per step: G samples per prompt, verifier rewards, group-
 normalised advantages, a policy step on the client's HF copy, the new weights pushed into the server
 (``/update_weights_from_tensor``, selector target), rollouts posted to ``POST /respec/rollouts``.
 """
@@ -68,8 +68,8 @@ def main() -> None:
         args.max_new_tokens, args.temperature, args.seed, drafter_dir=args.drafter,
     )  # fmt: skip
     print(f"policy {setup.policy_dir}, drafter {setup.drafter_dir} ({time.perf_counter() - t0:.0f} s)")
-    env = {"SPEX_RESPEC": learner_spec(setup, args.variant, args.learner_mode, lr=1e-3)}
-    with ServerProcess(eagle3_server_args(setup, args.dtype), env=env) as srv:
+    spec = learner_spec(setup, args.variant, args.learner_mode, lr=1e-3)
+    with ServerProcess([*eagle3_server_args(setup, args.dtype), "--respec-learner", spec]) as srv:
         print(f"server {srv.url} (log {srv.log_path})")
         policy = Policy.from_pretrained(setup.policy_dir, lr=args.lr, temperature=args.temperature)
         tok = AutoTokenizer.from_pretrained(setup.policy_dir)

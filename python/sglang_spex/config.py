@@ -47,7 +47,6 @@ CACHE_ENV_VAR = "SPEX_CACHE_DIR"
 FORCE_CPU_ENV_VAR = "SPEX_FORCE_CPU"
 # Legacy: the learner spec alone, set directly by a few tests/benchmarks; the launcher folds it into the config.
 # Remove it once they pass --respec-learner instead.
-LEARNER_ENV_VAR = "SPEX_RESPEC"
 
 
 class EnvVar(NamedTuple):
@@ -60,7 +59,6 @@ ENV_VARS: Tuple[EnvVar, ...] = (
     EnvVar(ENV_VAR, "unset (all defaults)", "the PluginConfig as JSON; written by the launcher, read by load()"),
     EnvVar(CACHE_ENV_VAR, "~/.cache/sglang-spex", "root of the model and profile caches (cache_dir())"),
     EnvVar(FORCE_CPU_ENV_VAR, "unset", "1: the launcher treats the machine as having no GPU (CPU defaults)"),
-    EnvVar(LEARNER_ENV_VAR, "unset", "legacy: a learner spec the launcher folds into the config (--respec-learner)"),
 )
 
 

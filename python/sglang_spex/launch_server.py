@@ -18,9 +18,7 @@ from typing import Dict, List, Optional, Sequence
 
 from sglang_spex.config import (
     FORCE_CPU_ENV_VAR,
-    LEARNER_ENV_VAR,
     ConfigError,
-    LearnerSpec,
     PluginConfig,
     default_stats_path,
     export,
@@ -112,21 +110,6 @@ def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List
     return args
 
 
-def _legacy_learner(cfg: PluginConfig) -> PluginConfig:
-    """A learner spec set directly in the legacy variable (no ``--respec-learner``) joins the config.
-
-    Kept while test/respec/test_grpo.py, benchmark/bench_respec_learner.py and examples/grpo_rollouts.py pass the
-    spec that way; remove it (and ``LEARNER_ENV_VAR``) once they pass ``--respec-learner SPEC`` instead."""
-    text = os.environ.get(LEARNER_ENV_VAR)
-    if cfg.learner is not None or not text:
-        return cfg
-    try:
-        body = text if text.strip().startswith("{") else Path(text).read_text()
-    except OSError as e:
-        raise ConfigError(f"{LEARNER_ENV_VAR}: {e}") from None
-    return dataclasses.replace(cfg, learner=LearnerSpec.from_json(body, LEARNER_ENV_VAR))
-
-
 def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     """Parse our flags, export the config for SGLang's processes, return SGLang's arguments.
 
@@ -139,7 +122,6 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
         from sglang_spex.respec.eagle_policy import sglang_adaptive_args
 
         args += sglang_adaptive_args(cfg.respec, args)
-    cfg = _legacy_learner(cfg)
     cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
     export(cfg)
     if not gpu:

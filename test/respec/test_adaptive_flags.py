@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from sglang_spex import config
-from sglang_spex.config import ENV_VAR, LEARNER_ENV_VAR, ConfigError, PluginConfig, RespecConfig, load
+from sglang_spex.config import ENV_VAR, ConfigError, PluginConfig, RespecConfig, load
 from sglang_spex.flags import parse_args
 
 NGRAM = ["--speculative-algorithm", "NGRAM"]
@@ -28,7 +27,6 @@ def parse_learner_args(argv):
 def clean_env(monkeypatch):
     """prepare() exports the config into os.environ: keep that inside the test."""
     monkeypatch.delenv(ENV_VAR, raising=False)
-    monkeypatch.delenv(LEARNER_ENV_VAR, raising=False)
     yield monkeypatch
     config.reset()
 
@@ -125,18 +123,6 @@ def test_learner_flags(tmp_path, clean_env):
         ["--model-path", "m", "--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-learner-mode", "sync"]
     )
     assert (load().learner.drafter, load().learner.target, load().learner.learner.mode) == ("d", "t", "sync")
-    assert LEARNER_ENV_VAR not in os.environ  # the learner travels in the one config only
-
-
-def test_legacy_learner_variable_joins_the_config(clean_env):
-    from sglang_spex.launch_server import prepare
-
-    clean_env.setenv(LEARNER_ENV_VAR, json.dumps({"drafter": "d", "target": "t", "probe": [[[1, 2], [3]]]}))
-    prepare(["--model-path", "m"])
-    assert load().learner.probe == (((1, 2), (3,)),)
-    clean_env.setenv(LEARNER_ENV_VAR, json.dumps({"drafter": "d", "target": "t", "lr": 1}))
-    with pytest.raises(ConfigError, match=r"SPEX_RESPEC: unknown field\(s\) \['lr'\]"):
-        prepare(["--model-path", "m"])
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def _server(tiny_model, drafter_dir, learner: dict):
     spec = {"drafter": str(drafter_dir), "target": tiny_model, "learner": learner}
     args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]
     args += ["--speculative-draft-model-path", str(drafter_dir), *EAGLE_ARGS]
-    return ServerProcess(args, env={"SPEX_RESPEC": json.dumps(spec)})
+    return ServerProcess([*args, "--respec-learner", json.dumps(spec)])
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Setting up a GRPO + online-learner run on CPU: the initial policy (optionally a warm-started tiny model),
 a bootstrap EAGLE-3 drafter fitted on the policy's own samples, and the EAGLE3 server with the learner inside
-(``SPEX_RESPEC``). Shared by ``examples/grpo_rollouts.py`` and ``benchmark/bench_respec_learner.py``.
+(``--respec-learner``). Shared by ``examples/grpo_rollouts.py`` and ``benchmark/bench_respec_learner.py``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def prepare_run(
 
 
 def learner_spec(setup: RunSetup, variant: str, mode: str = "async", **learner: object) -> str:
-    """The ``SPEX_RESPEC`` JSON for a server whose learner distills into ``setup``'s drafter."""
+    """The ``--respec-learner`` JSON for a server whose learner distills into ``setup``'s drafter."""
     cfg = {"variant": variant, "mode": mode, "update_interval": 1, **learner}
     return json.dumps(
         {"drafter": str(setup.drafter_dir), "target": str(setup.policy_dir), "learner": cfg, "probe": setup.probe}

@@ -20,48 +20,17 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang_spex.config import LearnerConfig
 from sglang_spex.respec.buffer import ReplayBuffer, Rollout
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.kd import reward_weighted_kd, reward_weights
 from sglang_spex.respec.target import Batch
 from sglang_spex.respec.ttt import acceptance_length
 
-VARIANTS = ("frozen", "unweighted", "reward")
-MODES = ("sync", "async")
-
 Sequences = Sequence[Tuple[Sequence[int], Sequence[int]]]
 FeatureFn = Callable[[Sequences], Batch]
 PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], None]
 PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
-
-
-@dataclass
-class LearnerConfig:
-    variant: str = "reward"
-    mode: str = "async"
-    update_interval: int = 1  # I: update after every I posted rollout batches
-    train_steps: int = 4  # optimizer steps per update
-    micro_batch: int = 4
-    lr: float = 1e-4
-    grad_clip: float = 0.5
-    kd_steps: int = 3  # draft steps unrolled in the KD loss
-    weight_mode: str = "zscore"  # kd.reward_weights mode for the "reward" variant
-    w_max: float = 2.0
-    probe_steps: int = 5  # draft steps in the probe acceptance estimate
-    collapse_ratio: float = 0.5
-    buffer_capacity: int = 4096
-    seed: int = 0
-
-    def validate(self) -> "LearnerConfig":
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant {self.variant!r}: choose from {VARIANTS}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r}: choose from {MODES}")
-        if self.update_interval < 1 or self.train_steps < 1 or self.micro_batch < 1 or self.kd_steps < 1:
-            raise ValueError("update_interval, train_steps, micro_batch and kd_steps must be >= 1")
-        if not 0 <= self.collapse_ratio <= 1:
-            raise ValueError("collapse_ratio must be in [0, 1]")
-        return self
 
 
 @dataclass

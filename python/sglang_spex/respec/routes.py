@@ -29,7 +29,7 @@ from sglang_spex.config import ENV_VAR, LearnerSpec, load
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import HotSwapClient, deserialize_named_tensors
-from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
+from sglang_spex.respec.learner import OnlineLearner
 from sglang_spex.respec.target import TargetFeatures
 from sglang_spex.srt.http_api import BodyError, PolicyBody, RolloutsBody, error_response, parse_body, read_json
 
@@ -97,7 +97,7 @@ def build_learner(spec: LearnerSpec, server_url: Optional[str] = None) -> Online
     url = spec.server_url or server_url
     publish = HotSwapClient(url, begin_retries=240) if url else None
     probe = [(list(p), list(r)) for p, r in spec.probe]
-    cfg = LearnerConfig(**spec.learner.to_dict())
+    cfg = spec.learner
     return OnlineLearner(drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights)
 
 
