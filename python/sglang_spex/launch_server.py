@@ -130,6 +130,28 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     return args
 
 
+def allow_ngram_overlap_on_cpu() -> None:
+    """Touch point L1: with ``--enable-overlap-schedule`` on CPU, keep the overlap scheduler for NGRAM.
+
+    SGLang 0.5.23 turns overlap off for every speculative algorithm on CPU
+    (``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``). NGRAM's overlap path runs on CPU (greedy
+    output equals plain SGLang's, ``test/respec/test_adaptive_server.py``), so the launcher keeps it for NGRAM and
+    leaves SGLang's guard in place for the EAGLE family, whose overlap path needs a Triton kernel
+    (``overlap_utils.gather_spec_extras``)."""
+    from sglang.srt.arg_groups import speculative_hook
+
+    guard = speculative_hook._disable_overlap_schedule_for_cpu
+    if getattr(guard, "spex_keeps_ngram", False):
+        return
+
+    def keep_ngram_overlap(server_args) -> None:
+        if str(getattr(server_args, "speculative_algorithm", "") or "").upper() != "NGRAM":
+            guard(server_args)
+
+    keep_ngram_overlap.spex_keeps_ngram = True
+    speculative_hook._disable_overlap_schedule_for_cpu = keep_ngram_overlap
+
+
 def print_help() -> None:
     """Our flags (generated from the config's fields), then SGLang's own help."""
     parser = argparse.ArgumentParser(prog="python -m sglang_spex.launch_server", add_help=False)
@@ -159,6 +181,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
+    if not has_gpu() and ENABLE_OVERLAP in argv:
+        allow_ngram_overlap_on_cpu()
     server_args = prepare_server_args(args)
     try:
         launch_server(server_args)

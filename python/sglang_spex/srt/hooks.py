@@ -106,6 +106,7 @@ CONDITIONS: Mapping[str, Callable[[SpexConfig], bool]] = MappingProxyType(
 
 FEATURES: Tuple[Feature, ...] = (
     Feature("report", "always"),
+    Feature("launcher", "always"),
     Feature("cpu_attention", "sgl-kernel-ext installed", f"{KERNEL_EXT}:register"),
     Feature("lossless_verify", "always"),
     Feature("respec_ngram", "--respec-adaptive"),
@@ -123,6 +124,10 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("H1", f"{SCHEDULER}.get_internal_state", "AFTER", "report",
        "the plugin's scheduler-side report (pid, config, hooks applied) for /spex/info",
        f"{SELF}:HookPlan.report_state"),
+    # ---- launcher (before SGLang resolves its arguments)
+    _T("L1", "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu", "REPLACE", "launcher",
+       "(private) with --enable-overlap-schedule on CPU, NGRAM keeps the overlap scheduler; EAGLE keeps SGLang's guard",
+       "sglang_spex.launch_server:allow_ngram_overlap_on_cpu", by="sglang_spex.launch_server:allow_ngram_overlap_on_cpu"),
     # ---- routes (HTTP process)
     _T("W1", f"{HTTP_SERVER_MODULE}.app", "routes", "routes",
        "/spex/*, /tot/*, /respec/* routes added to SGLang's FastAPI app (a module global)",
@@ -178,6 +183,14 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "the draft input the catch-up builds for SGLang's batched draft extend", by=SPEC_ADAPTER),
     _T("P8", "sglang.srt.layers.logits_processor.LogitsProcessorOutput", "call", "respec_eagle",
        "carries the captured target hidden states into the catch-up's draft extend", by=SPEC_ADAPTER),
+    _T("P17", f"{NGRAM_WORKER}._update_ngram_corpus", "call", "respec_ngram",
+       "(private) a plain step feeds the n-gram corpus as SGLang's verify does (overlap staging included)",
+       by=SPEC_ADAPTER),
+    _T("P18", f"{EAGLE_WORKER}.activate_step_by_batch", "call", "respec_eagle",
+       "switches SGLang's pre-built runtime state to the plan's step count for the batch", by=SPEC_ADAPTER),
+    _T("P19", f"{EAGLE_DRAFT_WORKER}._draft_extend_for_decode", "call", "respec_eagle",
+       "(private) the catch-up replays skipped positions through SGLang's own batched draft extend",
+       by=SPEC_ADAPTER),
     # ---- seeded_sampling (--tot-speculation)
     _T("H2", f"{SAMPLING_INFO}.from_schedule_batch", "AFTER", "seeded_sampling",
        "honour per-request sampling_seed: a node's sample depends on (seed, position), not on its batch",
