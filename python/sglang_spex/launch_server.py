@@ -130,26 +130,21 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     return args
 
 
-def allow_ngram_overlap_on_cpu() -> None:
-    """Touch point L1: with ``--enable-overlap-schedule`` on CPU, keep the overlap scheduler for NGRAM.
+def allow_spec_overlap_on_cpu() -> None:
+    """Touch point L1: with ``--enable-overlap-schedule`` on CPU, speculative decoding keeps the overlap scheduler.
 
     SGLang 0.5.23 turns overlap off for every speculative algorithm on CPU
-    (``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``). NGRAM's overlap path runs on CPU (greedy
-    output equals plain SGLang's, ``test/respec/test_adaptive_server.py``), so the launcher keeps it for NGRAM and
-    leaves SGLang's guard in place for the EAGLE family, whose overlap path needs a Triton kernel
-    (``overlap_utils.gather_spec_extras``)."""
+    (``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``). NGRAM's overlap path runs on CPU as it is;
+    the EAGLE family's needs hook V2 (``srt/cpu_overlap.py``: its draft-state relay gathers with a Triton kernel).
+    Greedy output equals plain SGLang's in both modes (``test/respec/test_adaptive_server.py``,
+    ``test_adaptive_eagle.py``)."""
     from sglang.srt.arg_groups import speculative_hook
 
-    guard = speculative_hook._disable_overlap_schedule_for_cpu
-    if getattr(guard, "spex_keeps_ngram", False):
-        return
+    speculative_hook._disable_overlap_schedule_for_cpu = keep_overlap
 
-    def keep_ngram_overlap(server_args) -> None:
-        if str(getattr(server_args, "speculative_algorithm", "") or "").upper() != "NGRAM":
-            guard(server_args)
 
-    keep_ngram_overlap.spex_keeps_ngram = True
-    speculative_hook._disable_overlap_schedule_for_cpu = keep_ngram_overlap
+def keep_overlap(server_args) -> None:
+    """Replacement of SGLang's CPU guard: leave ``disable_overlap_schedule`` as the launcher resolved it."""
 
 
 def print_help() -> None:
@@ -182,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from sglang.srt.utils import kill_process_tree
 
     if not has_gpu() and ENABLE_OVERLAP in argv:
-        allow_ngram_overlap_on_cpu()
+        allow_spec_overlap_on_cpu()
     server_args = prepare_server_args(args)
     try:
         launch_server(server_args)

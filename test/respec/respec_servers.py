@@ -1,9 +1,8 @@
 """Real ReSpec test servers in a given scheduler mode (``overlap`` / ``no-overlap``, see ``test/server_modes.py``).
 
 With speculative decoding on CPU, SGLang 0.5.23 itself turns the overlap scheduler off; the launcher's
-``--enable-overlap-schedule`` keeps it for NGRAM (touch point L1). SGLang's EAGLE overlap path does not run on
-CPU at all (``FutureMap`` gathers the draft state with a Triton kernel, and there is no Triton driver here), so
-EAGLE3 servers run both modes only where a GPU is present.
+``--enable-overlap-schedule`` keeps it (touch point L1), and hook V2 lets the EAGLE family's overlap relay
+(``FutureMap``, a Triton gather in SGLang) run on CPU. So NGRAM and EAGLE3 servers run in both modes everywhere.
 """
 
 from __future__ import annotations
@@ -13,11 +12,10 @@ from typing import Sequence
 import requests
 from server_modes import MODES, mode_args
 
-from sglang_spex.launch_server import has_gpu
 from sglang_spex.serve import ServerProcess
 
 NGRAM_MODES = MODES
-EAGLE_MODES = MODES if has_gpu() else ("no-overlap",)
+EAGLE_MODES = MODES
 
 
 class RespecServer(ServerProcess):

@@ -9,8 +9,8 @@ the KV pool returns to its start, and the state is on ``/spex/info`` and ``/metr
 A second server forces ``alternate:3`` with the default ``--respec-eagle-off plain``: every request switches
 between true plain steps (no drafter work) and speculation mid-generation, so the drafter's KV is caught up
 (replayed from the ledger) at every resume. Greedy output must still equal plain SGLang's and the KV pool return
-to its start. Both servers run once per scheduler mode SGLang's EAGLE path supports here (``EAGLE_MODES``: overlap
-and non-overlap on a GPU; SGLang 0.5.23's EAGLE overlap path needs Triton, so only non-overlap on CPU).
+to its start. Both servers run once per scheduler mode (``EAGLE_MODES``: overlap and non-overlap; on CPU the overlap loop's
+draft-state relay runs through hook V2 and the launcher's ``--enable-overlap-schedule`` keeps overlap, L1).
 """
 
 from __future__ import annotations

@@ -155,7 +155,11 @@ def test_without_speculation_only_the_report_and_backend_features_register(clean
     assert plan.disabled == {}
     assert {"seeded_sampling", "scheduler", "respec_ngram", "respec_eagle", "routes"} <= set(plan.off)
     ours = {tp.target for f in plan.enabled for tp in hooks.points_of(f) if tp.registered_here}
-    assert ours == {f"{hooks.SCHEDULER}.get_internal_state", "sglang.srt.speculative.eagle_utils._verify_uses_greedy"}
+    assert ours == {
+        f"{hooks.SCHEDULER}.get_internal_state",
+        "sglang.srt.speculative.eagle_utils._verify_uses_greedy",
+        "sglang.srt.managers.overlap_utils.gather_spec_extras",
+    }
     assert hooks.register_all(SpexConfig(enabled=False)) is plan  # idempotent per process
     assert len(HookRegistry._hooks[f"{hooks.SCHEDULER}.get_internal_state"]) == 1
 

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 SIGNATURES_FILE = Path(__file__).with_name("hook_signatures.json")
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
 HOOK_KINDS = tuple(t.name for t in HookType)  # BEFORE AFTER AROUND REPLACE: a HookRegistry hook
-OTHER_KINDS = ("registry", "types", "routes", "call")  # touch points made without HookRegistry
+OTHER_KINDS = ("registry", "types", "routes", "call", "patch")  # made without HookRegistry (patch: by our launcher)
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SAMPLING_INFO = "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo"
@@ -98,6 +98,7 @@ CONDITIONS: Mapping[str, Callable[[SpexConfig], bool]] = MappingProxyType(
     {
         "always": lambda cfg: True,
         "HTTP process": lambda cfg: HTTP_SERVER_MODULE in sys.modules,
+        "launcher only": lambda cfg: False,  # made by launch_server before SGLang starts, never by register_all
         "sgl-kernel-ext installed": lambda cfg: importlib.util.find_spec("sgl_kernel_ext") is not None,
         "--tot-speculation": lambda cfg: cfg.enabled,
         "--respec-adaptive": _respec_on,
@@ -106,9 +107,10 @@ CONDITIONS: Mapping[str, Callable[[SpexConfig], bool]] = MappingProxyType(
 
 FEATURES: Tuple[Feature, ...] = (
     Feature("report", "always"),
-    Feature("launcher", "always"),
+    Feature("launcher", "launcher only"),
     Feature("cpu_attention", "sgl-kernel-ext installed", f"{KERNEL_EXT}:register"),
     Feature("lossless_verify", "always"),
+    Feature("cpu_spec_overlap", "always"),
     Feature("respec_ngram", "--respec-adaptive"),
     Feature("respec_report", "--respec-adaptive"),
     Feature("respec_eagle", "--respec-adaptive"),
@@ -125,9 +127,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "the plugin's scheduler-side report (pid, config, hooks applied) for /spex/info",
        f"{SELF}:HookPlan.report_state"),
     # ---- launcher (before SGLang resolves its arguments)
-    _T("L1", "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu", "REPLACE", "launcher",
-       "(private) with --enable-overlap-schedule on CPU, NGRAM keeps the overlap scheduler; EAGLE keeps SGLang's guard",
-       "sglang_spex.launch_server:allow_ngram_overlap_on_cpu", by="sglang_spex.launch_server:allow_ngram_overlap_on_cpu"),
+    _T("L1", "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu", "patch", "launcher",
+       "(private) with --enable-overlap-schedule on CPU, speculative decoding keeps the overlap scheduler (needs V2)",
+       "sglang_spex.launch_server:keep_overlap", by="sglang_spex.launch_server:allow_spec_overlap_on_cpu"),
     # ---- routes (HTTP process)
     _T("W1", f"{HTTP_SERVER_MODULE}.app", "routes", "routes",
        "/spex/*, /tot/*, /respec/* routes added to SGLang's FastAPI app (a module global)",
@@ -157,6 +159,10 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("V1", "sglang.srt.speculative.eagle_utils._verify_uses_greedy", "AROUND", "lossless_verify",
        "CPU speculative verify at temperature > 0 samples (rejection sampling) instead of committing the argmax",
        "sglang_spex.srt.lossless_verify:v1_verify_uses_greedy"),
+    # ---- cpu_spec_overlap (always: acts only on CPU tensors)
+    _T("V2", "sglang.srt.managers.overlap_utils.gather_spec_extras", "AROUND", "cpu_spec_overlap",
+       "the overlap scheduler's EAGLE draft-state relay gathers rows on CPU without SGLang's Triton kernel",
+       "sglang_spex.srt.cpu_overlap:v2_gather_spec_extras"),
     # ---- respec_* (--respec-adaptive), independent of --tot-speculation
     _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
        "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",
