@@ -25,8 +25,10 @@ def parse_learner_args(argv):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    """prepare() exports the config into os.environ: keep that inside the test."""
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    """prepare() exports the config into os.environ: keep that inside the test (setenv first, so monkeypatch
+    restores the variable's absence; a bare delenv of an unset variable records nothing to undo)."""
+    monkeypatch.setenv(ENV_VAR, "")
+    monkeypatch.delenv(ENV_VAR)
     yield monkeypatch
     config.reset()
 

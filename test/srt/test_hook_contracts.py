@@ -33,10 +33,13 @@ def clean_registry(monkeypatch):
     """An empty HookRegistry for one test (the process's own entries are put back afterwards), in a process that
     is not SGLang's HTTP server (resolving W1 imported ``http_server``; its app must not get our routes here)."""
     monkeypatch.delitem(sys.modules, hooks.HTTP_SERVER_MODULE, raising=False)
+    monkeypatch.setenv(config.ENV_VAR, "")  # the defaults, whatever an earlier test left in the environment
+    config.reset()
     saved = {target: list(entries) for target, entries in HookRegistry._hooks.items()}
     patched = set(HookRegistry._patched)
     HookRegistry.reset()
     yield
+    config.reset()
     HookRegistry.reset()
     HookRegistry._hooks.update(saved)
     HookRegistry._patched.update(patched)

@@ -57,7 +57,9 @@ LEARNER = '{"drafter": "d", "target": "t"}'
 
 @pytest.fixture
 def env(monkeypatch):
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    # setenv first so monkeypatch restores the variable's absence after export() wrote os.environ directly
+    monkeypatch.setenv(ENV_VAR, "")
+    monkeypatch.delenv(ENV_VAR)
     config.reset()
     yield monkeypatch
     config.reset()
