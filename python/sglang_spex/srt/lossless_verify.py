@@ -21,7 +21,7 @@ import importlib
 import logging
 from typing import Any, Callable, Dict, List, Tuple
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
 
 try:
     from sgl_kernel_ext import spec_sampling
@@ -64,8 +64,3 @@ HOOKS: List[Tuple[str, str, Callable[..., Any], HookType]] = [
     ("V1", f"{EAGLE_UTILS}._verify_uses_greedy", v1_verify_uses_greedy, HookType.AROUND),
 ]
 
-
-def register() -> None:
-    """Register the hooks in :data:`HOOKS` with SGLang's ``HookRegistry``."""
-    for _hook_id, target, fn, kind in HOOKS:
-        HookRegistry.register(target, fn, kind)
