@@ -78,6 +78,21 @@ if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$STAMP_KEY" ]; then
 fi
 CURRENT_STEP="install sgl_kernel stand-in finder (only used where no real sgl_kernel loads)"
 .venv/bin/python -c "from sgl_kernel_ext.finder import install; install()" > /dev/null
+# Chromium (Debian's package) for the browser tests of /tot/ui (Playwright from PyPI drives it; its own
+# browser download is never used). Skipped when present; without root or apt the tests fail with this message.
+CURRENT_STEP="install chromium for the /tot/ui browser tests"
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    step "$CURRENT_STEP"
+    APT_INSTALL=(apt-get install -y -q --no-install-recommends chromium)
+    if ! DEBIAN_FRONTEND=noninteractive "${APT_INSTALL[@]}" >/dev/null 2>&1 \
+      && ! { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive "${APT_INSTALL[@]}" >/dev/null; }; then
+      step "chromium: apt-get install failed; the /tot/ui browser tests need /usr/bin/chromium (${APT_INSTALL[*]})"
+    fi
+  else
+    step "chromium missing: run 'apt-get install -y --no-install-recommends chromium' as root (the /tot/ui browser tests need /usr/bin/chromium)"
+  fi
+fi
 CURRENT_STEP="check the environment"
 .venv/bin/python -c "import sglang, sglang_spex, sgl_kernel_ext, torch; assert sglang.__version__ == '0.5.23', sglang.__version__"
 step "ready: .venv on $ENV_DIR"
