@@ -59,7 +59,7 @@ async def post_rollouts(request: Request) -> Response:
 
 async def post_policy(request: Request) -> Response:
     try:
-        body = parse_body(PolicyBody, await read_json(request))
+        body = parse_body(PolicyBody, await read_json(request, limit=None))  # weights: admin-scoped
     except BodyError as e:
         return _bad(e.field, e.reason)
     try:
