@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -12,11 +14,39 @@ from sglang_spex.respec.ttt import ttt_loss
 def test_reward_weights_rule():
     assert torch.allclose(reward_weights([1.0, 0.0]), torch.tensor([2.0, 0.0]))  # mean .5, std .5
     assert torch.allclose(reward_weights([3.0, 3.0, 3.0]), torch.ones(3))  # equal rewards: unweighted
-    assert torch.allclose(reward_weights([0.0, 0.0, 0.0, 4.0]), torch.tensor([1 - 1 / 3**0.5] * 3 + [2.0]), atol=1e-5)
+    zs = torch.tensor([1 - 1 / 3**0.5] * 3 + [2.0])
+    assert torch.allclose(reward_weights([0.0, 0.0, 0.0, 4.0], mode="zscore"), zs, atol=1e-5)
     assert torch.allclose(reward_weights([1.0, 0.5, -1.0], mode="max"), torch.tensor([1.0, 0.5, 0.0]))
     assert torch.allclose(reward_weights([5.0, -2.0], mode="none"), torch.ones(2))
     with pytest.raises(ValueError):
         reward_weights([1.0], mode="bogus")
+
+
+def test_linear_weight_is_the_default_and_proportional_to_reward():
+    """The paper's w(r) = r, normalised (batch mean 1) and clipped to [0, w_max]."""
+    assert torch.allclose(reward_weights([1.0, 0.25]), torch.tensor([1.6, 0.4]))  # mean .625
+    assert torch.allclose(reward_weights([1.0, 0.25], mode="linear"), torch.tensor([1.6, 0.4]))
+    assert torch.allclose(reward_weights([0.0, 0.0, 0.0, 4.0]), torch.tensor([0.0, 0.0, 0.0, 2.0]))  # 4 → clip 2
+    assert torch.allclose(reward_weights([0.0, 0.0, 0.0, 4.0], w_max=8.0), torch.tensor([0.0, 0.0, 0.0, 4.0]))
+    assert torch.allclose(reward_weights([2.0, -1.0, 0.0]), torch.tensor([2.0, 0.0, 0.0]))  # negative → 0
+    assert torch.allclose(reward_weights([0.0, 0.0]), torch.ones(2))  # no positive reward: no preference
+    # zscore differs on the same rewards: (1, .25) are one std above / below → (2, 0)
+    assert torch.allclose(reward_weights([1.0, 0.25], mode="zscore"), torch.tensor([2.0, 0.0]))
+
+
+def test_linear_weight_loss_hand_computed_two_samples():
+    """A 2-sample buffer, rewards (1, 0.25) → w = (1.6, 0.4); one token each over a 2-word vocabulary,
+    q = (0.5, 0.5): L = (1.6 · KL(p0‖q) + 0.4 · KL(p1‖q)) / 2 with the KLs written out."""
+    p = torch.tensor([[[0.75, 0.25]], [[0.9, 0.1]]])
+    log_q = torch.log(torch.full((2, 1, 2), 0.5))
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    kl0 = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    kl1 = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
+    expected = (1.6 * kl0 + 0.4 * kl1) / 2
+    val = kd_loss(p.log(), log_q, mask, reward_weights([1.0, 0.25], mode="linear"))
+    assert abs(float(val) - expected) < 1e-6
+    unweighted = kd_loss(p.log(), log_q, mask, reward_weights([1.0, 0.25], mode="none"))
+    assert abs(float(unweighted) - (kl0 + kl1) / 2) < 1e-6 and abs(float(val) - float(unweighted)) > 1e-3
 
 
 def test_gradient_hand_computed():

@@ -108,3 +108,40 @@ def test_state_is_json_safe_after_a_diverged_update(tiny_drafter, tiny_features,
     assert lrn.history[-1].outcome == "rolled_back" and lrn.history[-1].reason.startswith("nan_")
     state = json.loads(json.dumps(lrn.state(), allow_nan=False))  # what the /respec/state JSONResponse needs
     assert state["version"] == 0 and None in state["last_update"]["losses"]
+
+
+def test_learner_linear_weight_loss_on_a_two_sample_buffer(tiny_drafter, tiny_features, tiny_seqs):
+    """The learner's first KD loss on a 2-rollout buffer with w(r) = r (rewards 1 and 0.25 → w = 1.6, 0.4) equals
+    the loss built by hand from each rollout's own KL sum: (1.6 · S_0 + 0.4 · S_1) / (N_0 + N_1)."""
+    import copy
+
+    from sglang_spex.respec.ttt import unroll
+
+    seqs = tiny_seqs[:2]
+    base = copy.deepcopy(tiny_drafter)
+    cfg = LearnerConfig(mode="sync", train_steps=1, micro_batch=2, kd_steps=1, lr=1e-3)
+    lrn = OnlineLearner(tiny_drafter, tiny_features.batch, cfg, weight_mode="linear")
+    lrn.submit(_rollouts(seqs, rewards=(1.0, 0.25)))
+    (record,) = lrn.history
+    assert record.outcome == "published" and len(record.losses) == 1
+    assert lrn.state()["weight_mode"] == "linear"
+    sums, counts = [], []
+    with torch.no_grad():
+        for seq in seqs:
+            (s,) = unroll(base, tiny_features.batch([seq]), 1)
+            kl = (s.target_logp.exp() * (s.target_logp - s.log_q)).sum(-1)
+            sums.append(float((kl * s.mask).sum()))
+            counts.append(float(s.mask.sum()))
+    expected = (1.6 * sums[0] + 0.4 * sums[1]) / (counts[0] + counts[1])
+    tol = 1e-5 * expected
+    assert abs(record.losses[0] - expected) < tol
+    zscore = (2.0 * sums[0] + 0.0 * sums[1]) / (counts[0] + counts[1])  # the zscore weights (2, 0)
+    unweighted = (sums[0] + sums[1]) / (counts[0] + counts[1])
+    assert abs(record.losses[0] - zscore) > 10 * tol and abs(record.losses[0] - unweighted) > 10 * tol
+
+
+def test_learner_rejects_unknown_weight_mode(tiny_drafter, tiny_features):
+    import pytest
+
+    with pytest.raises(ValueError):
+        OnlineLearner(tiny_drafter, tiny_features.batch, LearnerConfig(), weight_mode="bogus")

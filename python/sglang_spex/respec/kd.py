@@ -1,12 +1,15 @@
 """Reward-weighted knowledge distillation (ReSpec): L = Σ_b w(r_b) · Σ_t m_{b,t} · KL(p_target ‖ q_drafter) / N.
 
-Weighting (the exact choice, ``mode="zscore"``, the default):
+Weighting, ``mode="linear"`` (the paper's w(r) = r, normalised and clipped; the learner's default once
+``LearnerConfig.weight_mode`` defaults to it):
 
-    w_b = clip(1 + (r_b − mean(r)) / std(r), 0, w_max)      (population std over the update batch; std ≤ eps → w = 1)
+    w_b = clip(max(r_b, 0) / mean_b max(r_b, 0), 0, w_max)      (mean ≤ eps, e.g. all rewards 0 → w = 1)
 
-so the batch-mean weight is 1 (same loss scale as unweighted KD), a rollout at the mean reward counts once,
-one standard deviation above counts twice (w_max = 2 by default), and low-reward rollouts go to 0 (never
-negative: the drafter is never pushed *away* from a rollout). Equal rewards give w = 1 for all (unweighted).
+so w is proportional to the reward, the batch-mean weight is 1 before the clip (the loss scale of unweighted KD),
+a zero or negative reward gives 0 (the drafter is never pushed *away* from a rollout) and no rollout counts more
+than ``w_max`` times. A batch without any positive reward carries no preference and falls back to w = 1.
+
+``mode="zscore"``: w_b = clip(1 + (r_b − mean(r)) / std(r), 0, w_max) (population std; std ≤ eps → w = 1).
 ``mode="max"``: w_b = clip(r_b / max_b |r_b|, 0, w_max). ``mode="none"``: w_b = 1 (unweighted KD).
 
 N is the number of trained tokens in the batch (a constant: it keeps the loss scale independent of length and
@@ -24,15 +27,20 @@ from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.target import Batch
 from sglang_spex.respec.ttt import DEFAULT_DECAY, unroll
 
-WEIGHT_MODES = ("zscore", "max", "none")
+WEIGHT_MODES = ("linear", "zscore", "max", "none")
+DEFAULT_WEIGHT_MODE = "linear"
 
 
-def reward_weights(rewards, mode: str = "zscore", w_max: float = 2.0, eps: float = 1e-6) -> torch.Tensor:
+def reward_weights(rewards, mode: str = DEFAULT_WEIGHT_MODE, w_max: float = 2.0, eps: float = 1e-6) -> torch.Tensor:
     """Per-rollout weights w(r) (see the module docstring)."""
     r = torch.as_tensor(rewards, dtype=torch.float32)
     if mode == "none":
         return torch.ones_like(r)
-    if mode == "zscore":
+    if mode == "linear":
+        pos = r.clamp(min=0.0)
+        mean = pos.mean() if pos.numel() else torch.zeros(())
+        w = pos / mean if float(mean) > eps else torch.ones_like(r)
+    elif mode == "zscore":
         std = r.std(unbiased=False) if r.numel() > 1 else torch.zeros(())
         w = 1.0 + (r - r.mean()) / std if float(std) > eps else torch.ones_like(r)
     elif mode == "max":
@@ -59,7 +67,7 @@ def reward_weighted_kd(
     drafter: Eagle3Drafter,
     batch: Batch,
     rewards: Sequence[float],
-    mode: str = "zscore",
+    mode: str = DEFAULT_WEIGHT_MODE,
     steps: int = 1,
     decay: float = DEFAULT_DECAY,
     w_max: float = 2.0,

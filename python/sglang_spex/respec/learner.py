@@ -1,7 +1,8 @@
 """Online learner: rollouts go into a replay buffer; every ``update_interval`` posted batches (RL steps) the
 drafter is updated with (reward-weighted) KD on a copy, checked, and published as a new version.
 
-- variants: ``frozen`` (never update), ``unweighted`` (KD, w = 1), ``reward`` (reward-weighted KD, see kd.py);
+- variants: ``frozen`` (never update), ``unweighted`` (KD, w = 1), ``reward`` (reward-weighted KD, see kd.py; the
+  weight rule is ``weight_mode``: the constructor's argument when given, else the config's);
 - modes: ``sync`` (the update runs inside ``submit``) or ``async`` (a background thread; ``submit`` returns at
   once; updates due while one runs are coalesced into one follow-up update);
 - a candidate is rolled back (never published; the old version keeps serving) on a non-finite loss or weight,
@@ -23,7 +24,7 @@ import torch
 from sglang_spex.config import LearnerConfig
 from sglang_spex.respec.buffer import ReplayBuffer, Rollout
 from sglang_spex.respec.drafter import Eagle3Drafter
-from sglang_spex.respec.kd import reward_weighted_kd, reward_weights
+from sglang_spex.respec.kd import WEIGHT_MODES, reward_weighted_kd, reward_weights
 from sglang_spex.respec.target import Batch
 from sglang_spex.respec.ttt import acceptance_length
 
@@ -69,8 +70,12 @@ class OnlineLearner:
         probe: Optional[Sequences] = None,
         publish: Optional[PublishFn] = None,
         policy_sync: Optional[PolicySyncFn] = None,
+        weight_mode: Optional[str] = None,
     ):
         self.config = (config or LearnerConfig()).validate()
+        if weight_mode is not None and weight_mode not in WEIGHT_MODES:
+            raise ValueError(f"unknown weight mode {weight_mode!r}; choose from {WEIGHT_MODES}")
+        self.weight_mode = weight_mode or self.config.weight_mode
         self.policy_sync = policy_sync
         self.policy_version: Optional[int] = None
         self.features = features
@@ -142,6 +147,7 @@ class OnlineLearner:
             "version": self.version,
             "variant": self.config.variant,
             "mode": self.config.mode,
+            "weight_mode": "none" if self.config.variant == "unweighted" else self.weight_mode,
             "update_interval": self.config.update_interval,
             "steps": self.steps,
             "policy_version": self.policy_version,
@@ -210,7 +216,7 @@ class OnlineLearner:
         probe = self.features(self.probe) if self.probe else None
         if probe is not None:
             record.acceptance_before = acceptance_length(base, probe, cfg.probe_steps)
-        mode = "none" if cfg.variant == "unweighted" else cfg.weight_mode
+        mode = "none" if cfg.variant == "unweighted" else self.weight_mode
         weights = reward_weights([r.reward for r in rollouts], mode, cfg.w_max)
 
         cand = copy.deepcopy(base).train()
