@@ -1,10 +1,22 @@
 """Baseline vs SPEX on the real CPU SGLang server (SmolLM2-135M), side by side in one run.
 
-Same questions, same seeds: for each policy and each number of concurrent queries, runs the baseline, SPEX
-with T1+T2 (pure scheduling: the identical search), and SPEX with T1+T2+T3 (early stop changes the search).
-Prints questions/min and the ratio to the baseline, accuracy and the speculation accounting; writes JSON.
+By default every search runs **server-side** (``POST /tot/search``, the product path: the search loop and SPEX
+run inside the server next to the engine); ``--client-side`` drives the same searches over HTTP (``HttpPort``).
 
-    .venv/bin/python benchmark/bench_tot.py --policies rebase-16,rstar-10 --concurrency 1,2,4 --questions 4
+One server is started, with ``--tot-speculation``. The baseline is the same server with the per-search override
+``"speculation": {"enabled": false}``: such a search runs the plain ``SearchContext`` path (no speculative
+request is ever issued, nothing is ranked differently: all of its requests have the same priority), so it
+is the baseline search on identical server flags, and modes can be interleaved without a second server
+(the machine allows one) and without restarts between them.
+
+For each repeat, each (policy, concurrency) cell runs every mode back to back (the order alternates between
+repeats), the radix cache flushed before each run. Reported per cell: median q/min of each mode, the median and
+min–max of the per-repeat SPEX/baseline q/min ratio, hits/issued, wasted tokens, per-query p50/p99 completion
+time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
+
+    .venv/bin/python benchmark/bench_tot.py --task rg:chain_sum --policies rebase-8,rebase-16,rstar-10 \
+        --concurrency 1,2,4 --max-depth 4 --step-tokens 48 --repeats 3
+    .venv/bin/python benchmark/bench_tot.py --quick      # smoke test (about a minute)
 """
 
 from __future__ import annotations
@@ -13,10 +25,13 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import httpx
+import numpy as np
 import requests
 from tqdm import tqdm
 
@@ -25,6 +40,7 @@ from sglang_spex.serve import ServerProcess
 from sglang_spex.speculation.runner import SpecBudget, context_factory
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.policies import PRESETS
+from sglang_spex.tot.result import SearchResult
 from sglang_spex.tot.search import run_batch
 from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tasks import get_task
@@ -33,43 +49,66 @@ PROMPT = (
     "<|im_start|>system\nSolve the problem step by step, one short step per paragraph. "
     "Finish with 'The answer is N.'<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
 )
+# Client-side SPEX settings per mode (None: baseline); bench_fig10 / calib_real reuse these.
 MODES = {
     "baseline": None,
     "spex_t1t2": dict(components=("t1", "t2"), early_stop=False),
     "spex_t1t2t3": dict(components=("t1", "t2", "t3"), early_stop=True),
 }
+# Server-side: the per-search ``speculation`` override of each mode.
+OVERRIDES = {
+    "baseline": {"enabled": False},
+    "spex_t1t2": {"enabled": True, "components": ["t1", "t2"], "early_stop": False},
+    "spex_t1t2t3": {"enabled": True, "components": ["t1", "t2", "t3"], "early_stop": True},
+}
+QUICK = dict(policies="rebase-8", concurrency="1", questions=1, max_depth=2, step_tokens=8, repeats=1)
+DEFAULTS = dict(
+    policies="rebase-8,rebase-16,rstar-10", concurrency="1,2,4", questions=4, max_depth=4, step_tokens=48, repeats=3
+)
+SEARCH_TIMEOUT_S = 1800.0
 
 
-def build_spec(preset: str, max_depth: int, step_tokens: int, seed: int) -> SearchSpec:
+def build_spec(
+    preset: str, max_depth: int, step_tokens: int, seed: int, task: str = "toy_add", speculation: Optional[dict] = None
+) -> SearchSpec:
     name, knobs = PRESETS[preset]
     policy = {"name": name, **knobs, "max_depth": max_depth}
     if name == "rest":
         policy.update(iterations=3 * knobs.get("target_answers", 5))
     if name == "ets":
         policy.setdefault("embedder", "tfidf")
-    return SearchSpec.from_dict(
-        {
-            "policy": policy,
-            "step": {
-                "max_tokens": step_tokens,
-                "stop": ["\n\n"],
-                "temperature": 0.8,
-                "prompt_template": PROMPT,
-                "max_total_tokens": max_depth * step_tokens,
-            },
-            "reward": {"type": "logprob"},
-            "answer": {"aggregate": "weighted"},
-            "task": "toy_add",
-            "seed": seed,
-        }
-    )
+    d: Dict[str, Any] = {
+        "policy": policy,
+        "step": {
+            "max_tokens": step_tokens,
+            "stop": ["\n\n"],
+            "temperature": 0.8,
+            "prompt_template": PROMPT,
+            "max_total_tokens": max_depth * step_tokens,
+        },
+        "reward": {"type": "logprob"},
+        "answer": {"aggregate": "weighted"},
+        "task": task,
+        "seed": seed,
+    }
+    if speculation is not None:
+        d["speculation"] = speculation
+    return SearchSpec.from_dict(d)
 
 
-def flush_cache(url: str) -> None:
-    """Empty SGLang's radix cache so no run reuses the prefixes an earlier run (same seeds) computed."""
-    requests.post(url + "/flush_cache", timeout=60).raise_for_status()
+def flush_cache(url: str, attempts: int = 20) -> None:
+    """Empty SGLang's radix cache so no run reuses the prefixes an earlier run (same seeds) computed.
+
+    SGLang refuses while requests are still running (a cancelled speculative request may linger a moment)."""
+    for _ in range(attempts):
+        r = requests.post(url + "/flush_cache", timeout=60)
+        if r.status_code == 200:
+            return
+        time.sleep(0.5)
+    r.raise_for_status()
 
 
+# ---------------------------------------------------------------- client-side (HttpPort)
 async def run_real(
     url: str,
     spec: SearchSpec,
@@ -79,7 +118,7 @@ async def run_real(
     k_total: int,
     port: Optional[HttpPort] = None,
 ):
-    """One measured batch on a real server (radix cache flushed first): (results, wall seconds). ``port``: an
+    """One measured client-side batch (radix cache flushed first): (results, wall seconds). ``port``: an
     HttpPort to ``url`` to use (closed afterwards) instead of a fresh one."""
     flush_cache(url)
     port = port or HttpPort(url)
@@ -102,75 +141,203 @@ async def run_real(
     return results, time.monotonic() - t0
 
 
-async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int):
-    results, wall = await run_real(url, spec, questions, concurrency, mode, k_total)
+# ---------------------------------------------------------------- server-side (POST /tot/search)
+async def run_server_side(
+    url: str, spec: SearchSpec, questions, concurrency: int
+) -> Tuple[List[SearchResult], List[float], float]:
+    """One measured server-side batch (radix cache flushed first): (results, per-query seconds, wall seconds)."""
+    flush_cache(url)
+    body_spec = spec.to_dict()
+    sem = asyncio.Semaphore(concurrency)
+    latencies: List[float] = [0.0] * len(questions)
+    async with httpx.AsyncClient(base_url=url, timeout=SEARCH_TIMEOUT_S) as client:
+
+        async def one(i: int) -> SearchResult:
+            async with sem:
+                q = questions[i]
+                t = time.monotonic()
+                r = await client.post(
+                    "/tot/search", json={"spec": body_spec, "question": q.text, "reference": q.reference}
+                )
+                latencies[i] = time.monotonic() - t
+            r.raise_for_status()
+            return SearchResult.from_dict(r.json())
+
+        t0 = time.monotonic()
+        results = list(await asyncio.gather(*(one(i) for i in range(len(questions)))))
+    return results, latencies, time.monotonic() - t0
+
+
+def _summary(results: Sequence[SearchResult], latencies: Sequence[float], wall: float) -> Dict[str, Any]:
     acc: Dict[str, Any] = {}
     for r in results:
         for key, value in (r.speculation or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 acc[key] = acc.get(key, 0) + value
-    acc["early_stops"] = sum(bool((r.speculation or {}).get("early_stopped")) for r in results)
+    if acc:
+        acc["early_stops"] = sum(bool((r.speculation or {}).get("early_stopped")) for r in results)
     return {
         "wall_s": round(wall, 2),
-        "q_per_min": round(len(questions) / wall * 60, 3),
+        "q_per_min": round(len(results) / wall * 60, 3),
         "accuracy": sum(bool(r.correct) for r in results) / len(results),
         "tokens": sum(r.tokens_generated for r in results),
         "requests": sum(r.num_requests for r in results),
         "answers": [r.answer for r in results],
+        "statuses": sorted({r.status for r in results}),
+        "latencies_s": [round(x, 3) for x in latencies],
         "speculation": acc or None,
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policies", default="rebase-16,rstar-10")
-    ap.add_argument("--concurrency", default="1,2,4")
-    ap.add_argument("--questions", type=int, default=4)
-    ap.add_argument("--max-depth", type=int, default=4)
-    ap.add_argument("--step-tokens", type=int, default=32)
-    ap.add_argument("--k-total", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--url", help="use a running server instead of starting SmolLM2")
-    ap.add_argument("--out", default="benchmark/results/bench_tot.json")
-    args = ap.parse_args()
-    policies = args.policies.split(",")
-    concs = [int(c) for c in args.concurrency.split(",")]
-    questions = get_task("toy_add").questions(args.questions, split="test", seed=args.seed)
-    server = None if args.url else ServerProcess(["--tot-speculation", "--tot-k-total", str(args.k_total)]).start()
-    url = args.url or server.url
-    rows: List[Dict[str, Any]] = []
-    try:
-        for policy in policies:  # warm-up (not measured): first-request costs must not land on the baseline
-            asyncio.run(run_mode(url, build_spec(policy, 1, 4, args.seed + 1), questions[:1], 1, None, args.k_total))
-        runs = [(p, c, m) for p in policies for c in concs for m in MODES]
-        for policy, conc, mode in tqdm(runs, desc="bench_tot"):
-            spec = build_spec(policy, args.max_depth, args.step_tokens, args.seed)
-            row = {
+async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode: Optional[dict], k_total: int):
+    """One client-side run of one mode (kept for bench_fig10 / calib_real)."""
+    results, wall = await run_real(url, spec, questions, concurrency, mode, k_total)
+    return _summary(results, [r.wall_time for r in results], wall)
+
+
+def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: int) -> Dict[str, Any]:
+    """One run of (policy, concurrency, mode) on the chosen path."""
+    if args.client_side:
+        spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task)
+        return asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total_client))
+    spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, speculation=OVERRIDES[mode])
+    return _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
+
+
+# ---------------------------------------------------------------- aggregation
+def percentile(xs: Sequence[float], q: float) -> Optional[float]:
+    return round(float(np.percentile(np.asarray(xs, dtype=float), q)), 3) if len(xs) else None
+
+
+def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One line per (policy, concurrency, mode): medians over repeats, the per-repeat ratio to the baseline of
+    the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time."""
+    base = {(r["policy"], r["concurrency"], r["repeat"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
+    cells: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["policy"], r["concurrency"], r["mode"]), []).append(r)
+    out = []
+    for (policy, conc, mode), rs in cells.items():
+        ratios = [
+            r["q_per_min"] / base[(policy, conc, r["repeat"])] for r in rs if base.get((policy, conc, r["repeat"]))
+        ]
+        lat = [x for r in rs for x in r["latencies_s"]]
+        spec = [r["speculation"] for r in rs if r["speculation"]]
+
+        def total(key: str) -> int:
+            return int(sum(s.get(key, 0) for s in spec))
+
+        out.append(
+            {
                 "policy": policy,
                 "concurrency": conc,
                 "mode": mode,
-                **asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total)),
+                "repeats": len(rs),
+                "q_per_min": round(statistics.median(r["q_per_min"] for r in rs), 3),
+                "ratio": round(statistics.median(ratios), 3) if ratios else None,
+                "ratio_min": round(min(ratios), 3) if ratios else None,
+                "ratio_max": round(max(ratios), 3) if ratios else None,
+                "accuracy": round(statistics.mean(r["accuracy"] for r in rs), 3),
+                "tokens": int(statistics.median(r["tokens"] for r in rs)),
+                "hits": total("hits"),
+                "issued": total("issued"),
+                "wasted_tokens": total("wasted_tokens"),
+                "spec_tokens": total("spec_tokens"),
+                "early_stops": total("early_stops"),
+                "latency_p50_s": percentile(lat, 50),
+                "latency_p99_s": percentile(lat, 99),
             }
-            rows.append(row)
+        )
+    return out
+
+
+def print_table(summary: List[Dict[str, Any]]) -> None:
+    print(
+        f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio (min-max)':>18} {'acc':>5} {'tokens':>7} "
+        f"{'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7}"
+    )
+    for s in summary:
+        ratio = f"{s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})" if s["ratio"] is not None else "-"
+        hits = f"{s['hits']}/{s['issued']}" if s["issued"] else "-"
+        print(
+            f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {s['q_per_min']:>7.2f} {ratio:>18} "
+            f"{s['accuracy']:>5.2f} {s['tokens']:>7} {hits:>12} {s['wasted_tokens']:>7} "
+            f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7}"
+        )
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policies", help=f"comma list of presets (default {DEFAULTS['policies']})")
+    ap.add_argument("--concurrency", help=f"comma list of concurrent queries (default {DEFAULTS['concurrency']})")
+    ap.add_argument("--questions", type=int, help="questions per run, at least the concurrency (default 4)")
+    ap.add_argument("--max-depth", type=int, help="search depth (default 4)")
+    ap.add_argument("--step-tokens", type=int, help="max tokens per step (default 48)")
+    ap.add_argument("--repeats", type=int, help="repeats of every cell, modes interleaved (default 3)")
+    ap.add_argument("--task", default="rg:chain_sum", help="toy_add or any rg:<reasoning_gym dataset>")
+    ap.add_argument("--k-total", default="8", help="the server's --tot-k-total (a number or auto)")
+    ap.add_argument("--t3", action="store_true", help="also run SPEX with T3 early stop (changes the search)")
+    ap.add_argument("--client-side", action="store_true", help="drive searches over HTTP (HttpPort), not /tot/search")
+    ap.add_argument("--quick", action="store_true", help="smoke-test sizes: " + json.dumps(QUICK))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--url", help="use a running --tot-speculation server instead of starting SmolLM2")
+    ap.add_argument("--server-arg", action="append", default=[], help="extra launcher flag for the server (repeat)")
+    ap.add_argument("--out", default="benchmark/results/bench_tot.json")
+    args = ap.parse_args(argv)
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.client_side and args.k_total == "auto":
+        ap.error("--client-side needs a numeric --k-total (the client-side budget has no profile)")
+    args.k_total_client = None if args.k_total == "auto" else int(args.k_total)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    policies = args.policies.split(",")
+    concs = [int(c) for c in args.concurrency.split(",")]
+    modes = ["baseline", "spex_t1t2"] + (["spex_t1t2t3"] if args.t3 else [])
+    n_questions = max([args.questions, *concs])
+    questions = get_task(args.task).questions(n_questions, split="test", seed=args.seed)
+    server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), *args.server_arg]
+    server = None if args.url else ServerProcess(server_args).start()
+    url = args.url or server.url
+    rows: List[Dict[str, Any]] = []
+    started = time.time()
+    try:
+        for policy in policies:  # warm-up (not measured): first-request costs must land on no mode
+            for mode in modes:
+                measure(args, url, policy, 1, mode, questions[:1], args.seed + 1)
+        runs = [(rep, p, c) for rep in range(args.repeats) for p in policies for c in concs]
+        bar = tqdm(total=len(runs) * len(modes), desc="bench_tot")
+        for rep, policy, conc in runs:
+            order = modes if rep % 2 == 0 else modes[::-1]  # interleaved, order alternating between repeats
+            for mode in order:
+                row = measure(args, url, policy, conc, mode, questions[: max(args.questions, conc)], args.seed)
+                rows.append({"policy": policy, "concurrency": conc, "mode": mode, "repeat": rep, **row})
+                bar.update(1)
+        bar.close()
     finally:
         if server is not None:
             server.stop()
-    base = {(r["policy"], r["concurrency"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
-    print(
-        f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio':>6} {'acc':>5} {'tokens':>7} {'hits/issued':>12}"
-    )
-    for r in rows:
-        r["ratio"] = round(r["q_per_min"] / base[(r["policy"], r["concurrency"])], 3)
-        s = r["speculation"] or {}
-        hits = f"{s.get('hits', 0)}/{s.get('issued', 0)}" if s else "-"
-        print(
-            f"{r['policy']:10} {r['concurrency']:>4} {r['mode']:12} {r['q_per_min']:>7.2f} {r['ratio']:>6.2f} "
-            f"{r['accuracy']:>5.2f} {r['tokens']:>7} {hits:>12}"
-        )
+    summary = summarise(rows)
+    print_table(summary)
+    meta = {
+        "host_cpus": os.cpu_count(),
+        "load_avg_at_end": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(time.time() - started, 1),
+        "path": "client-side (HttpPort)" if args.client_side else "server-side (POST /tot/search)",
+        "baseline": "same --tot-speculation server, per-search speculation.enabled=false",
+        "args": {k: v for k, v in vars(args).items() if k != "k_total_client"},
+        "source": "real CPU SGLang server, SmolLM2-135M" if not args.url else f"server at {args.url}",
+    }
+    out = {"meta": meta, "summary": summary, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    meta = {"host_cpus": os.cpu_count(), "args": vars(args), "source": "real CPU SGLang server, SmolLM2-135M"}
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
+    return out
 
 
 if __name__ == "__main__":

@@ -3,22 +3,30 @@
 Per query q (paper §4.3, eqs. 1–2; the exact score is our reading of the summary):
     score_q = P_q · (S_w + S_KV(q)) / (S_w + KV_q)
 P_q is the running hit rate (with a prior), S_w the weight bytes every decode step reads anyway (shared by
-all sequences), S_KV(q) the prefix KV bytes a speculative branch of q shares with its parent, KV_q the KV
-bytes a branch of q reads in total. Shares are softmax(score/τ)·k_total, capped at C_q (the speculative
-branches q can issue right now), with the excess re-spread over uncapped queries (water-filling), and a
-minimum share so no query with work starves. Integer shares use largest remainders.
+all sequences), S_KV(q) the prefix KV bytes a speculative branch of q shares with what the radix cache holds,
+KV_q the KV bytes a branch of q reads in total. Bytes come from the model config (:func:`model_bytes`: parameter
+bytes, K+V bytes per token); prefix lengths are tokens. Shares are softmax(score/τ)·k_total, capped at C_q (the
+speculative branches q can issue right now), with the excess re-spread over uncapped queries (water-filling),
+and a minimum share so no query with work starves; when the budget cannot give every query its minimum, the
+queries that waited longest with work and no share go first (:class:`SpecBudget`'s ``max_wait_s``), then the
+best scores. Integer shares use largest remainders.
+
+Scores lie in [0, 1], so τ sets how sharply the split follows them: at τ = 1 a query with P_q = 0.9 gets
+e^0.8 ≈ 2.2× the weight of one with P_q = 0.1; at τ = 0.1 about 3000×.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Set
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 import numpy as np
 
 from sglang_spex.config import SpexConfig
 
 DEFAULT_K_TOTAL = 8
+DEFAULT_MAX_WAIT_S = 2.0  # starvation bound (a config field to add: SpexConfig.budget_max_wait_s)
 
 
 @dataclass
@@ -28,8 +36,49 @@ class QueryDemand:
     query_id: str
     candidates: int  # C_q: non-duplicate speculative branches it can issue
     hit_rate: float = 0.5  # P_q, running estimate
-    shared_kv: float = 0.0  # S_KV(q): prefix KV bytes shared by its branches
+    shared_kv: float = 0.0  # S_KV(q): prefix KV bytes its branches share with the radix cache
     total_kv: float = 0.0  # KV_q: KV bytes one of its branches reads
+
+
+@dataclass(frozen=True)
+class ModelBytes:
+    """What a decode step of the served model reads: S_w and the KV bytes of one token."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+
+
+# Unknown model (a client-side budget without a config): S_w = 1 byte, 1 byte per token, i.e. scores see tokens.
+UNKNOWN_MODEL = ModelBytes(1.0, 1.0)
+_DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
+
+
+def dtype_bytes(dtype: Any, default: int = 2) -> int:
+    """Bytes per element of a dtype name (``bfloat16``, ``torch.float32``, ``fp8_e4m3``…); ``default`` if unknown."""
+    name = str(dtype or "").lower().replace("torch.", "")
+    if name.startswith(("fp8", "float8")):
+        return 1
+    return _DTYPE_BYTES.get(name, default)
+
+
+def model_bytes(hf_config: Any, dtype: Any = "auto", kv_cache_dtype: Any = "auto") -> ModelBytes:
+    """S_w and K+V bytes per token of a decoder-only transformer from its HF config (attributes or a dict).
+
+    Parameters are counted from the architecture (embeddings, untied lm_head, per layer Q/K/V/O, a gated MLP,
+    two norms); ``dtype``/``kv_cache_dtype`` "auto" fall back to the config's ``torch_dtype``.
+    """
+    get = hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
+    hidden, layers = int(get("hidden_size")), int(get("num_hidden_layers"))
+    heads = int(get("num_attention_heads"))
+    kv_heads = int(get("num_key_value_heads") or heads)
+    head_dim = int(get("head_dim") or hidden // heads)
+    inter = int(get("intermediate_size") or 4 * hidden)
+    vocab = int(get("vocab_size") or 0)
+    w_bytes = dtype_bytes(get("torch_dtype") if dtype in (None, "auto") else dtype)
+    kv_bytes = w_bytes if kv_cache_dtype in (None, "auto") else dtype_bytes(kv_cache_dtype, w_bytes)
+    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter + 2 * hidden
+    params = vocab * hidden * (1 if get("tie_word_embeddings", True) else 2) + layers * per_layer + hidden
+    return ModelBytes(float(params * w_bytes), float(2 * layers * kv_heads * head_dim * kv_bytes))
 
 
 def running_hit_rate(hits: int, issued: int, prior: float = 0.5, prior_weight: float = 4.0) -> float:
@@ -81,8 +130,13 @@ def split_budget(
     temperature: float = 1.0,
     min_share: int = 1,
     weight_bytes: float = 1.0,
+    waited: Optional[Sequence[float]] = None,
 ) -> Dict[str, int]:
-    """Integer speculative shares per query: sum ≤ k_total, share_q ≤ C_q, min_share for those with work."""
+    """Integer speculative shares per query: sum ≤ k_total, share_q ≤ C_q, min_share for those with work.
+
+    ``waited`` (seconds per demand past the starvation bound, 0 = not starving): a starving query's minimum is at
+    least 1 even with ``min_share`` 0, and when k_total cannot cover every minimum, the minimums go to the
+    longest-waiting queries first, then to the best scores."""
     if not demands or k_total <= 0:
         return {d.query_id: 0 for d in demands}
     if temperature <= 0:
@@ -90,12 +144,14 @@ def split_budget(
     caps = np.array([max(0, d.candidates) for d in demands], dtype=float)
     s = scores(demands, weight_bytes) / temperature
     w = np.exp(s - s.max())
-    floor = np.minimum(caps, float(min_share))
-    if floor.sum() > k_total:  # not enough for every minimum: best scores first
+    wait = np.zeros_like(caps) if waited is None else np.asarray(waited, dtype=float)
+    minimum = np.minimum(caps, np.where(wait > 0, max(min_share, 1), min_share).astype(float))
+    floor = minimum
+    if floor.sum() > k_total:  # not enough for every minimum: longest starved, then best scores first
         floor = np.zeros_like(caps)
-        for i in np.argsort(-s, kind="stable"):
-            if floor.sum() + min(caps[i], min_share) <= k_total:
-                floor[i] = min(caps[i], min_share)
+        for i in np.lexsort((-s, -wait)):
+            if floor.sum() + minimum[i] <= k_total:
+                floor[i] = minimum[i]
     rest = _water_fill(w, caps - floor, k_total - floor.sum())
     shares = _round(floor + rest, caps, k_total)
     return {d.query_id: int(x) for d, x in zip(demands, shares)}
@@ -123,7 +179,12 @@ class BudgetClient(Protocol):
 
 
 class SpecBudget:
-    """T2 across the live searches of one server (or one client-side batch)."""
+    """T2 across the live searches of one server (or one client-side batch).
+
+    ``model``: S_w and KV bytes per token of the served model (:func:`model_bytes`; the server sets it from
+    SGLang's model config). ``max_wait_s``: the starvation bound: a query that has had speculative work but no
+    share for longer gets at least one slot, ahead of better-scored queries when slots are short.
+    """
 
     def __init__(
         self,
@@ -132,19 +193,27 @@ class SpecBudget:
         min_share: int = 1,
         use_t2: bool = True,
         engine_primary: Optional[Callable[[], Optional[int]]] = None,
+        model: ModelBytes = UNKNOWN_MODEL,
+        max_wait_s: float = DEFAULT_MAX_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
         self.engine_primary = engine_primary  # live primary load of the engine (other clients' traffic too)
         self.temperature = temperature
         self.min_share = min_share
         self.use_t2 = use_t2
+        self.model = model
+        self.max_wait_s = max_wait_s
+        self.clock = clock
         self.contexts: Set[BudgetClient] = set()
+        self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
+        self._starved_since.pop(ctx.search_id, None)
 
     def available(self) -> int:
         """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
@@ -154,6 +223,27 @@ class SpecBudget:
             primary = max(primary, live) if live is not None else primary
         return effective_k_total(self.k_total, primary, knee=self.k_total)
 
+    def shares(self, demands: List[QueryDemand], total: int) -> Dict[str, int]:
+        """T2 split of ``total`` over ``demands``, with the starvation bound (updates the wait clocks)."""
+        now = self.clock()
+        waited = [
+            (
+                max(0.0, now - self._starved_since[d.query_id] - self.max_wait_s)
+                if d.query_id in self._starved_since
+                else 0.0
+            )
+            for d in demands
+        ]
+        out = split_budget(
+            demands, total, self.temperature, self.min_share, weight_bytes=self.model.weight_bytes, waited=waited
+        )
+        for d in demands:
+            if d.candidates > 0 and out.get(d.query_id, 0) == 0:
+                self._starved_since.setdefault(d.query_id, now)
+            else:
+                self._starved_since.pop(d.query_id, None)
+        return out
+
     def share(self, ctx: BudgetClient) -> int:
         live = [c for c in self.contexts if not c.should_stop()]
         if ctx not in live:
@@ -161,9 +251,10 @@ class SpecBudget:
         total = self.available()  # the speculative allowance below the knee, running speculation included
         if not self.use_t2:  # T1 only: an even split
             return total // len(live) + (1 if live.index(ctx) < total % len(live) else 0) if live else 0
-        demands = [c.demand() for c in live]
-        return split_budget(demands, total, self.temperature, self.min_share).get(ctx.search_id, 0)
+        return self.shares([c.demand() for c in live], total).get(ctx.search_id, 0)
 
 
-def make_budget(settings: SpexConfig) -> SpecBudget:
-    return SpecBudget(settings.k_total, settings.budget_temperature, settings.min_share, use_t2=settings.has("t2"))
+def make_budget(settings: SpexConfig, model: ModelBytes = UNKNOWN_MODEL) -> SpecBudget:
+    return SpecBudget(
+        settings.k_total, settings.budget_temperature, settings.min_share, use_t2=settings.has("t2"), model=model
+    )

@@ -3,8 +3,11 @@
 Producers are the requests in flight (primary expansions and speculative ones, both submitted through the same
 engine port); the consumer is this context: when the policy asks for a node (``generate_node``) it adopts a
 speculative node already made for that path (or awaits one in flight) instead of regenerating it, and every
-time a node finishes it refills the idle speculative slots its T2 share allows — preferring work whose prefix
-was just computed (children of the node that just finished), so SGLang's radix cache serves the prompt.
+time a node finishes it refills the idle speculative slots its T2 share allows, best expected use first (BFS: a
+child's chance to stay inside its parent's real width; DFS: the running hit rate at its prediction distance)
+and, among equals, work whose prefix the radix cache holds: a child of a finished node (its prompt and step
+were inserted into the cache when it finished, and the scheduler protects a live search's finished nodes),
+the most recently finished parent first (the last to be evicted).
 
 With T3 off, speculation only computes earlier what the baseline computes anyway: a node's prompt, seed and
 rid are functions of its tree path, so the search returns exactly the baseline's tree.
@@ -38,6 +41,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
 
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
+CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
+T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
+
+
+def refill_key(expected_use: float, cached_tokens: int, recency: int) -> Tuple[float, int, int]:
+    """Sort key of a speculative candidate (ascending = issued first): expected use, then the prefix tokens the
+    radix cache holds for it, then how recently its parent finished."""
+    return (-round(expected_use, 9), -int(cached_tokens), -int(recency))
 
 
 class SpexContext(SearchContext):
@@ -71,6 +82,8 @@ class SpexContext(SearchContext):
         self._finalized = False
         self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
         self._cand: Tuple[int, List[Tuple[Node, int, int]]] = (-1, [])
+        self._finish_order: Dict[str, int] = {}  # node path -> finish sequence number (radix-cache recency)
+        self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -112,6 +125,7 @@ class SpexContext(SearchContext):
 
     def _after(self, node: Node) -> None:
         self._version += 1
+        self._note_finished(node)
         if node.status == DONE and not node.is_terminal and self.bfs is not None and self.t1:
             self._bfs_early(self.bfs, node)
         self.pump()
@@ -119,17 +133,62 @@ class SpexContext(SearchContext):
     # ---- producers: what to speculate ---------------------------------------------------------------
 
     def demand(self) -> QueryDemand:
-        """T2 inputs: C_q (what could be issued now), P_q, shared vs total prompt KV of the branches."""
+        """T2 inputs: C_q (what could be issued now), P_q (running hit rate), and in bytes the prefix KV the next
+        branches share with the radix cache (S_KV) vs the KV one branch reads (KV_q), over the best candidates."""
         cands = self._candidates(limit=CANDIDATE_LIMIT)
-        prompt = sum(len(self.prompt_for(p)) for p, _, _ in cands[:8]) / max(1, min(8, len(cands)))
+        sample = [self.child_prefix(p) for p, _, _ in cands[:T2_SAMPLE]]
+        n = max(1, len(sample))
+        kv = self.budget.model.kv_bytes_per_token
         step = self.spec.step.max_tokens
         return QueryDemand(
             query_id=self.search_id,
             candidates=len(cands) + len(self.store.running()),
             hit_rate=running_hit_rate(self.acc.hits, self.acc.issued),
-            shared_kv=prompt,
-            total_kv=prompt + step,
+            shared_kv=kv * sum(c for _, c in sample) / n,
+            total_kv=kv * (sum(t for t, _ in sample) / n + step),
         )
+
+    # ---- prefix-aware refill ------------------------------------------------------------------------
+
+    def _note_finished(self, node: Node) -> None:
+        """Record that ``node``'s sequence reached the radix cache (a request that finished normally)."""
+        if node.status != DONE or node.path in self._finish_order:  # an adopted node reached the cache earlier
+            return
+        self._finish_order[node.path] = len(self._finish_order) + 1
+        if node.depth == 1 and node.prompt_tokens:
+            self._root_prompt_tokens = node.prompt_tokens
+            self._finish_order.setdefault(self.tree.root.path, self._finish_order[node.path])
+
+    def child_prefix(self, parent: Node) -> Tuple[int, int]:
+        """(prompt tokens of a child of ``parent``, of them the tokens the radix cache holds), as far as the search
+        knows: a finished parent's prompt + step tokens (SGLang's counts) are cached; an unreported length is
+        estimated from characters and counted as not cached."""
+        if parent.is_root:
+            if self._root_prompt_tokens:
+                return self._root_prompt_tokens, self._root_prompt_tokens
+        elif parent.status == DONE and parent.prompt_tokens and parent.path in self._finish_order:
+            total = parent.prompt_tokens + parent.num_tokens
+            return total, total
+        return len(self.prompt_for(parent)) // CHARS_PER_TOKEN, 0
+
+    def _expected_use(self, parent: Node, index: int, distance: int) -> float:
+        """How likely the primary search adopts this candidate (see the module docstring)."""
+        if self.bfs is not None:
+            width = self._bfs_targets.get(parent.path, 0)
+            return (width - index) / width if width > 0 else 0.0
+        hits, issued = self.acc.hit_distance.get(distance, (0, 0))
+        return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
+
+    def _refill_order(self, cands: List[Tuple[Node, int, int]]) -> List[Tuple[Node, int, int]]:
+        def key(c: Tuple[Node, int, int]) -> Tuple[float, int, int]:
+            parent, index, distance = c
+            return refill_key(
+                self._expected_use(parent, index, distance),
+                self.child_prefix(parent)[1],
+                self._finish_order.get(parent.path, 0),
+            )
+
+        return sorted(cands, key=key)
 
     def on_rollout(self, index: int) -> None:
         self.next_rollout = max(self.next_rollout, index + 1)
@@ -147,7 +206,7 @@ class SpexContext(SearchContext):
         if not self.t1 or self.should_stop():
             return []
         if self._cand[0] != self._version:
-            self._cand = (self._version, self._plan(CANDIDATE_LIMIT))
+            self._cand = (self._version, self._refill_order(self._plan(CANDIDATE_LIMIT)))
         return self._cand[1][:limit]
 
     def _plan(self, limit: int) -> List[Tuple[Node, int, int]]:
@@ -238,6 +297,7 @@ class SpexContext(SearchContext):
         self.acc.spec_tokens += node.num_tokens
         await self.score_node(node)
         self._version += 1
+        self._note_finished(node)
         if self.t1:
             asyncio.get_running_loop().call_soon(self.pump)
 
