@@ -18,7 +18,7 @@ from sglang.srt.entrypoints.http_server import get_global_state
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile import routes as profile_routes
 from sglang_spex.respec import routes as respec_routes
-from sglang_spex.srt import control_routes, search_service
+from sglang_spex.srt import control_routes, search_service, ui_routes
 from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, installed
 
 
@@ -49,6 +49,7 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     search_service.install(app)  # /tot/search*
     profile_routes.install(app, state)  # /spex/profile
     control_routes.install(app)  # /spex/budget, cancel, promote, protect, release, knobs, stats
+    ui_routes.install(app)  # /tot/ui (live tree view)
     app.add_api_route("/spex/info", get_info, methods=["GET"])
     # ReSpec online learner (/respec/*) when the launcher's --respec-learner set its spec
     respec_routes.install_from_env(app, server_port=lambda: state.tokenizer_manager.server_args.port)

@@ -1,0 +1,90 @@
+"""The live tree view's routes (installed by :func:`sglang_spex.srt.routes.install`).
+
+- ``GET /tot/ui`` → the page (``sglang_spex/ui/static/index.html``; no build step, nothing from a CDN).
+- ``GET /tot/ui/static/{name}`` → its script and style (package data).
+- ``GET /tot/ui/events/{search_id}`` → server-sent events describing that search's tree as it grows: ``view``
+  (a node drawn or redrawn, with parent, text and how SPEX made it), ``state`` (totals, SPEX accounting, T3),
+  the search's own ``frontier`` / ``answer`` events and a final ``result`` (``SearchResult.to_dict()`` plus
+  ``ui``: the speculative nodes outside the tree and the adopted paths). Watching never cancels the search; the page starts one with
+  ``POST /tot/search`` (``"stream": true``) and watches it here.
+
+The routes sit on SGLang's app, behind the same API-key middleware as every other route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator, Dict
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, Response, StreamingResponse
+
+from sglang_spex.srt.http_api import error_response
+from sglang_spex.srt.http_state import http_state
+from sglang_spex.srt.search_service import SearchHandle
+from sglang_spex.ui import ASSETS, asset_path
+from sglang_spex.ui.observer import TreeObserver
+
+POLL_S = 0.02  # how often the tree is re-read while no progress event arrives
+
+
+def _sse(event: Dict[str, Any]) -> str:
+    return f"event: {event['event']}\ndata: {json.dumps(event)}\n\n"
+
+
+async def watch(handle: SearchHandle, poll_s: float = POLL_S) -> AsyncIterator[Dict[str, Any]]:
+    """The page's events for one search, until its result (at once if it has finished)."""
+    queue = handle.subscribe()
+    observer = TreeObserver(handle.ctx)
+    try:
+        while True:
+            for event in observer.changes():
+                yield event
+            if handle.result is not None:
+                break
+            try:
+                event = await asyncio.wait_for(queue.get(), timeout=poll_s)
+            except asyncio.TimeoutError:
+                continue
+            if event.get("event") in ("frontier", "answer"):
+                yield event
+        for event in observer.changes():
+            yield event
+        yield {
+            "event": "result",
+            "result": handle.result.to_dict(),
+            "ui": {"ghosts": observer.ghosts(), "adopted": observer.adopted()},
+        }
+    finally:
+        if queue in handle.subscribers:
+            handle.subscribers.remove(queue)
+
+
+async def get_page(request: Request) -> Response:
+    return FileResponse(asset_path("index.html"), media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+
+async def get_asset(request: Request, name: str) -> Response:
+    if name not in ASSETS:
+        return error_response("name", f"unknown asset {name!r}; expected one of {sorted(ASSETS)}", status_code=404)
+    return FileResponse(asset_path(name), media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+
+
+async def get_events(request: Request, search_id: str) -> Response:
+    handle = http_state(request).searches.searches.get(search_id)
+    if handle is None:
+        return error_response("search_id", f"unknown search {search_id!r}", status_code=404)
+
+    async def body() -> AsyncIterator[str]:
+        async for event in watch(handle):
+            yield _sse(event)
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def install(app: FastAPI) -> None:
+    """Add ``/tot/ui``, its assets and its event stream to ``app``."""
+    app.add_api_route("/tot/ui", get_page, methods=["GET"])
+    app.add_api_route("/tot/ui/static/{name}", get_asset, methods=["GET"])
+    app.add_api_route("/tot/ui/events/{search_id}", get_events, methods=["GET"])
