@@ -316,6 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             for mode in order:
                 row = measure(args, url, policy, conc, mode, questions[: max(args.questions, conc)], args.seed)
                 rows.append({"policy": policy, "concurrency": conc, "mode": mode, "repeat": rep, **row})
+                write(args.out, {"meta": {"partial": True}, "summary": summarise(rows), "rows": rows})
                 bar.update(1)
         bar.close()
     finally:
@@ -334,10 +335,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "source": "real CPU SGLang server, SmolLM2-135M" if not args.url else f"server at {args.url}",
     }
     out = {"meta": meta, "summary": summary, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    write(args.out, out)
     print(f"wrote {args.out}")
     return out
+
+
+def write(path: str, data: Dict[str, Any]) -> None:
+    """Write the JSON (after every run too, so an interrupted benchmark keeps what it measured)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ with tiny unique prompts and ``ignore_eos``, once with ``short`` and once with `
 wall-time difference divided by ``long − short`` is the decode step time at B (prefill, tokenisation and
 HTTP overheads cancel). SGLang 0.5.23 reports per-request latencies in ``meta_info`` only with
 ``--enable-metrics`` and no per-step times in ``get_internal_state``, so this is the portable way.
+After the given batch sizes the sweep goes on doubling the batch while throughput still grows (roofline
+``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests``; past the KV pool's room
+SGLang queues the extra requests, so throughput flattens there too and the sweep stops.
 Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
 
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
@@ -25,6 +28,7 @@ import numpy as np
 from sglang_spex.profile import cache
 from sglang_spex.profile.cache import Profile, device_name
 from sglang_spex.profile.drift import DriftMonitor
+from sglang_spex.profile.roofline import next_batch
 from sglang_spex.tot.engine import EnginePort, GenRequest
 
 PROFILE_RID_PREFIX = "spexprof:"
@@ -59,6 +63,8 @@ class ProfileSpec:
     ctx_batch: int = 4
     prefill_words: int = 160  # one long prompt for the prefill rate (0 = skip)
     repeats: int = 2  # short/long pairs per batch size; the fastest counts (interference only slows down)
+    max_batch: int = 512  # the sweep extends past batch_sizes until throughput flattens, up to this batch
+    flat_gain: float = 0.1  # "flattened": the last doubling raised throughput by less than this fraction
 
 
 class _ProfileRequest(GenRequest):
@@ -119,21 +125,29 @@ async def measure_profile(
     bar = _bar(total, progress)
     t_start = time.perf_counter()
     await _batch_wall(port, [_prompt("warm", 0)], 2)  # first request pays one-off costs
+    limit = sweep_limit(spec, key)
+    sizes: List[int] = [int(b) for b in spec.batch_sizes]
     times, ptok = [], []
-    for b in spec.batch_sizes:
-        t, p = await _step_time(port, spec, int(b))
+    b: Optional[int] = sizes[0] if sizes else None
+    while b is not None:
+        t, p = await _step_time(port, spec, b)
         times.append(max(t, 1e-6))
         ptok.append(p)
         bar.set_postfix_str(f"B={b}: {t * 1e3:.1f} ms/step")
         bar.update(1)
+        i = len(times)
+        b = sizes[i] if i < len(sizes) else next_batch(sizes, times, limit, spec.flat_gain)
+        if i >= len(sizes) and b is not None:
+            sizes.append(b)
+            bar.total += 1
     ctx_len = float(np.mean(ptok)) + (spec.short_tokens + spec.long_tokens) / 2.0
-    meta: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok}
+    meta: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok, "sweep_limit": limit}
     kw: Dict[str, Any] = {}
     if spec.ctx_prefix_words:
         prefix = _prompt("ctx" + uuid.uuid4().hex[:6], 0, words=spec.ctx_prefix_words) + " "
         await _batch_wall(port, [prefix], 1)  # prime the radix cache with the shared prefix
         t_ctx, p_ctx = await _step_time(port, spec, spec.ctx_batch, prefix=prefix)
-        base = float(np.interp(spec.ctx_batch, spec.batch_sizes, times))
+        base = float(np.interp(spec.ctx_batch, sizes, times))
         extra_ctx = spec.ctx_batch * max(p_ctx - float(np.mean(ptok)), 1.0)
         kw["ctx_coef"] = max((t_ctx - base) / extra_ctx, 0.0)
         meta["ctx_probe"] = {"batch": spec.ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
@@ -150,8 +164,17 @@ async def measure_profile(
         bar.update(1)
     bar.close()
     return Profile.from_points(
-        key, spec.batch_sizes, times, int(round(ctx_len)), duration_s=time.perf_counter() - t_start, meta=meta, **kw
+        key, sizes, times, int(round(ctx_len)), duration_s=time.perf_counter() - t_start, meta=meta, **kw
     )
+
+
+def sweep_limit(spec: ProfileSpec, key: Dict[str, Any]) -> int:
+    """The largest batch the sweep may measure: ``spec.max_batch`` and the server's ``max_running_requests``."""
+    limit = int(spec.max_batch)
+    mrr = (key.get("flags") or {}).get("max_running_requests")
+    if mrr:
+        limit = min(limit, int(mrr))
+    return max(limit, max(spec.batch_sizes, default=1))
 
 
 def _bar(total: int, enabled: bool):

@@ -13,12 +13,14 @@ This one rule covers both shapes we meet:
   ``B = a/b``, where throughput reaches half its asymptote — the analogue of the ridge point.
 If the elasticity stays below the threshold over the measured range the engine is memory-bound
 everywhere we looked: the knee is reported as the largest measured batch with ``bounded=False``.
+:func:`next_batch` keeps the profiler's sweep going (doubling the batch) until throughput B/t(B) flattens, so a
+knee past the initial sizes is measured instead of reported at the last one.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -144,3 +146,25 @@ def find_knee(batch: Sequence[float], step_time: Sequence[float], threshold: flo
 def k_total_from_knee(fit: KneeFit, minimum: int = 1) -> int:
     """The global speculative budget: the concurrency at the knee (paper §4.3), rounded, at least ``minimum``."""
     return max(int(round(fit.knee)), minimum)
+
+
+def throughput_gain(batch: Sequence[float], step_time: Sequence[float]) -> float:
+    """Throughput (B / t) gain per batch doubling between the two largest measured batches."""
+    order = np.argsort(np.asarray(batch, dtype=float))
+    b = np.asarray(batch, dtype=float)[order][-2:]
+    t = np.asarray(step_time, dtype=float)[order][-2:]
+    if b.size < 2 or b[1] <= b[0]:
+        raise ValueError("need two distinct batch sizes")
+    ratio = (b[1] / t[1]) / (b[0] / t[0])
+    return float(ratio ** (1.0 / np.log2(b[1] / b[0])))
+
+
+def next_batch(batch: Sequence[float], step_time: Sequence[float], limit: int, flat_gain: float = 0.1) -> Optional[int]:
+    """The next batch of the sweep: twice the largest (at most ``limit``) while the last doubling still raised
+    throughput by more than ``flat_gain``; None once it flattened or the limit is reached."""
+    if len(batch) < 2:
+        return None
+    top = int(max(batch))
+    if top >= limit or throughput_gain(batch, step_time) < 1.0 + flat_gain:
+        return None
+    return min(2 * top, int(limit))

@@ -3,7 +3,8 @@
 - ``GET /spex/profile``: the current (or cached) profile, 404 if none yet.
 - ``POST /spex/profile``: measure now; body (optional) :class:`~sglang_spex.srt.http_api.ProfileBody`:
   ``batch_sizes``, ``short_tokens``, ``long_tokens``, ``ctx_prefix_words``, ``ctx_batch``, ``prefill_words``,
-  ``repeats`` (a new measure spec when any is given), ``force`` (default true).
+  ``repeats`` (a new measure spec when any is given; given ``batch_sizes`` are measured exactly, without the
+  sweep's extension), ``force`` (default true).
 - With ``--tot-speculation --tot-k-total auto`` a background thread asks for a (cached) profile once the
   server is healthy, so the first search finds the roofline knee ready.
 """
@@ -37,6 +38,8 @@ async def post_profile(request: Request, body: ProfileBody) -> Response:
     mgr = http_state(request).profile
     fields = body.spec_fields()
     if fields:
+        if "batch_sizes" in fields:  # sizes given: measure exactly those (no sweep extension)
+            fields["max_batch"] = max(fields["batch_sizes"])
         mgr.spec = ProfileSpec(**fields)
     try:
         prof = await mgr.get(force=body.force)

@@ -1,6 +1,9 @@
 """SPEX for server-side searches: one T2 budget shared by every search of the server, fed with the engine's live
-primary load (the batch-stats ring written by hook H13), and ``--tot-k-total auto`` resolved from the roofline
-profile. Decode step times go to the profile's drift monitor. Used by :mod:`sglang_spex.srt.search_service`.
+primary load (the batch-stats ring written by hook H13) and the served model's byte sizes (S_w, KV bytes per
+token, from SGLang's model config), and ``--tot-k-total auto`` resolved from the roofline profile: once the
+knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the scheduler-side
+speculative admission cap (the ``budget`` control op). Decode step times go to the profile's drift monitor.
+Used by :mod:`sglang_spex.srt.search_service`.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import logging
 from typing import Any, Callable, Optional
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.measure import ProfileManager
+from sglang_spex.speculation.budget import ModelBytes, model_bytes
 from sglang_spex.speculation.runner import SpexContext, context_factory, make_budget
-from sglang_spex.srt import metrics
+from sglang_spex.srt import control, metrics
 from sglang_spex.srt.batch_stats import StatsReader
 
 logger = logging.getLogger(__name__)
@@ -34,20 +39,49 @@ class SpexWiring:
         self._last_row_time = 0.0
         self._k_total_pending = cfg.k_total is None  # --tot-k-total auto: resolved once, on the first search
         self.k_total_task: Optional[asyncio.Task] = None
+        self._tm: Any = None  # SGLang's TokenizerManager (from the first search's port)
+        self.scheduler_cap: Optional[int] = None  # the cap last sent to the scheduler under auto
 
     def make_context(self, *args: Any, **kwargs: Any) -> SpexContext:
-        """The service's ``context_factory``."""
+        """The service's ``context_factory`` (args as ``SearchContext``'s: spec, question, port, ...)."""
+        if self._tm is None:
+            self._attach(args[2] if len(args) > 2 else kwargs.get("port"))
         if self._k_total_pending:
             self._k_total_pending = False
             self.k_total_task = asyncio.ensure_future(self._resolve_k_total())
         return self._factory(*args, **kwargs)
 
+    def _attach(self, port: Any) -> None:
+        """Take the model's byte sizes from the engine behind ``port`` (a ``TokenizerManagerPort``)."""
+        self._tm = getattr(port, "tm", None)
+        found = served_model_bytes(self._tm)
+        if found is not None:
+            self.budget.model = found
+            logger.info("spex: T2 S_w=%.3g B, KV %.0f B/token", found.weight_bytes, found.kv_bytes_per_token)
+
     async def _resolve_k_total(self) -> None:
         try:
-            self.budget.k_total = (await self._profile().get()).k_total
-            logger.info("spex: k_total=%d from the roofline profile", self.budget.k_total)
+            manager = self._profile()
+            profile = await manager.get()
+            manager.on_update = self._on_profile  # a re-profile (drift) moves the knee: follow it
+            await self._set_k_total(profile)
         except Exception:
             logger.exception("spex: roofline profile failed; keeping k_total=%d", self.budget.k_total)
+
+    def _on_profile(self, profile: Profile) -> None:
+        asyncio.ensure_future(self._set_k_total(profile))
+
+    async def _set_k_total(self, profile: Profile) -> None:
+        """The knee becomes the HTTP-side budget and the scheduler's speculative admission cap."""
+        self.budget.k_total = int(profile.k_total)
+        logger.info("spex: k_total=%d from the roofline profile", self.budget.k_total)
+        if self._tm is None:
+            return
+        try:
+            await control.send(self._tm, control.SpexControlReq(op="budget", value=float(self.budget.k_total)))
+            self.scheduler_cap = self.budget.k_total
+        except Exception:
+            logger.exception("spex: setting the scheduler-side budget failed")
 
     @staticmethod
     async def _on_finish(ctx: SpexContext) -> None:
@@ -71,3 +105,16 @@ class SpexWiring:
             except Exception:
                 logger.debug("spex: drift observation failed", exc_info=True)
         return int((row.get("n_primary") or 0) + (row.get("waiting") or 0) - (row.get("waiting_spec") or 0))
+
+
+def served_model_bytes(tokenizer_manager: Any) -> Optional[ModelBytes]:
+    """S_w and KV bytes per token of the model SGLang serves (None if its config cannot be read)."""
+    mc = getattr(tokenizer_manager, "model_config", None)
+    if mc is None:
+        return None
+    try:
+        kv_dtype = getattr(getattr(tokenizer_manager, "server_args", None), "kv_cache_dtype", "auto")
+        return model_bytes(mc.hf_text_config, getattr(mc, "dtype", "auto"), kv_dtype)
+    except (AttributeError, TypeError, ValueError):
+        logger.warning("spex: model config unreadable; T2 uses unit byte sizes", exc_info=True)
+        return None
