@@ -13,13 +13,12 @@ The embedding is the target's (frozen; SGLang replaces the draft's with the targ
 Checkpoint names: ``embed_tokens.weight``, ``fc.weight``, ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
 ``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}
 .weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` — SGLang's ``load_weights`` prefixes ``model.``
-and stacks q/k/v and gate/up itself.
+and stacks q/k/v and gate/up itself. Files on disk (ours, SpecForge's ``midlayer.*`` layout): ``respec/checkpoint.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_spex.respec.checkpoint import read_config, read_tensors, vocab_tensors, write_checkpoint
+
 ARCH = "LlamaForCausalLMEagle3"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 # Parameters never pushed by a hot-swap: the embedding is shared with the target inside SGLang, and the vocabulary
 # mapping (d2t/t2d) is read once when the draft worker starts.
 NOT_HOT_SWAPPED = ("embed_tokens.weight", "d2t", "t2d")
@@ -130,23 +129,51 @@ class DrafterConfig:
         }
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "DrafterConfig":
-        if d.get("architectures") != [ARCH]:
+    def from_hf_dict(cls, d: dict, target_config=None) -> "DrafterConfig":
+        """From a config.json of ours or of SpecForge / SGLang's EAGLE-3 drafters. Without ``eagle_config`` the
+        capture layers are SGLang's default {2, N/2, N−3} of the target (``target_config`` gives N); without
+        ``draft_vocab_size`` the draft vocabulary is the target's. Variants our drafter does not implement
+        (more than one layer, fc_norm, norm_before_fc, tied or biased weights) raise ValueError."""
+        if ARCH not in (d.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 drafter config (architectures={d.get('architectures')})")
-        aux = [i + 1 for i in d["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        eagle = d.get("eagle_config") or {}
+        unsupported = [
+            k
+            for k, bad in (
+                ("num_hidden_layers", d.get("num_hidden_layers", 1) != 1),
+                ("fc_norm", bool(d.get("fc_norm") or d.get("use_aux_norm"))),
+                ("norm_before_fc", bool(eagle.get("norm_before_fc", d.get("norm_before_fc", False)))),
+                ("tie_word_embeddings", bool(d.get("tie_word_embeddings", False))),
+                ("bias", bool(d.get("bias") or d.get("attention_bias") or d.get("mlp_bias"))),
+            )
+            if bad
+        ]
+        if unsupported:
+            raise ValueError(f"EAGLE-3 drafter variant not supported here: {unsupported}")
+        n_target = d.get("respec", {}).get("target_num_layers") or (
+            target_config.num_hidden_layers if target_config is not None else 0
+        )
+        if eagle.get("eagle_aux_hidden_state_layer_ids"):
+            aux = [i + 1 for i in eagle["eagle_aux_hidden_state_layer_ids"]]
+        elif n_target:
+            aux = [2, n_target // 2, n_target - 3]  # SGLang's capture default without eagle_config
+            if any(not 0 <= i < n_target for i in aux):
+                raise ValueError(f"SGLang's default capture layers {aux} do not fit a {n_target}-layer target")
+        else:
+            raise ValueError("config has no eagle_config layer ids: pass the target's config to pick SGLang's default")
         return cls(
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
             num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d["num_key_value_heads"],
+            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
             vocab_size=d["vocab_size"],
-            draft_vocab_size=d["draft_vocab_size"],
-            target_hidden_size=d.get("target_hidden_size", d["hidden_size"]),
+            draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+            target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
             aux_layer_ids=aux,
-            target_num_layers=d.get("respec", {}).get("target_num_layers", 0),
-            rms_norm_eps=d["rms_norm_eps"],
-            rope_theta=d.get("rope_theta") or d.get("rope_parameters", {}).get("rope_theta", 10000.0),
+            target_num_layers=n_target,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta", 10000.0),
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=d.get("eos_token_id"),
@@ -311,24 +338,33 @@ class Eagle3Drafter(nn.Module):
         """The trainable weights, as (name, tensor) for SGLang's ``update_weights_from_tensor``."""
         return [(n, t) for n, t in self.checkpoint_tensors(dtype).items() if n not in NOT_HOT_SWAPPED]
 
-    def save_pretrained(self, out_dir, dtype: torch.dtype = torch.bfloat16) -> Path:
-        from safetensors.torch import save_file
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(self.checkpoint_tensors(dtype), str(out / WEIGHTS_FILE))
-        (out / CONFIG_FILE).write_text(json.dumps(self.cfg.to_hf_dict(), indent=2) + "\n")
-        return out
+    def save_pretrained(self, out_dir, dtype: torch.dtype = torch.bfloat16, layout: str = "sglang") -> Path:
+        """config.json + model.safetensors (every tensor, d2t/t2d and the embedding included); ``layout``:
+        ``"sglang"`` (``layers.0.*``) or ``"specforge"`` (``midlayer.*``), both loaded by SGLang and by us."""
+        return write_checkpoint(out_dir, self.cfg.to_hf_dict(), self.checkpoint_tensors(dtype), layout)
 
     @classmethod
-    def from_pretrained(cls, path) -> "Eagle3Drafter":
-        from safetensors.torch import load_file
-
-        p = Path(path)
-        cfg = DrafterConfig.from_hf_dict(json.loads((p / CONFIG_FILE).read_text()))
-        tensors = load_file(str(p / WEIGHTS_FILE))
-        model = cls(cfg, t2d=tensors["t2d"])
-        model.load_named(tensors.items(), strict=True)
+    def from_pretrained(cls, path, target_model=None) -> "Eagle3Drafter":
+        """A drafter saved by us, SpecForge or another EAGLE-3 trainer (see ``respec/checkpoint.py``). Tensors the
+        checkpoint may leave out come from ``target_model`` (the served HF model): the embedding, and the
+        lm_head when the draft vocabulary is the target's (SGLang's ``load_lm_head_from_target``)."""
+        cfg = DrafterConfig.from_hf_dict(read_config(path), getattr(target_model, "config", None))
+        tensors = read_tensors(path)
+        model = cls(cfg, t2d=vocab_tensors(tensors, cfg.vocab_size, cfg.draft_vocab_size))
+        tensors.pop("t2d", None)
+        tensors.pop("d2t", None)
+        borrowed = {"embed_tokens.weight": "get_input_embeddings"}
+        if cfg.draft_vocab_size == cfg.vocab_size:
+            borrowed["lm_head.weight"] = "get_output_embeddings"
+        for name, getter in borrowed.items():
+            if name not in tensors:
+                if target_model is None:
+                    raise KeyError(f"{path}: checkpoint lacks {name!r}; pass the target model to take it from")
+                tensors[name] = getattr(target_model, getter)().weight.detach()
+        model.load_named(tensors.items(), strict=False)
+        missing = sorted(set(model.state_dict()) - set(tensors) - {"t2d", "d2t"})
+        if missing:
+            raise KeyError(f"{path}: checkpoint lacks {missing}")
         return model
 
     def load_named(self, named: Iterable[Tuple[str, torch.Tensor]], strict: bool = False) -> None:

@@ -91,8 +91,8 @@ def install(app: FastAPI, learner: OnlineLearner) -> None:
 
 def build_learner(spec: LearnerSpec, server_url: Optional[str] = None) -> OnlineLearner:
     """A learner from the config's learner spec: HF target copy for features, hot-swap into ``server_url``."""
-    drafter = Eagle3Drafter.from_pretrained(spec.drafter).float()
     target = AutoModelForCausalLM.from_pretrained(spec.target, torch_dtype=torch.float32)
+    drafter = Eagle3Drafter.from_pretrained(spec.drafter, target_model=target).float()  # ours or SpecForge's
     feats = TargetFeatures(target, drafter.cfg.aux_layer_ids, drafter.t2d)
     url = spec.server_url or server_url
     publish = HotSwapClient(url, begin_retries=240) if url else None

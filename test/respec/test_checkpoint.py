@@ -1,0 +1,154 @@
+"""EAGLE-3 drafters in the ecosystem's layout (SpecForge / SGLang: config.json with LlamaForCausalLMEagle3,
+safetensors, ``midlayer.*`` names, optional embedding and d2t/t2d): load as the learner's starting point, save,
+round trip, and a real CPU SGLang server started with ``--speculative-draft-model-path`` on such a checkpoint
+serves the plain greedy tokens with speculation on."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from workloads import COMMON, WORKLOADS, generate
+
+from sglang_spex.respec.checkpoint import normalize_name, read_tensors
+from sglang_spex.respec.drafter import ARCH, DrafterConfig, Eagle3Drafter
+from sglang_spex.serve import ServerProcess
+
+EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def _specforge_dir(drafter: Eagle3Drafter, path, keep=("t2d", "d2t"), embed: bool = False):
+    """A checkpoint written the way SpecForge does it (by hand here): ``midlayer.`` names, its config keys only
+    (no ``respec`` section, no ``head_dim``), the embedding left out unless ``embed``."""
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, t in drafter.state_dict().items():
+        if name in ("t2d", "d2t") and name not in keep:
+            continue
+        if name == "embed_tokens.weight" and not embed:
+            continue
+        tensors[name.replace("layers.0.", "midlayer.")] = t.detach().clone().contiguous()
+    save_file(tensors, str(path / "model.safetensors"))
+    c = drafter.cfg
+    config = {
+        "architectures": [ARCH],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layer_ids]},
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _same(a: Eagle3Drafter, b: Eagle3Drafter) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+def test_specforge_checkpoint_loads_with_the_target_embedding(tiny_drafter, tiny_target, tmp_path):
+    ckpt = _specforge_dir(tiny_drafter, tmp_path / "sf")
+    assert "embed_tokens.weight" not in load_file(str(ckpt / "model.safetensors"))
+    loaded = Eagle3Drafter.from_pretrained(ckpt, target_model=tiny_target)
+    _same(loaded, tiny_drafter)  # for_target copied the target's embedding, the loader borrowed the same one
+    assert loaded.cfg.aux_layer_ids == tiny_drafter.cfg.aux_layer_ids
+    with pytest.raises(KeyError, match="embed_tokens"):
+        Eagle3Drafter.from_pretrained(ckpt)  # no target to take the embedding from
+
+
+@pytest.mark.parametrize("keep", [("t2d",), ("d2t",)])
+def test_either_vocab_tensor_is_enough(tiny_drafter, tiny_target, tmp_path, keep):
+    loaded = Eagle3Drafter.from_pretrained(_specforge_dir(tiny_drafter, tmp_path, keep), target_model=tiny_target)
+    assert torch.equal(loaded.t2d, tiny_drafter.t2d) and torch.equal(loaded.d2t, tiny_drafter.d2t)
+
+
+def test_full_vocab_drafter_without_vocab_tensors_or_head(tiny_target, tmp_path):
+    """draft vocabulary = target vocabulary: no d2t/t2d needed; a missing lm_head comes from the target."""
+    full = Eagle3Drafter.for_target(tiny_target, tiny_target.config.vocab_size, seed=1)
+    ckpt = _specforge_dir(full, tmp_path, keep=())
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    loaded = Eagle3Drafter.from_pretrained(ckpt, target_model=tiny_target)
+    assert bool(loaded.t2d.all()) and not bool(loaded.d2t.any())
+    assert torch.equal(loaded.lm_head.weight, tiny_target.get_output_embeddings().weight)
+
+
+def test_save_load_round_trip_in_both_layouts(tiny_drafter, tmp_path):
+    with torch.no_grad():
+        for p in tiny_drafter.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)  # not the for_target initialisation
+    sf = tiny_drafter.save_pretrained(tmp_path / "sf", dtype=torch.float32, layout="specforge")
+    names = set(load_file(str(sf / "model.safetensors")))
+    assert any(n.startswith("midlayer.") for n in names) and not any(n.startswith("layers.") for n in names)
+    assert {"d2t", "t2d", "embed_tokens.weight", "fc.weight", "lm_head.weight", "norm.weight"} <= names
+    back = Eagle3Drafter.from_pretrained(sf)
+    _same(back, tiny_drafter)
+    sg = back.save_pretrained(tmp_path / "sg", dtype=torch.float32, layout="sglang")
+    assert any(n.startswith("layers.0.") for n in load_file(str(sg / "model.safetensors")))
+    _same(Eagle3Drafter.from_pretrained(sg), tiny_drafter)
+    assert read_tensors(sf).keys() == read_tensors(sg).keys()
+    with pytest.raises(ValueError):
+        tiny_drafter.save_pretrained(tmp_path / "x", layout="bogus")
+
+
+def test_sharded_checkpoint(tiny_drafter, tmp_path):
+    state = {n.replace("layers.0.", "midlayer."): t for n, t in tiny_drafter.checkpoint_tensors(torch.float32).items()}
+    names = sorted(state)
+    half = len(names) // 2
+    save_file({n: state[n] for n in names[:half]}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({n: state[n] for n in names[half:]}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    index = {n: f"model-0000{1 + (i >= half)}-of-00002.safetensors" for i, n in enumerate(names)}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_drafter.cfg.to_hf_dict()))
+    _same(Eagle3Drafter.from_pretrained(tmp_path), tiny_drafter)
+
+
+def test_config_defaults_and_unsupported_variants(tiny_drafter):
+    d = tiny_drafter.cfg.to_hf_dict()
+    d.pop("respec")
+    d.pop("eagle_config")
+    d.pop("head_dim")
+    target8 = SimpleNamespace(num_hidden_layers=8)
+    cfg = DrafterConfig.from_hf_dict(d, target8)
+    assert cfg.aux_layer_ids == [2, 4, 5]  # SGLang's capture default {2, N/2, N-3}
+    assert cfg.head_dim == d["hidden_size"] // d["num_attention_heads"]
+    with pytest.raises(ValueError, match="eagle_config"):
+        DrafterConfig.from_hf_dict(d)
+    for key, value in (("num_hidden_layers", 2), ("fc_norm", True), ("tie_word_embeddings", True), ("bias", True)):
+        with pytest.raises(ValueError, match="not supported"):
+            DrafterConfig.from_hf_dict({**d, key: value}, target8)
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        DrafterConfig.from_hf_dict({**d, "architectures": ["LlamaForCausalLM"]}, target8)
+    assert normalize_name("model.midlayer.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
+
+
+def test_sglang_server_serves_a_specforge_checkpoint(tiny_model, tiny_drafter, respec_reference, tmp_path):
+    """SGLang's own EAGLE3 loader takes the SpecForge-style directory (midlayer names, no embedding): the server
+    starts, drafts (verify passes > 0) and, greedy, returns the plain server's tokens."""
+    ckpt = _specforge_dir(tiny_drafter, tmp_path / "sf")
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(ckpt), *EAGLE]
+    with ServerProcess(["--model-path", tiny_model, *COMMON, *spec]) as srv:
+        res = {k: generate(srv.url, texts) for k, texts in WORKLOADS.items()}
+    for k, outs in res.items():
+        assert [x["output_ids"] for x in outs] == respec_reference["workloads"][k], k
+    metas = [x["meta_info"] for outs in res.values() for x in outs]
+    assert sum(m.get("spec_verify_ct") or 0 for m in metas) > 0
