@@ -196,13 +196,20 @@ class _Section:
 
 
 # ---------------------------------------------------------------- argparse value parsers
-def _k_total(text: str) -> Optional[int]:
+def _int_or_auto(text: str) -> Optional[int]:
     if text == "auto":
         return None
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}")
+
+
+def _hosts(text: str) -> Tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected a comma list of hosts, got {text!r}")
+    return parts
 
 
 def on_off(text: str) -> bool:
@@ -245,7 +252,7 @@ class SpexConfig(_Section):
     )
     k_total: Optional[int] = _opt(
         None,
-        parse=_k_total,
+        parse=_int_or_auto,
         none="auto",
         check=(lambda v: v is None or v >= 0, "must be >= 0 or 'auto'"),
         help="global speculative budget, or auto (the roofline knee)",
@@ -268,6 +275,47 @@ class SpexConfig(_Section):
         64, check=(lambda v: v >= 1, "must be >= 1"), help="server-side searches a server runs at once"
     )
     reward_timeout: float = _opt(120.0, check=(lambda v: v > 0, "must be > 0"), help="seconds a reward may take")
+    max_queued_searches: int = _opt(
+        64, check=(lambda v: v >= 0, "must be >= 0"), help="searches waiting for a slot; more get HTTP 429"
+    )
+    # Per-search capacity limits (tot/limits.py); a spec over one gets HTTP 400 naming the field.
+    max_width: Optional[int] = _opt(
+        None,
+        parse=_int_or_auto,
+        none="auto",
+        check=(lambda v: v is None or v >= 1, "must be >= 1 or 'auto'"),
+        help="largest BFS width / MCTS branching of a search, or auto (the engine's running-request slots)",
+    )
+    max_depth: int = _opt(64, check=(lambda v: v >= 1, "must be >= 1"), help="largest policy.max_depth")
+    max_iterations: int = _opt(
+        1024, check=(lambda v: v >= 1, "must be >= 1"), help="largest MCTS rollouts/iterations/target answers"
+    )
+    max_nodes: int = _opt(
+        4096, check=(lambda v: v >= 1, "must be >= 1"), help="most nodes a search's policy may generate (worst case)"
+    )
+    max_search_tokens: Optional[int] = _opt(
+        None,
+        parse=_int_or_auto,
+        none="auto",
+        check=(lambda v: v is None or v >= 1, "must be >= 1 or 'auto'"),
+        help="most tokens a search may generate (worst case nodes x step.max_tokens), or auto (16 KV pools)",
+    )
+    max_step_tokens: Optional[int] = _opt(
+        None,
+        parse=_int_or_auto,
+        none="auto",
+        check=(lambda v: v is None or v >= 1, "must be >= 1 or 'auto'"),
+        help="largest step.max_tokens, or auto (the model's context length; never above it)",
+    )
+    max_body_bytes: int = _opt(
+        1 << 20, check=(lambda v: v >= 1024, "must be >= 1024"), help="largest request body of the plugin's routes"
+    )
+    reward_hosts: Tuple[str, ...] = _opt(
+        ("loopback",),
+        parse=_hosts,
+        check=(lambda v: len(v) >= 1 and all(isinstance(h, str) and h for h in v), "must name at least one host"),
+        help="hosts callback/PRM rewards may call: names, IPs, CIDRs, loopback or * (comma list)",
+    )
     spec_priority: int = _opt(-1000, flag=None, help="priority of speculative requests (below any primary)")
 
     def has(self, component: str) -> bool:

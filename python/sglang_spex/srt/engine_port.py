@@ -6,8 +6,9 @@ without an HTTP round trip back to ourselves.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -39,6 +40,22 @@ class TokenizerManagerPort(EnginePort):
                 raise
             out = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}
         return GenResult.from_sglang(req.rid, out, time.monotonic() - t0)
+
+    async def capacity(self) -> Dict[str, Optional[int]]:
+        """What the engine can hold: the model's context length, the scheduler's running-request slots and
+        its KV pool in tokens (one ``get_internal_state`` round trip, W3)."""
+        states = await self.tm.get_internal_state()
+        state = states[0] if states else {}
+        return {
+            "context_len": int(self.tm.context_len),
+            "max_running_requests": state.get("effective_max_running_requests_per_dp"),
+            "kv_tokens": (state.get("memory_usage") or {}).get("token_capacity"),
+        }
+
+    async def count_tokens(self, text: str) -> int:
+        """``text``'s length in the served model's tokens (off the event loop: a long text takes a while)."""
+        tokenizer = self.tm.tokenizer
+        return len(await asyncio.to_thread(tokenizer.encode, text))
 
     def rids(self, prefix: str) -> List[str]:
         """The rids SGLang still tracks that start with ``prefix``."""

@@ -137,11 +137,15 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("W2", f"{HTTP_SERVER_MODULE}.get_global_state", "call", "routes",
        "the tokenizer manager the routes send requests through", by="sglang_spex.srt.routes"),
     _T("W3", f"{TOKENIZER_MANAGER}.get_internal_state", "call", "routes",
-       "one round trip to the scheduler: /spex/info's scheduler part, the control channel's acknowledgement",
+       "one round trip to the scheduler: /spex/info's scheduler part, the control channel's acknowledgement, "
+       "the engine's capacity for the search limits",
        by="sglang_spex.srt.routes"),
     _T("W4", f"{TOKENIZER_MANAGER}._dispatch_to_scheduler", "call", "routes",
        "(private) sends SpexControlReq on the tokenizer manager's socket, in order with generate requests",
        by="sglang_spex.srt.control"),
+    _T("W5", "sglang.srt.utils.auth.auth_level", "call", "routes",
+       "marks the routes that change server-wide state ADMIN_OPTIONAL, read by SGLang's API-key middleware",
+       by="sglang_spex.srt.admin_scope"),
     # ---- cpu_attention (sgl-kernel-ext installed): the spex_cpu attention backend, selectable with any flags
     _T("A1", "sglang.srt.layers.attention.attention_registry.register_attention_backend", "registry",
        "cpu_attention", "the spex_cpu batched CPU attention backend in SGLang's backend registry",

@@ -25,7 +25,12 @@ B = TypeVar("B", bound="Body")
 
 
 class BodyError(FieldError):
-    """A request body field is invalid; ``field`` names it, ``reason`` says why."""
+    """A request body field is invalid; ``field`` names it, ``reason`` says why, ``status_code`` is the HTTP
+    answer (400; 413 for a body over the size limit, 409 for a search id in use)."""
+
+    def __init__(self, field_name: str, reason: str, status_code: int = 400):
+        super().__init__(field_name, reason)
+        self.status_code = status_code
 
 
 def error_response(field_name: str, reason: str, status_code: int = 400) -> JSONResponse:
@@ -68,15 +73,38 @@ def parse_body(model: Type[B], raw: Any) -> B:
         raise _error_of(model, e) from None
 
 
-async def read_json(request: Request, optional: bool = False) -> Any:
-    """The request's JSON (``{}`` for an empty body when ``optional``); raises :class:`BodyError` on bad JSON."""
-    data = await request.body()
+def body_limit(request: Request) -> int:
+    """The largest request body the plugin's routes read (``--tot-max-body-bytes``)."""
+    return getattr(request.app.state, STATE_ATTR).cfg.max_body_bytes
+
+
+async def read_body(request: Request, limit: Optional[int]) -> bytes:
+    """The raw body, read in chunks and refused (413) as soon as it passes ``limit`` bytes (None: no limit)."""
+    if limit is None:
+        return await request.body()
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyError("body", f"{declared} bytes is over this server's limit {limit} (--tot-max-body-bytes)", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyError("body", f"over this server's limit {limit} bytes (--tot-max-body-bytes)", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, optional: bool = False, limit: Any = "server") -> Any:
+    """The request's JSON (``{}`` for an empty body when ``optional``); raises :class:`BodyError` on bad JSON,
+    nesting too deep to decode, or a body over ``limit`` bytes (``"server"``: ``--tot-max-body-bytes``; None: no
+    limit, for admin-scoped weight uploads)."""
+    data = await read_body(request, body_limit(request) if limit == "server" else limit)
     if optional and not data.strip():
         return {}
     try:
         return json.loads(data)
-    except ValueError:
-        raise BodyError("body", "must be valid JSON") from None
+    except (ValueError, RecursionError):
+        raise BodyError("body", "must be valid JSON (and nested less deeply)") from None
 
 
 def json_body(
@@ -90,7 +118,7 @@ def json_body(
             try:
                 body = parse_body(model, await read_json(request, optional))
             except BodyError as e:
-                return error_response(e.field, e.reason)
+                return error_response(e.field, e.reason, e.status_code)
             return await handler(request, body)
 
         endpoint.__name__ = handler.__name__

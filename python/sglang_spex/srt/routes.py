@@ -18,7 +18,7 @@ from sglang.srt.entrypoints.http_server import get_global_state
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile import routes as profile_routes
 from sglang_spex.respec import routes as respec_routes
-from sglang_spex.srt import control_routes, search_service, ui_routes
+from sglang_spex.srt import admin_scope, control_routes, search_service, ui_routes
 from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, installed
 
 
@@ -36,6 +36,7 @@ async def get_info(request: Request) -> Response:
             "speculation": state.cfg.enabled,
             "config": json.loads(state.cfg.to_json()),
             "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
+            "searches": state.searches.info(),  # per-search limits in force, queue, rejections
         }
     )
 
@@ -53,3 +54,4 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     app.add_api_route("/spex/info", get_info, methods=["GET"])
     # ReSpec online learner (/respec/*) when the launcher's --respec-learner set its spec
     respec_routes.install_from_env(app, server_port=lambda: state.tokenizer_manager.server_args.port)
+    admin_scope.apply(app)  # SGLang's ADMIN_OPTIONAL level on the routes that change server-wide state (W5)

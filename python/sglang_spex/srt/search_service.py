@@ -23,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import secrets
+import statistics
 import time
-import uuid
-from collections import OrderedDict
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from collections import OrderedDict, deque
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -38,14 +40,25 @@ from sglang_spex.srt.http_api import STATE_ATTR, BodyError, SearchBody, error_re
 from sglang_spex.srt.spex_wiring import SpexWiring
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.engine import search_rid_prefix
+from sglang_spex.tot.limits import SearchLimits, derive
 from sglang_spex.tot.search import ContextFactory, SearchResult
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 logger = logging.getLogger(__name__)
 
 QUEUED, RUNNING = "queued", "running"
+# SpexConfig fields that are per-search limits (tot/limits.py); None = derived from the live engine
+LIMIT_FIELDS = ("max_width", "max_depth", "max_iterations", "max_nodes", "max_search_tokens", "max_step_tokens")
 FINISHED = ("done", "cancelled", "failed")
 DISCONNECT_POLL_S = 0.25
+
+
+class Busy(Exception):
+    """Every search slot and queue place is taken; answer 429 with ``Retry-After``."""
+
+    def __init__(self, retry_after: int, counts: Dict[str, int]):
+        super().__init__(f"server busy: {counts['running']} searches running, {counts['queued']} queued")
+        self.retry_after = retry_after
 
 
 class SearchHandle:
@@ -102,24 +115,57 @@ class SearchService:
         keep_finished: int = 256,
     ):
         self._port = port
+        self.cfg = cfg
         self.max_concurrent = cfg.max_concurrent_searches
+        self.max_queued = cfg.max_queued_searches
         self.reward_timeout = cfg.reward_timeout
         self.spex = SpexWiring(cfg, profile) if cfg.enabled else None
         self.context_factory: ContextFactory = self.spex.make_context if self.spex else SearchContext
         self.keep_finished = keep_finished
         self.searches: "OrderedDict[str, SearchHandle]" = OrderedDict()
+        self.rejected = 0  # searches refused with 429
         self._sem: Optional[asyncio.Semaphore] = None
+        self._limits: Optional[SearchLimits] = None
+        self._durations: Deque[float] = deque(maxlen=32)  # of recent finished searches, for Retry-After
 
     @property
     def port(self) -> TokenizerManagerPort:
         return self._port()
 
-    def submit(self, body: SearchBody) -> SearchHandle:
-        """Start a search; raises :class:`SearchSpecError` for a bad spec, :class:`BodyError` for a busy id."""
+    async def limits(self) -> SearchLimits:
+        """The per-search limits: the launcher's flags, ``auto`` ones from the live engine (asked once)."""
+        if self._limits is None:
+            configured = {name: getattr(self.cfg, name) for name in LIMIT_FIELDS}
+            capacity = await self.port.capacity()
+            self._limits = derive(configured, reward_hosts=self.cfg.reward_hosts, **capacity)
+        return self._limits
+
+    def counts(self) -> Dict[str, int]:
+        """Searches running and waiting for a slot."""
+        running = sum(1 for h in self.searches.values() if h.status == RUNNING)
+        queued = sum(1 for h in self.searches.values() if h.status == QUEUED)
+        return {"running": running, "queued": queued}
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the median duration of recent searches (1–600 s)."""
+        if not self._durations:
+            return 5
+        return max(1, min(600, math.ceil(statistics.median(self._durations))))
+
+    async def submit(self, body: SearchBody) -> SearchHandle:
+        """Start a search. Raises :class:`SearchSpecError` for a bad spec or one over a limit,
+        :class:`BodyError` for an id in use (409), :class:`Busy` when the queue is full."""
         spec = SearchSpec.from_dict(body.spec)
-        sid = body.search_id or uuid.uuid4().hex[:16]
-        if sid in self.searches and not self.searches[sid].finished:
-            raise BodyError("search_id", f"search {sid!r} is already running")
+        limits = await self.limits()
+        prompt = spec.step.prompt_template.format(question=body.question)
+        limits.check_spec(spec, prompt_tokens=await self.port.count_tokens(prompt))
+        sid = body.search_id or secrets.token_hex(16)  # unguessable: the id is the caller's handle on it
+        if sid in self.searches:
+            raise BodyError("search_id", f"search {sid!r} exists; choose another id", 409)
+        c = self.counts()
+        if c["running"] + c["queued"] >= self.max_concurrent + self.max_queued:
+            self.rejected += 1
+            raise Busy(self.retry_after(), c)
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.max_concurrent)
         ctx = self.context_factory(
@@ -132,7 +178,6 @@ class SearchService:
         )
         handle = SearchHandle(sid, ctx)
         self.searches[sid] = handle
-        self.searches.move_to_end(sid)
         handle.task = asyncio.create_task(self._run(handle), name=f"tot-search-{sid}")
         self._trim()
         return handle
@@ -150,6 +195,7 @@ class SearchService:
         except Exception as e:  # never lose a search silently
             h.result = h.ctx.result("failed", repr(e))
         h.status = h.result.status
+        self._durations.append(time.time() - h.created)
         h.publish({"event": "result", "result": h.result.to_dict()})
 
     async def cancel(self, search_id: str, reason: str = "cancelled") -> Optional[SearchHandle]:
@@ -174,8 +220,20 @@ class SearchService:
     def summary(self) -> Dict[str, Any]:
         return {
             "searches": [{"search_id": k, "status": h.status} for k, h in self.searches.items()],
-            "running": sum(1 for h in self.searches.values() if h.status == RUNNING),
+            **self.counts(),
+            "rejected": self.rejected,
             "inflight": sum(len(h.ctx.inflight) for h in self.searches.values()),
+        }
+
+    def info(self) -> Dict[str, Any]:
+        """For ``/spex/info``: the limits in force (None until the first search resolved them) and the queue."""
+        return {
+            "limits": self._limits.to_dict() if self._limits is not None else None,
+            "max_concurrent_searches": self.max_concurrent,
+            "max_queued_searches": self.max_queued,
+            "max_body_bytes": self.cfg.max_body_bytes,
+            **self.counts(),
+            "rejected": self.rejected,
         }
 
 
@@ -217,9 +275,15 @@ def _unknown(search_id: str) -> JSONResponse:
 async def post_search(request: Request, body: SearchBody) -> Response:
     svc = _service(request)
     try:
-        handle = svc.submit(body)
-    except (SearchSpecError, BodyError) as e:
+        handle = await svc.submit(body)
+    except SearchSpecError as e:
         return error_response(e.field, e.reason)
+    except BodyError as e:
+        return error_response(e.field, e.reason, e.status_code)
+    except Busy as e:
+        response = error_response("search", f"{e}; retry later", status_code=429)
+        response.headers["Retry-After"] = str(e.retry_after)
+        return response
     if body.stream:
         return StreamingResponse(
             _stream(svc, handle, handle.subscribe()),

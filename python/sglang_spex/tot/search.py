@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from sglang_spex.tot.context import ProgressFn, SearchContext
 from sglang_spex.tot.engine import EnginePort
+from sglang_spex.tot.limits import SearchLimits
 from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.search_spec import SearchSpec
 
@@ -29,10 +30,13 @@ async def run_search(
     search_id: Optional[str] = None,
     progress: Optional[ProgressFn] = None,
     context_factory: ContextFactory = SearchContext,
+    limits: Optional[SearchLimits] = None,
     **ctx_kwargs: Any,
 ) -> SearchResult:
-    """Search one question through ``port`` (client-side with HttpPort, server-side with TokenizerManagerPort)."""
+    """Search one question through ``port`` (client-side with HttpPort, server-side with TokenizerManagerPort);
+    the spec is checked against ``limits`` (default: :class:`SearchLimits`'s defaults) first."""
     spec.validate()
+    (limits or SearchLimits()).check_spec(spec)
     ctx = context_factory(
         spec, question, port, reference=reference, search_id=search_id, progress=progress, **ctx_kwargs
     )
@@ -48,17 +52,26 @@ async def run_batch(
     references: Optional[Sequence[Optional[str]]] = None,
     context_factory: ContextFactory = SearchContext,
     on_result: Optional[Callable[[int, SearchResult], None]] = None,
+    limits: Optional[SearchLimits] = None,
     **ctx_kwargs: Any,
 ) -> List[SearchResult]:
-    """Search many questions, at most ``concurrency`` at once; results in question order."""
+    """Search many questions, at most ``concurrency`` at once; results in question order (``limits`` as in
+    :func:`run_search`)."""
     spec.validate()
+    (limits or SearchLimits()).check_spec(spec)
     sem = asyncio.Semaphore(concurrency)
     refs = list(references) if references is not None else [None] * len(questions)
 
     async def one(i: int) -> SearchResult:
         async with sem:
             res = await run_search(
-                spec, questions[i], port, reference=refs[i], context_factory=context_factory, **ctx_kwargs
+                spec,
+                questions[i],
+                port,
+                reference=refs[i],
+                context_factory=context_factory,
+                limits=limits,
+                **ctx_kwargs,
             )
         if on_result is not None:
             on_result(i, res)

@@ -63,6 +63,10 @@ class StepConfig:
             f"{p}.prompt_template",
             "must be a string containing {question}",
         )
+        try:
+            self.prompt_template.format(question="")
+        except (KeyError, IndexError, ValueError, AttributeError) as e:
+            raise SearchSpecError(f"{p}.prompt_template", f"{{question}} must be its only field ({e!r})")
 
 
 @dataclass
