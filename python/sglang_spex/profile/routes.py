@@ -55,9 +55,12 @@ def _auto_profile_when_ready(state: SpexHttpState, poll_s: float = 1.0, timeout_
     with httpx.Client(timeout=60) as client:
         while time.monotonic() < deadline:
             try:
-                base = f"http://127.0.0.1:{state.tokenizer_manager.server_args.port}"
+                args = state.tokenizer_manager.server_args
+                base = f"http://127.0.0.1:{args.port}"
+                key = args.admin_api_key or args.api_key  # POST /spex/profile is admin-scoped (srt/admin_scope)
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
                 if client.get(base + "/health_generate").status_code == 200:
-                    r = client.post(base + "/spex/profile", json={"force": False}, timeout=600)
+                    r = client.post(base + "/spex/profile", json={"force": False}, headers=headers, timeout=600)
                     logger.info("spex: auto profile %s: %s", r.status_code, r.json().get("summary"))
                     return
             except (RuntimeError, ValueError, httpx.HTTPError):  # SGLang's state or server not up yet
