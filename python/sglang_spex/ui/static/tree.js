@@ -237,8 +237,9 @@ function reset(searchId) {
   draw();
 }
 
-async function watch(searchId) {
-  const r = await fetch(`/tot/ui/events/${encodeURIComponent(searchId)}`, { headers: headers(), signal: ui.controller.signal });
+async function watch(searchId, wait) {
+  const url = `/tot/ui/events/${encodeURIComponent(searchId)}` + (wait ? `?wait=${wait}` : "");
+  const r = await fetch(url, { headers: headers(), signal: ui.controller.signal });
   if (!r.ok) throw new Error(`events: HTTP ${r.status} ${await r.text()}`);
   setState("running", `running ${searchId}`);
   await readSSE(r, onEvent);
@@ -253,14 +254,22 @@ async function start(ev) {
   const body = { spec, question: $("question").value, stream: true, search_id: searchId };
   if ($("reference").value.trim()) body.reference = $("reference").value.trim();
   setState("running", "starting");
+  const controller = ui.controller;
+  const watching = watch(searchId, 10).catch((e) => e);  // subscribed before the search starts
   try {
     const r = await fetch("/tot/search", {
       method: "POST", headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
-      signal: ui.controller.signal,
+      signal: controller.signal,
     });
-    if (!r.ok) { const e = await r.json().catch(() => ({})); throw new Error(JSON.stringify(e.error || r.status)); }
+    if (!r.ok) {
+      const e = await r.json().catch(() => ({}));
+      controller.abort();
+      throw new Error("refused: " + JSON.stringify(e.error || r.status));
+    }
     const search = readSSE(r, () => {});  // held open: closing this stream cancels the search
-    await Promise.all([watch(searchId), search]);
+    const failed = await watching;
+    if (failed instanceof Error) throw failed;
+    await search;
   } catch (e) {
     if (e.name !== "AbortError") setState("error", String(e.message || e));
   }
