@@ -2,8 +2,9 @@
 
 When a node of the current depth has been generated and scored while its siblings are still running, the
 policy's own width prediction (:meth:`~sglang_spex.tot.policies.rebase.Rebase.predict_widths`: REBASE's
-softmax over rewards, which ETS uses as its predictor too) over the scores known so far gives that node's
-predicted width; its children up to that width are generated at once. When the real frontier is decided,
+softmax over rewards) over the scores known so far gives that node's predicted width; a policy with a frontier
+rule of its own (ETS: ``predict_keep``, its ILP) first drops the scored nodes that rule would drop. Its children
+up to that width are generated at once. When the real frontier is decided,
 speculative children with index < the real width are kept (hits when the policy asks for them) and every
 other one is cancelled immediately.
 """
@@ -32,8 +33,19 @@ def predicted_widths(policy: Rebase, level: Sequence[Node], width_left: int) -> 
         return {}
     scores = [policy.score(n) for n in cands]
     guess = float(sum(scores) / len(scores))
-    widths = policy.predict_widths(scores + [guess] * pending, width_left)
-    return {n.path: w for n, w in zip(cands, widths)}
+    keep_rule = getattr(policy, "predict_keep", None)
+    keep = keep_rule(cands, width_left) if keep_rule is not None else [True] * len(cands)
+    kept = [i for i, k in enumerate(keep) if k]
+    widths = policy.predict_widths([scores[i] for i in kept] + [guess] * pending, width_left)
+    out = {n.path: 0 for n in cands}
+    for i, w in zip(kept, widths):
+        out[cands[i].path] = w
+    return out
+
+
+def predict_is_costly(policy: Rebase) -> bool:
+    """Whether the prediction runs a solver (ETS's ILP): then it belongs off the event loop."""
+    return getattr(policy, "predict_keep", None) is not None
 
 
 def split_on_frontier(

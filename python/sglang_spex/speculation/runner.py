@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead
@@ -84,6 +84,8 @@ class SpexContext(SearchContext):
         self._cand: Tuple[int, List[Tuple[Node, int, int]]] = (-1, [])
         self._finish_order: Dict[str, int] = {}  # node path -> finish sequence number (radix-cache recency)
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
+        self._bfs_epoch = 0  # bumped when a BFS frontier is decided
+        self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -252,11 +254,28 @@ class SpexContext(SearchContext):
         return node
 
     def _bfs_early(self, policy: Rebase, node: Node) -> None:
-        """A node of the current depth is scored: predict its width from the scores known so far."""
+        """A node of the current depth is scored: predict its width from the scores known so far (a solver-based
+        prediction, ETS's ILP, runs in a thread and applies only if the frontier is still undecided)."""
         depth = node.depth
         finished = sum(1 for n in self.tree if 0 < n.depth <= depth and n.status == DONE and n.is_terminal)
         width_left = bfs_early.remaining_width(policy.width, finished)
-        predicted = bfs_early.predicted_widths(policy, self.tree.at_depth(depth), width_left)
+        level = list(self.tree.at_depth(depth))
+        if not bfs_early.predict_is_costly(policy):
+            self._set_bfs_targets(bfs_early.predicted_widths(policy, level, width_left))
+            return
+        epoch = self._bfs_epoch
+
+        async def predict() -> None:
+            predicted = await asyncio.to_thread(bfs_early.predicted_widths, policy, level, width_left)
+            if epoch == self._bfs_epoch and not self._finalized:
+                self._set_bfs_targets(predicted)
+                self.pump()
+
+        task = asyncio.ensure_future(predict())
+        self._predictions.add(task)
+        task.add_done_callback(self._predictions.discard)
+
+    def _set_bfs_targets(self, predicted: Dict[str, int]) -> None:
         self._bfs_targets = {p: w for p, w in predicted.items() if w > 0}
         self._version += 1
 
@@ -313,6 +332,7 @@ class SpexContext(SearchContext):
             [(e.path, e.node.parent.path, int(e.path.rsplit(".", 1)[1])) for e in level], widths
         )
         self._bfs_targets = {}
+        self._bfs_epoch += 1  # predictions still running for the decided depth are stale
         self._version += 1
         for path in cancel:
             self._cancel(self.store.pop(path))
@@ -348,6 +368,8 @@ class SpexContext(SearchContext):
         if self._finalized:
             return
         self._finalized = True
+        for task in list(self._predictions):
+            task.cancel()
         for e in self.store:
             if e.state == RUNNING:
                 self._cancel(self.store.pop(e.path))

@@ -6,8 +6,9 @@ with x_i (keep leaf i), y_j (keep ancestor j), z_k (semantic cluster k covered),
 leaf i under j, y_j ≤ Σ x_i under j, z_k ≤ Σ x_i in cluster k, Σ x ≥ 1. O_i is the REBASE allocation of
 leaf i normalised to sum 1, cost = 1/(M+N) for every node (M ancestors, N leaves). Clusters: embeddings of
 the leaves' last steps, average linkage, cosine distance, cut at 0.05. Then REBASE's softmax allocation runs
-again over the kept leaves. Solver: CBC through PuLP. SPEX's early expansion predicts ETS's widths with the
-REBASE allocation (:meth:`Rebase.predict_widths`): the ILP needs the whole frontier.
+again over the kept leaves. Solver: CBC through PuLP. SPEX's early expansion predicts ETS's widths with ETS's
+own rule over the leaves scored so far (:meth:`Ets.predict_keep`, the ILP, then the allocation over the kept
+ones and the still-pending siblings), so a leaf the ILP would drop is not expanded early.
 """
 
 from __future__ import annotations
@@ -100,17 +101,21 @@ class Ets(Rebase):
             return None
         return cluster_texts(texts, p.cluster_threshold, p.embedder)
 
-    def select_widths(self, cands: Sequence[Node], width: int) -> List[int]:
-        """ILP keep/drop over the candidates, then the REBASE allocation over the kept ones."""
+    def predict_keep(self, cands: Sequence[Node], width: int) -> List[bool]:
+        """The ILP's keep/drop of each candidate (ETS's frontier rule), same order."""
         p = self.params
-        scores = [self.score(n) for n in cands]
-        keep = ilp_select(
-            outcome_scores(scores, width, p.softmax_temperature),
+        return ilp_select(
+            outcome_scores([self.score(n) for n in cands], width, p.softmax_temperature),
             [[a.path for a in n.ancestors()] for n in cands],
             self.clusters(cands),
             p.lambda_c,
             p.lambda_s,
         )
+
+    def select_widths(self, cands: Sequence[Node], width: int) -> List[int]:
+        """ILP keep/drop over the candidates, then the REBASE allocation over the kept ones."""
+        scores = [self.score(n) for n in cands]
+        keep = self.predict_keep(cands, width)
         kept = [i for i, k in enumerate(keep) if k]
         sub = self.predict_widths([scores[i] for i in kept], width)
         out = [0] * len(cands)
