@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from sglang.srt.managers.io_struct import AbortReq
@@ -42,6 +43,14 @@ def attach_state(scheduler: Any, state: Any) -> None:
 def attached_state(obj: Any) -> Optional[Any]:
     """The plugin state attached to a scheduler or its radix cache, or None if none was created yet."""
     return getattr(obj, STATE_ATTR, None)
+
+
+def charge_hook_time(obj: Any, t0: float, exclude: float = 0.0) -> None:
+    """Add ``perf_counter() - t0 - exclude`` seconds to the ``hook_s`` of the plugin state attached to a
+    scheduler or its radix cache (the plugin's own hook time; ``exclude`` is SGLang's part of an AROUND hook)."""
+    state = attached_state(obj)
+    if state is not None:
+        state.hook_s += time.perf_counter() - t0 - exclude
 
 
 @functools.lru_cache(maxsize=None)

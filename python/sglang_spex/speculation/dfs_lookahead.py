@@ -1,4 +1,4 @@
-"""T1 DFS selection: run the policy's next k rollouts on a temporary copy of the MCTS statistics.
+"""T1 DFS selection: run the policy's next k rollouts on a copy-on-read overlay of the MCTS statistics.
 
 Each simulated rollout is the policy's own :meth:`~sglang_spex.tot.policies.mcts.MCTSPolicy.predict_rollout`
 (its select, and for rSTAR its simulate) with the random stream the real rollout will use, on a copy whose
@@ -12,11 +12,12 @@ the expansions are ranked by how many rollouts ahead they are needed.
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from sglang_spex.tot.policies.base import Stat, Stats, copy_stats
+from sglang_spex.tot.policies.base import Stat, Stats
 from sglang_spex.tot.policies.mcts import MCTSPolicy
 from sglang_spex.tot.tree import child_path
 
@@ -42,23 +43,29 @@ Lookup = Callable[[str], Optional[NodeFacts]]
 
 
 class VirtualStats(Dict[str, Stat]):
-    """A copy of the statistics in which a missing node appears on first access (a virtual child)."""
+    """A copy-on-read overlay over the statistics: a node is copied from ``base`` the first time the walk reads
+    it (so policies may change what they read), a node ``base`` lacks appears as a virtual child. ``base`` is
+    never written; a plan costs the nodes its rollouts touch, not a copy of the whole tree."""
 
     def __init__(self, stats: Stats, lookup: Lookup, branch: int, max_depth: int):
-        super().__init__(copy_stats(stats))
+        super().__init__()
+        self.base = stats
         self.lookup = lookup
         self.branch = branch
         self.max_depth = max_depth
-        for st in self.values():
-            st.terminal = st.terminal or st.depth >= max_depth
 
     def __missing__(self, path: str) -> Stat:
-        depth = path.count(".")
-        st = self[path] = Stat(path, path.rsplit(".", 1)[0], depth)
-        facts = self.lookup(path)
-        if facts is not None:
-            st.terminal, st.failed = facts.terminal, facts.failed
-        st.terminal = st.terminal or depth >= self.max_depth
+        orig = self.base.get(path)
+        if orig is not None:
+            st = copy.copy(orig)
+            st.children = list(orig.children)
+        else:
+            st = Stat(path, path.rsplit(".", 1)[0], path.count("."))
+            facts = self.lookup(path)
+            if facts is not None:
+                st.terminal, st.failed = facts.terminal, facts.failed
+        st.terminal = st.terminal or st.depth >= self.max_depth
+        self[path] = st
         return st
 
     def virtual_expand(self, path: str) -> None:

@@ -23,7 +23,7 @@ import atexit
 import logging
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from sglang_spex.srt.hook_guard import HookGuard
 logger = logging.getLogger(__name__)
 
 MAGIC = 0x5350455853544154  # "SPEXSTAT"
-VERSION = 1
+VERSION = 2  # 2: the speculative gate fields (spec_room .. hook_s) and counters
 RING = 8192
 FIELDS = (
     "time",  # wall clock (time.time()) when the batch was chosen
@@ -55,6 +55,13 @@ FIELDS = (
     "waiting",  # requests in the waiting queue
     "waiting_spec",  # ... of which speculative
     "step_s",  # wall time of this step (filled in when the next step is scheduled; NaN until then)
+    "spec_room",  # speculative requests the gate allowed in the running batch this step (-1 = no limit)
+    "knee",  # knee in force: the given one or the live one, whichever is smaller (-1 = unknown)
+    "primary_live",  # primary requests running, chunked or waiting when the gate decided
+    "primary_running",  # live primary requests of the running batch that are not in this step's batch
+    "spec_held",  # waiting speculative requests the gate kept out of this step's prefill
+    "decode_protected",  # 1: held because a spec-only prefill would have replaced the primaries' decode step
+    "hook_s",  # seconds spent in the plugin's scheduler hooks since the previous row (SGLang's work excluded)
 )
 COUNTERS = (
     "cancel_extra_immediate_0",
@@ -73,7 +80,11 @@ COUNTERS = (
     "protect_locked_tokens",
     "last_step_s",
     "ema_step_s",
+    "spec_before_primary",  # steps that admitted speculative work while a primary stayed waiting (expected 0)
+    "hook_s_total",
+    "live_knee",  # knee of the live decode step times (-1 = none seen)
 )
+DECODE = 2  # the "mode" of a decode row
 _HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, reserved
 _F = {name: i for i, name in enumerate(FIELDS)}
 _C = {name: i for i, name in enumerate(COUNTERS)}
@@ -110,11 +121,15 @@ class StatsWriter:
         self.last_t: Optional[float] = None
         self.ema: Optional[float] = None
 
-    def write(self, row: Dict[str, float], counters: Dict[str, float]) -> None:
+    def write(self, row: Dict[str, float], counters: Dict[str, float]) -> Optional[Tuple[float, float, float]]:
+        """Write ``row``; returns the previous row's (mode, batch size, step_s) once its step time is known."""
         now = time.monotonic()
+        done = None
         if self.last_t is not None and self.seq > 0:
             dt = now - self.last_t
-            self.ring[(self.seq - 1) % RING, _F["step_s"]] = dt
+            prev = self.ring[(self.seq - 1) % RING]
+            prev[_F["step_s"]] = dt
+            done = (float(prev[_F["mode"]]), float(prev[_F["batch_size"]]), dt)
             self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
             counters = {**counters, "last_step_s": dt, "ema_step_s": self.ema}
         self.last_t = now
@@ -126,6 +141,7 @@ class StatsWriter:
             self.counters[_C[k]] = v
         self.seq += 1
         self.header[4] = self.seq
+        return done
 
     def idle(self) -> None:
         self.last_t = None  # the gap to the next batch is idle time, not step time
@@ -181,6 +197,7 @@ def _writer_of(state: scheduling.SpexSchedulerState) -> StatsWriter:
 
 
 def _publish(plan: Any, scheduler: Any) -> None:
+    t0 = time.perf_counter()
     state = scheduling.state_of(scheduler)
     writer = _writer_of(state)
     batch = plan.batch_to_run
@@ -192,9 +209,11 @@ def _publish(plan: Any, scheduler: Any) -> None:
     seen = {id(r) for r in reqs}
     rest = sa.batch_reqs(plan.running_batch)
     spec_total = n_spec + sum(1 for r in rest if id(r) not in seen and sa.is_spec(r) and not r.finished())
+    primary_running = sum(1 for r in rest if id(r) not in seen and not sa.is_spec(r) and not r.finished())
     pool = sa.pool(scheduler)
     waiting = sa.waiting(scheduler)
     total, available, evictable = pool["kv_total"], pool["kv_available"], pool["kv_evictable"]
+    gate = state.gate
     row = {
         "time": time.time(),
         "step": writer.seq,
@@ -211,6 +230,13 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "kv_total": total,
         "waiting": len(waiting),
         "waiting_spec": sum(1 for r in waiting if sa.is_spec(r)),
+        "spec_room": -1 if gate.room is None else gate.room,
+        "knee": -1 if gate.knee is None else gate.knee,
+        "primary_live": gate.primary_live,
+        "primary_running": primary_running,
+        "spec_held": gate.held,
+        "decode_protected": int(gate.decode_protected),
+        "hook_s": state.hook_s - state.hook_s_published,
     }
     pg = state.protection
     counters: Dict[str, float] = {
@@ -218,12 +244,20 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "spec_retracted_for_budget": state.counters.get("spec_retracted_for_budget", 0),
         "protect_locks": pg.num_locks,
         "protect_locked_tokens": pg.locked_tokens,
+        "spec_before_primary": state.counters.get("spec_before_primary", 0),
+        "hook_s_total": state.hook_s,
+        "live_knee": state.curve.knee() or -1,
     }
     for mode, hist in state.extra_hist.items():
         for i, n in enumerate(hist):
             suffix = f"{i}" if i < len(hist) - 1 else f"{i}plus"
             counters[f"cancel_extra_{mode}_{suffix}"] = n
-    writer.write(row, counters)
+    state.hook_s_published = state.hook_s
+    state.gate.held, state.gate.decode_protected = 0, False  # a step without a prefill attempt holds nothing
+    done = writer.write(row, counters)
+    if done is not None and done[0] == DECODE:
+        state.curve.add(int(done[1]), done[2])  # the live decode curve (the gate's live knee)
+    state.hook_s += time.perf_counter() - t0
 
 
 def h_publish(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:

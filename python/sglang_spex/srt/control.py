@@ -27,7 +27,7 @@ from sglang_spex.tot.engine import search_rid_prefix
 logger = logging.getLogger(__name__)
 
 OPS = ("budget", "cancel", "protect", "release", "set", "promote")
-KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction")
+KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction", "knee", "live_knee")
 G_CONTROL = HookGuard("control_channel")
 
 
@@ -72,6 +72,10 @@ def apply(scheduler: Any, req: SpexControlReq) -> None:
             protection.ttl_s = float(req.value)
         elif req.key == "protect_max_fraction":
             protection.max_fraction = float(req.value)
+        elif req.key == "knee":  # the roofline knee speculation stays below (< 0: unknown)
+            state.knee = None if req.value < 0 else max(int(req.value), 1)
+        elif req.key == "live_knee":  # also stay below the knee of the live decode step times
+            state.live_knee = bool(req.value)
         else:
             logger.warning("spex: unknown knob %r", req.key)
     else:

@@ -163,7 +163,9 @@ def _on_release(tree_cache: Any, args: tuple, kwargs: dict) -> None:
 
 def h_on_release(result: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER UnifiedRadixCache.on_release: queue a normally finished node of a live search for protection."""
+    t0 = time.perf_counter()
     G_PROTECT.run(_on_release, tree_cache, args, kwargs)
+    sa.charge_hook_time(tree_cache, t0)
     return result
 
 
@@ -176,5 +178,7 @@ def _pre_step(scheduler: Any) -> None:
 def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler.get_next_batch_to_run: lock queued prefixes (before any allocation can evict them)
     and expire the leases of searches that have gone quiet."""
+    t0 = time.perf_counter()
     G_PROTECT.run(_pre_step, scheduler)
+    sa.charge_hook_time(scheduler, t0)
     return None

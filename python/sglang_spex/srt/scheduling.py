@@ -15,15 +15,35 @@ own priority preemption does: its in-flight result is skipped because the reques
 by then. Requests retracted for the budget are re-queued only after this step's admission (as SGLang does
 with ``PrefillAdder.preempt_list``), so a retracted request is never prefilled again before its in-flight
 result has been processed.
+
+Never slower (the speculative gate, measured here every step, not only by the client's T2 share):
+
+- *Below the knee.* The speculative requests allowed in the running batch (``room``) are the ``/spex/budget``
+  cap and the room the primary work (running, chunked and waiting primaries) leaves below the knee, whichever
+  is smaller. The knee is the roofline knee the scheduler was given (``--tot-k-total``, or the control knob
+  ``knee``) or the knee of the decode step times measured live in this scheduler (:class:`LiveCurve`),
+  whichever is smaller. Once the primary work alone reaches the knee the room is 0: running speculative
+  requests are retracted and none is admitted (auto-off); it opens again as soon as the primary load drops
+  or the live curve stops saying compute-bound.
+- *Spec prefill never delays a primary decode step.* SGLang runs a prefill batch *instead of* the decode
+  step of the running batch. A step that would prefill only speculative requests while primary requests are
+  decoding is therefore turned into that decode step: the waiting speculative requests are held back. They
+  may join a prefill that runs anyway for a primary, after every waiting primary (the waiting queue is put
+  primaries first; SGLang's adder stops at the first request that does not fit, so nothing speculative is
+  admitted past a primary that waits). A step that admits speculative work while a primary stays waiting is
+  counted (``spec_before_primary``) so the tests can prove it never happens.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult
@@ -40,6 +60,7 @@ PRIMARY_DEFAULT_PRIORITY = 0  # an unprioritised request outranks speculative wo
 CANCELLED_SEARCH_TTL_S = 60.0  # late arrivals of a cancelled search are aborted for this long
 WATCH_TTL_S = 120.0
 EXTRA_BINS = 5  # histogram of tokens decoded after cancel: 0, 1, 2, 3, >=4
+KNEE_ELASTICITY = 0.5  # profile.roofline's knee: half of the decode step time scales with the batch
 
 G_RANK = HookGuard("rank_priority")
 G_RETRACT = HookGuard("rank_retraction")
@@ -60,10 +81,67 @@ class _Watch:
 
 
 @dataclass
+class LiveCurve:
+    """Recent decode step times by batch size, measured in this scheduler, and the knee they show.
+
+    The knee is that of a straight line ``t = a + b·B`` fitted to the median step time of every batch size
+    with at least ``min_samples`` recent steps: the batch where ``KNEE_ELASTICITY`` of the step time scales with
+    it (``a / b`` at 0.5, profile.roofline's definition for a curve without a sharp bend). It is reported only once a batch at or
+    past it was measured (the engine was seen compute-bound), never extrapolated. Context length also moves
+    step times; the window of recent steps keeps the estimate current."""
+
+    window: int = 16
+    min_samples: int = 4
+    refit_every: int = 16
+    samples: Dict[int, Deque[float]] = field(default_factory=dict)
+    _adds: int = 0
+    _knee: Optional[int] = None
+
+    def add(self, batch: int, step_s: float) -> None:
+        if batch <= 0 or not step_s > 0 or math.isinf(step_s):
+            return
+        self.samples.setdefault(batch, deque(maxlen=self.window)).append(step_s)
+        self._adds += 1
+        if self._adds % self.refit_every == 0:
+            self._knee = self._fit()
+
+    def _fit(self) -> Optional[int]:
+        pts = [(b, statistics.median(q)) for b, q in self.samples.items() if len(q) >= self.min_samples]
+        if len(pts) < 2:
+            return None
+        n = len(pts)
+        mx = sum(b for b, _ in pts) / n
+        my = sum(t for _, t in pts) / n
+        sxx = sum((b - mx) ** 2 for b, _ in pts)
+        slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx > 0 else 0.0
+        if slope <= 0:
+            return None  # flat: memory-bound as far as measured
+        ratio = KNEE_ELASTICITY / (1.0 - KNEE_ELASTICITY)  # b·B / (a + b·B) = threshold at B = ratio·a/b
+        knee = max(1, math.ceil(ratio * max(my - slope * mx, 0.0) / slope - 1e-9))
+        return knee if knee <= max(b for b, _ in pts) else None
+
+    def knee(self) -> Optional[int]:
+        return self._knee
+
+
+@dataclass
+class Gate:
+    """The speculative admission decision of the last scheduling step (published with its batch stats)."""
+
+    room: Optional[int] = None  # speculative requests allowed in the running batch now (None: unlimited)
+    knee: Optional[int] = None  # the knee in force (None: unknown)
+    primary_live: int = 0  # primary requests running, chunked or waiting
+    held: int = 0  # waiting speculative requests kept out of this step's prefill
+    decode_protected: bool = False  # held because primary requests decode this step
+
+
+@dataclass
 class SpexSchedulerState:
     """The plugin's run-time state in one scheduler: knobs, counters, cancel watch, protection, stats writer."""
 
-    budget: Optional[int] = None  # max speculative requests in the running batch; None = unlimited
+    budget: Optional[int] = None  # /spex/budget: max speculative requests in the running batch; None = unlimited
+    knee: Optional[int] = None  # roofline knee (batch size) speculation stays below; None = unknown
+    live_knee: bool = True  # also stay below the knee of the live decode step times (LiveCurve)
     spec_priority: int = -1000
     immediate_cancel: bool = True
     watch: Dict[str, _Watch] = field(default_factory=dict)
@@ -74,17 +152,32 @@ class SpexSchedulerState:
     )
     protection: PrefixProtection = field(default_factory=PrefixProtection)
     stats: Any = None  # batch_stats.StatsWriter, created by the first published step
+    curve: LiveCurve = field(default_factory=LiveCurve)
+    gate: Gate = field(default_factory=Gate)
+    hook_s: float = 0.0  # seconds spent in the plugin's scheduler hooks (own work, SGLang's excluded)
+    hook_s_published: float = 0.0  # hook_s when the last batch-stats row was written
 
     @classmethod
     def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
-        return cls(budget=cfg.k_total, spec_priority=cfg.spec_priority)
+        return cls(budget=cfg.k_total, knee=cfg.k_total, spec_priority=cfg.spec_priority)
+
+    def knee_in_force(self) -> Optional[int]:
+        """The smaller of the given knee and the live one (None when neither is known)."""
+        live = self.curve.knee() if self.live_knee else None
+        known = [k for k in (self.knee, live) if k is not None]
+        return min(known) if known else None
 
     def bump(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
     def report(self) -> Dict[str, Any]:
+        g = self.gate
         return {
             "budget": self.budget,
+            "knee": self.knee,
+            "live_knee": self.curve.knee() if self.live_knee else None,
+            "gate": {"room": g.room, "knee": g.knee, "primary_live": g.primary_live, "held": g.held},
+            "hook_s": self.hook_s,
             "immediate_cancel": self.immediate_cancel,
             "watched_cancels": len(self.watch),
             "cancelled_searches": len(self.cancelled),
@@ -135,8 +228,10 @@ def promote(scheduler: Any, rid: str) -> None:
 
 def h_assign_priority(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler._add_request_to_queue: speculative work ranks below every primary request."""
+    t0 = time.perf_counter()
     req = sa.hook_args(type(scheduler)._add_request_to_queue, scheduler, *args, **kwargs)["req"]
     G_RANK.run(_assign_priority, scheduler, req)
+    sa.charge_hook_time(scheduler, t0)
     return None
 
 
@@ -174,7 +269,33 @@ def h_preempt_on_kv_short(original: Any, adder: Any, *args: Any, **kwargs: Any) 
     return res
 
 
-# ---------------------------------------------------------------- admission cap
+# ---------------------------------------------------------------- admission cap (the speculative gate)
+def _live_primary(r: Any) -> bool:
+    return not is_spec(r) and not r.finished()
+
+
+def _primary_live(scheduler: Any, batch: Any) -> int:
+    """Primary requests the engine carries now: running (live), chunked and waiting."""
+    n = sum(1 for r in sa.batch_reqs(batch) if _live_primary(r))
+    chunked = sa.chunked_req(scheduler)
+    if chunked is not None and not is_spec(chunked) and chunked not in sa.batch_reqs(batch):
+        n += 1
+    return n + sum(1 for r in sa.waiting(scheduler) if not is_spec(r))
+
+
+def spec_room(scheduler: Any, batch: Any, state: SpexSchedulerState) -> Optional[int]:
+    """Speculative requests allowed in the running batch this step: the budget and the room primary work leaves
+    below the knee, whichever is smaller (None: no limit known). Recorded in ``state.gate``."""
+    knee = state.knee_in_force()
+    primary = _primary_live(scheduler, batch)
+    caps = [] if state.budget is None else [state.budget]
+    if knee is not None:
+        caps.append(knee - primary)
+    room = max(min(caps), 0) if caps else None
+    state.gate.room, state.gate.knee, state.gate.primary_live = room, knee, primary
+    return room
+
+
 def _running_spec(scheduler: Any, batch: Any) -> List[Any]:
     spec = [r for r in sa.batch_reqs(batch) if is_spec(r) and not r.finished()]
     chunked = sa.chunked_req(scheduler)
@@ -183,14 +304,14 @@ def _running_spec(scheduler: Any, batch: Any) -> List[Any]:
     return spec
 
 
-def _spec_over_budget(scheduler: Any, batch: Any, state: SpexSchedulerState) -> List[Any]:
-    """Running speculative requests beyond the budget, lowest ranked and least advanced first.
+def _spec_over_room(scheduler: Any, batch: Any, room: Optional[int]) -> List[Any]:
+    """Running speculative requests beyond ``room``, lowest ranked and least advanced first.
 
-    Every live speculative request counts against the budget; requests already marked to finish, beam
+    Every live speculative request counts against the room; requests already marked to finish, beam
     groups, the chunked request and (overlap) requests whose in-flight result finishes them are never picked."""
-    if state.budget is None or batch is None:
+    if room is None or batch is None:
         return []
-    excess = len(_running_spec(scheduler, batch)) - max(state.budget, 0)
+    excess = len(_running_spec(scheduler, batch)) - room
     if excess <= 0:
         return []
     finishing = sa.finishing_inflight(scheduler, batch)
@@ -205,60 +326,97 @@ def _spec_over_budget(scheduler: Any, batch: Any, state: SpexSchedulerState) -> 
     return candidates[:excess]
 
 
-def _trim_to_budget(scheduler: Any, batch: Any) -> List[Any]:
-    """Retract the speculative requests above the budget from ``batch``; returns them (not yet re-queued)."""
-    state = state_of(scheduler)
-    victims = sa.retract(batch, _spec_over_budget(scheduler, batch, state))
+def _trim_to_room(scheduler: Any, batch: Any, room: Optional[int]) -> List[Any]:
+    """Retract the speculative requests above ``room`` from ``batch``; returns them (not yet re-queued)."""
+    victims = sa.retract(batch, _spec_over_room(scheduler, batch, room))
     if victims:
-        state.bump("spec_retracted_for_budget", len(victims))
+        state_of(scheduler).bump("spec_retracted_for_budget", len(victims))
     return victims
 
 
-def _hide_excess_waiting(scheduler: Any, running_batch: Any) -> List[Any]:
+def _hold_waiting(scheduler: Any, running_batch: Any, room: Optional[int]) -> List[Any]:
+    """Take the waiting speculative requests this step may not admit out of the queue (returned, in order);
+    the rest stay behind every waiting primary."""
     state = state_of(scheduler)
-    if state.budget is None:
+    queue = sa.waiting(scheduler)
+    spec = [r for r in queue if is_spec(r)]
+    if not spec:
         return []
-    allowed = max(state.budget - len(_running_spec(scheduler, running_batch)), 0)
-    waiting_spec = [r for r in sa.waiting(scheduler) if is_spec(r)]
-    if len(waiting_spec) <= allowed:
-        return []
-    low_first = sa.low_values_first(scheduler)
-    waiting_spec.sort(key=lambda r: (-_urgency(sa.priority(r), low_first), sa.queued_at(r)))
-    hidden = waiting_spec[allowed:]
-    hidden_ids = {id(r) for r in hidden}
-    sa.set_waiting(scheduler, [r for r in sa.waiting(scheduler) if id(r) not in hidden_ids])
+    primary = [r for r in queue if not is_spec(r)]
+    chunked = sa.chunked_req(scheduler)
+    prefill_anyway = bool(primary) or (chunked is not None and not is_spec(chunked))
+    decoding = any(_live_primary(r) for r in sa.batch_reqs(running_batch))
+    protect = decoding and not prefill_anyway  # a spec-only prefill would replace the primaries' decode step
+    if protect:
+        allowed = 0
+    elif room is None:
+        allowed = len(spec)
+    else:
+        allowed = max(room - len(_running_spec(scheduler, running_batch)), 0)
+    hidden: List[Any] = []
+    if len(spec) > allowed:
+        low_first = sa.low_values_first(scheduler)
+        spec.sort(key=lambda r: (-_urgency(sa.priority(r), low_first), sa.queued_at(r)))
+        spec, hidden = spec[:allowed], spec[allowed:]
+    if hidden or (primary and spec):
+        kept = {id(r) for r in spec}
+        sa.set_waiting(scheduler, primary + [r for r in queue if id(r) in kept])  # primaries first, stable
+    state.gate.held = len(hidden)
+    state.gate.decode_protected = protect and bool(hidden)
     return hidden
 
 
+def _gate_prefill(scheduler: Any, running_batch: Any) -> Tuple[List[Any], List[Any]]:
+    room = spec_room(scheduler, running_batch, state_of(scheduler))
+    return _trim_to_room(scheduler, running_batch, room), _hold_waiting(scheduler, running_batch, room)
+
+
+def _check_order(scheduler: Any, result: Any) -> None:
+    """Count a step that admitted speculative work while a primary stayed waiting (never expected)."""
+    batch = result[0] if isinstance(result, tuple) and result else None
+    if any(is_spec(r) for r in sa.batch_reqs(batch)) and any(not is_spec(r) for r in sa.waiting(scheduler)):
+        state_of(scheduler).bump("spec_before_primary")
+
+
 def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND Scheduler._get_new_batch_prefill_raw: trim running speculative work to the budget and admit
-    speculative requests only while the budget has room (the rest stay queued, in order). Requests trimmed
-    here are re-queued after this step's admission."""
+    """AROUND Scheduler._get_new_batch_prefill_raw: the speculative gate. Trim running speculative work to this
+    step's room, admit speculative requests only within it, after every waiting primary, and never in a
+    prefill that would replace a primary decode step (the rest stay queued, in order). Requests trimmed here
+    are re-queued after this step's admission."""
+    t0 = time.perf_counter()
     running_batch = sa.hook_args(type(scheduler)._get_new_batch_prefill_raw, scheduler, *args, **kwargs).get(
         "running_batch"
     )
     hidden: List[Any] = []
     victims: List[Any] = []
     if running_batch is not None:
-        victims = G_CAP.run(_trim_to_budget, scheduler, running_batch, default=[]) or []
-        hidden = G_CAP.run(_hide_excess_waiting, scheduler, running_batch, default=[]) or []
+        victims, hidden = G_CAP.run(_gate_prefill, scheduler, running_batch, default=([], [])) or ([], [])
+    t1 = time.perf_counter()
+    result = None
     try:
-        return original(scheduler, *args, **kwargs)
+        result = original(scheduler, *args, **kwargs)
+        return result
     finally:
+        t2 = time.perf_counter()
         if hidden:
             sa.waiting(scheduler).extend(hidden)
         if victims:
             G_CAP.run(sa.requeue, scheduler, victims)
+        G_CAP.run(_check_order, scheduler, result)
+        sa.charge_hook_time(scheduler, t0, exclude=t2 - t1)  # SGLang's own admission is not ours
 
 
 def _cap_decode(scheduler: Any, batch: Any) -> None:
-    sa.requeue(scheduler, _trim_to_budget(scheduler, batch))  # no admission in a decode step
+    room = spec_room(scheduler, batch, state_of(scheduler))
+    sa.requeue(scheduler, _trim_to_room(scheduler, batch, room))  # no admission in a decode step
 
 
 def h_cap_decode(scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE Scheduler.update_running_batch: a lowered budget retracts excess speculative requests."""
+    """BEFORE Scheduler.update_running_batch: the decode-only path's trim to this step's room."""
+    t0 = time.perf_counter()
     batch = sa.hook_args(type(scheduler).update_running_batch, scheduler, *args, **kwargs)["batch"]
     G_CAP.run(_cap_decode, scheduler, batch)
+    sa.charge_hook_time(scheduler, t0)
     return None
 
 
@@ -288,11 +446,15 @@ def _after_abort(scheduler: Any, recv_req: Any, seen: List[Any]) -> None:
 
 def h_abort(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND Scheduler.abort_request: watch cancelled running requests; end the searches they belong to."""
+    t0 = time.perf_counter()
     recv_req = sa.hook_args(type(scheduler).abort_request, scheduler, *args, **kwargs)["recv_req"]
     seen = G_CANCEL.run(_before_abort, scheduler, recv_req, default=[]) or []
+    t1 = time.perf_counter()
     result = original(scheduler, *args, **kwargs)
+    t2 = time.perf_counter()
     if seen:
         G_CANCEL.run(_after_abort, scheduler, recv_req, seen)
+    sa.charge_hook_time(scheduler, t0, exclude=t2 - t1)
     return result
 
 
@@ -343,6 +505,8 @@ def _pre_step(scheduler: Any, running_batch: Any, last_batch: Any) -> None:
 def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler.get_next_batch_to_run: finish cancelled running requests now (no extra decode step),
     with or without overlap scheduling."""
+    t0 = time.perf_counter()
     a = sa.hook_args(type(scheduler).get_next_batch_to_run, scheduler, *args, **kwargs)
     G_CANCEL.run(_pre_step, scheduler, a.get("running_batch"), a.get("last_batch"))
+    sa.charge_hook_time(scheduler, t0)
     return None

@@ -1,0 +1,124 @@
+"""The cheap control plane: DFS planning on a copy-on-read overlay, and the scheduler's live knee.
+
+Pure logic (no engine): the overlay must give exactly the predictions of a planning run on a deep copy, leave
+the search's statistics untouched, and copy only the nodes the simulated rollouts read.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sglang_spex.speculation.dfs_lookahead import NodeFacts, VirtualStats, predict_expansions
+from sglang_spex.srt.scheduling import LiveCurve
+from sglang_spex.tot.policies.base import Stat, Stats, copy_stats
+from sglang_spex.tot.policies.rest import Rest, RestParams
+from sglang_spex.tot.policies.rstar import RStar, RStarParams
+
+
+def random_tree(seed: int, nodes: int, branch: int, max_depth: int) -> Stats:
+    """A searched-looking tree: expanded nodes with visits and values, some failed or terminal leaves."""
+    rng = random.Random(seed)
+    stats: Stats = {"r": Stat("r", None, 0, expanded=False, explored=True)}
+    frontier = ["r"]
+    while len(stats) < nodes and frontier:
+        path = frontier.pop(rng.randrange(len(frontier)))
+        st = stats[path]
+        if st.depth >= max_depth - 1:
+            continue
+        st.expanded = True
+        for i in range(branch):
+            c = f"{path}.{i}"
+            st.children.append(c)
+            stats[c] = Stat(c, path, st.depth + 1, failed=rng.random() < 0.05, terminal=rng.random() < 0.1)
+            frontier.append(c)
+    for st in sorted(stats.values(), key=lambda s: -s.depth):  # visits and values consistent bottom-up
+        if st.children:
+            st.visits = sum(stats[c].visits for c in st.children) + 1
+            st.value = sum(stats[c].value for c in st.children)
+        else:
+            st.visits = rng.randint(0, 3)
+            st.value = rng.random() * st.visits
+        st.explored = st.visits > 0
+    return stats
+
+
+POLICIES = [
+    RStar(RStarParams(branch=3, max_depth=6)),
+    Rest(RestParams(branch=3, max_depth=6)),
+]
+
+
+def _deep_copy_reference(stats, root, policy, rngs, busy, lookup):
+    """The planning run on a deep copy of the statistics (what the overlay replaces)."""
+    return predict_expansions(copy_stats(stats), root, policy, rngs, busy, lookup=lookup)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_overlay_plans_exactly_as_a_deep_copy_and_never_writes(policy):
+    planned = 0
+    for seed in range(8):
+        stats = random_tree(seed, nodes=150, branch=3, max_depth=6)
+        rng = random.Random(seed)
+        leaves = [p for p, st in stats.items() if not st.expanded]
+        busy = set(rng.sample(leaves, 3))
+        facts = {f"{p}.0": NodeFacts(terminal=True, reward=0.7) for p in rng.sample(leaves, 4)}
+        before = copy_stats(stats)
+        got = predict_expansions(stats, "r", policy, [random.Random(i) for i in range(4)], busy, lookup=facts.get)
+        ref = _deep_copy_reference(stats, "r", policy, [random.Random(i) for i in range(4)], busy, facts.get)
+        assert got == ref, seed  # same expansions at the same distances
+        assert stats == before, seed  # the search's statistics are never written
+        planned += len(got)
+    assert planned > 0  # not vacuous
+
+
+def test_overlay_copies_only_what_the_rollouts_read():
+    stats = random_tree(1, nodes=3000, branch=3, max_depth=9)
+    policy = RStar(RStarParams(branch=3, max_depth=9))
+    cp = VirtualStats(stats, lambda p: None, policy.branch, policy.max_depth)
+    walk = policy.predict_rollout(cp, "r", random.Random(0))
+    try:
+        node = next(walk)
+        while True:
+            cp.virtual_expand(node)
+            node = next(walk)
+    except StopIteration:
+        pass
+    assert 0 < len(cp) < len(stats) // 10
+    cp["r"].visits += 100  # a write lands in the overlay only
+    assert stats["r"].visits != cp["r"].visits
+    cp["r"].children.append("r.99")
+    assert "r.99" not in stats["r"].children
+
+
+def test_live_curve_flat_steps_show_no_knee():
+    curve = LiveCurve(refit_every=1)
+    for _ in range(8):
+        for b in (1, 2, 4, 8, 16):
+            curve.add(b, 0.010)
+    assert curve.knee() is None
+
+
+def test_live_curve_linear_steps_show_the_half_time_knee():
+    curve = LiveCurve(refit_every=1)
+    for _ in range(8):  # t = 10 ms + 2 ms per sequence: half the time scales with the batch at B = 5
+        for b in (1, 2, 4, 8, 16):
+            curve.add(b, 0.010 + 0.002 * b)
+    assert curve.knee() == 5
+
+
+def test_live_curve_knee_never_extrapolated_and_follows_the_window():
+    curve = LiveCurve(refit_every=1)
+    for _ in range(8):  # t = 10 ms + 0.1 ms per sequence: the knee (B = 100) lies far past the measured 1..8
+        for b in (1, 8):
+            curve.add(b, 0.010 + 0.0001 * b)
+    assert curve.knee() is None
+    for _ in range(curve.window):  # the engine slows down with the batch (say, another tenant): knee appears
+        for b in (1, 8):
+            curve.add(b, 0.010 + 0.005 * b)
+    assert curve.knee() == 2
+    for _ in range(curve.window):  # and goes again when the steps flatten out
+        for b in (1, 8):
+            curve.add(b, 0.010)
+    assert curve.knee() is None

@@ -1,0 +1,124 @@
+"""Never slower: the scheduler's speculative gate on a real SGLang server (tiny Llama, ``--tot-k-total 8``).
+
+Every scheduling step is read back from the batch-stats ring (hook H13) and checked:
+
+- a step that prefills speculative work leaves no primary waiting (primaries are admitted first);
+- a step that prefills only speculative work runs while no primary is decoding (it would replace their
+  decode step);
+- a decode step never leaves a primary waiting (nothing speculative delays a primary's admission);
+- the speculative requests in the running batch never exceed the step's room (budget, and the knee minus
+  the primary work);
+- once the primary work alone reaches the knee speculation is off (running speculative requests retracted),
+  and it comes back once the primaries are done: every request still finishes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from typing import Dict, List
+
+import pytest
+import requests
+from srt_hook_util import body, post, sched, wait_idle, wait_running, words
+
+pytestmark = pytest.mark.server
+
+KNEE = 8  # spex_args: --tot-k-total 8 (the scheduler's knee and initial budget)
+PREFILL_MODES = (1, 3)
+
+
+def _history(url: str, since: int) -> List[Dict[str, float]]:
+    hist = requests.get(url + "/spex/stats", params={"history_since": since}, timeout=60).json()["batch"]["history"]
+    assert hist["lost"] == 0
+    rows = hist["rows"]
+    assert [r["step"] for r in rows] == list(range(since, since + len(rows)))  # every step was recorded
+    return rows
+
+
+def _seq(url: str) -> int:
+    return requests.get(url + "/spex/stats", timeout=60).json()["batch"]["seq"]
+
+
+def _submit(ex: cf.Executor, url: str, reqs: List[dict]) -> List[cf.Future]:
+    return [ex.submit(requests.post, url + "/generate", json=b, timeout=600) for b in reqs]
+
+
+def _spec(tag: str, n: int, tokens: int) -> List[dict]:
+    return [body(words(8, 100 + i), tokens, f"spex:{tag}{i}:r.{i % 3}:", "spec") for i in range(n)]
+
+
+def _primary(tag: str, n: int, tokens: int) -> List[dict]:
+    return [body(words(8, 200 + i), tokens, f"spex:{tag}p{i}:r:", "primary") for i in range(n)]
+
+
+def _wait_spec_running(url: str, n: int, timeout: float = 60.0) -> None:
+    wait_running(url, n, timeout)
+
+
+def _waiting_primary(r: Dict[str, float]) -> float:
+    return r["waiting"] - r["waiting_spec"]
+
+
+def test_speculation_never_delays_a_primary(spex_server_in_mode):
+    url = spex_server_in_mode.url
+    post(url, "/spex/release", {})
+    assert post(url, "/spex/budget", {"k": KNEE})["scheduler"]["budget"] == KNEE
+    wait_idle(url)
+    before = sched(url)["counters"]
+    seq0 = _seq(url)
+    futs: List[cf.Future] = []
+    with cf.ThreadPoolExecutor(24) as ex:
+        # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off
+        futs += _submit(ex, url, _spec("ns1s", 6, 160))
+        _wait_spec_running(url, 6)
+        phase1 = _submit(ex, url, _primary("ns1", KNEE, 96))
+        futs += phase1
+        for f in phase1:
+            f.result()
+        # 2. two primaries decode; speculative work arriving now must not take a prefill step from them
+        wait_idle(url, timeout=300)
+        phase2 = _submit(ex, url, _primary("ns2", 2, 160))
+        futs += phase2
+        wait_running(url, 2)
+        time.sleep(0.1)
+        futs += _submit(ex, url, _spec("ns2s", 4, 96))
+        for f in phase2:
+            f.result()
+        # 3. a primary arrives while speculative requests decode: admitted at once
+        time.sleep(0.1)
+        futs += _submit(ex, url, _primary("ns3", 1, 32))
+        outs = [f.result().json() for f in futs]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none starves
+    wait_idle(url, timeout=300)
+    rows = _history(url, seq0)
+    after = sched(url)["counters"]
+
+    prefill_spec = [r for r in rows if r["mode"] in PREFILL_MODES and r["n_spec"] > 0]
+    assert prefill_spec  # speculative work was admitted at all
+    left_waiting = [r for r in prefill_spec if _waiting_primary(r) > 0]
+    assert not left_waiting, left_waiting[:3]
+    replaced_decode = [r for r in prefill_spec if r["n_primary"] == 0 and r["primary_running"] > 0]
+    assert not replaced_decode, replaced_decode[:3]
+    delayed = [r for r in rows if r["mode"] == 2 and _waiting_primary(r) > 0]
+    assert not delayed, delayed[:3]
+    over_room = [r for r in rows if r["spec_room"] >= 0 and r["spec_total"] > r["spec_room"]]
+    assert not over_room, over_room[:3]
+    over_knee = [r for r in rows if r["knee"] > 0 and r["n_spec"] > 0 and r["batch_size"] > r["knee"]]
+    assert not over_knee, over_knee[:3]
+    assert after.get("spec_before_primary", 0) == before.get("spec_before_primary", 0)
+
+    # not vacuous: the knee switched speculation off (retracting it), and decode protection held some back
+    at_knee = [r for r in rows if r["knee"] > 0 and r["primary_live"] >= r["knee"]]
+    assert at_knee and all(r["spec_total"] == 0 for r in at_knee), at_knee[:3]
+    assert after.get("spec_retracted_for_budget", 0) > before.get("spec_retracted_for_budget", 0)
+    assert any(r["decode_protected"] == 1 and r["spec_held"] > 0 for r in rows)
+    # and back on: speculative requests decoded again after the primaries of phase 1 were gone
+    last_at_knee = max(r["step"] for r in at_knee)
+    assert any(r["step"] > last_at_knee and r["n_spec"] > 0 for r in rows)
+    hooks = [r["hook_s"] for r in rows if r["hook_s"] is not None]
+    steps = [r["step_s"] for r in rows if r["step_s"] is not None]
+    print(
+        f"steps {len(rows)}; spec prefills {len(prefill_spec)}; hook time {sum(hooks) * 1e3:.1f} ms over "
+        f"{sum(steps):.2f} s of steps; knee {sorted({r['knee'] for r in rows})}"
+    )
