@@ -23,7 +23,14 @@ from sglang_spex.serve import ServerProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SERVER_FIXTURES = {"spex_server", "spex_server_in_mode", "plain_server", "smollm2_server", "small_pool_server"}
+SERVER_FIXTURES = {
+    "spex_server",
+    "spex_server_in_mode",
+    "plain_server",
+    "smollm2_server",
+    "small_pool_server",
+    "hardened_server",
+}
 
 
 def _code_names(code: types.CodeType) -> Set[str]:

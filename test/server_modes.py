@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import requests
 
@@ -25,12 +25,13 @@ def mode_args(mode: str) -> List[str]:
     return ["--enable-overlap-schedule"] if mode == "overlap" else ["--disable-overlap-schedule"]
 
 
-def start_server(args: List[str], mode: str = DEFAULT_MODE) -> ServerProcess:
-    """Start a server in ``mode`` and check that SGLang really runs that scheduler loop."""
+def start_server(args: List[str], mode: str = DEFAULT_MODE, headers: Optional[dict] = None) -> ServerProcess:
+    """Start a server in ``mode`` and check that SGLang really runs that scheduler loop (``headers``: the
+    API key, for a server started with one)."""
     srv = ServerProcess([*args, *mode_args(mode)])
     srv.start()
     try:
-        info = requests.get(srv.url + "/get_server_info", timeout=60).json()
+        info = requests.get(srv.url + "/get_server_info", headers=headers, timeout=60).json()
         if bool(info["disable_overlap_schedule"]) != (mode == "no-overlap"):
             raise RuntimeError(
                 f"asked for {mode} scheduling, SGLang runs disable_overlap_schedule={info['disable_overlap_schedule']}"

@@ -42,12 +42,13 @@ class TokenizerManagerPort(EnginePort):
         return GenResult.from_sglang(req.rid, out, time.monotonic() - t0)
 
     async def capacity(self) -> Dict[str, Optional[int]]:
-        """What the engine can hold: the model's context length, the scheduler's running-request slots and
-        its KV pool in tokens (one ``get_internal_state`` round trip, W3)."""
+        """What the engine can hold: the model's context length and longest prompt, the scheduler's
+        running-request slots and its KV pool in tokens (one ``get_internal_state`` round trip, W3)."""
         states = await self.tm.get_internal_state()
         state = states[0] if states else {}
         return {
             "context_len": int(self.tm.context_len),
+            "max_input_len": getattr(self.tm, "max_req_input_len", None),
             "max_running_requests": state.get("effective_max_running_requests_per_dp"),
             "kv_tokens": (state.get("memory_usage") or {}).get("token_capacity"),
         }

@@ -176,6 +176,7 @@ class SearchService:
             search_id=sid,
             reward_timeout=self.reward_timeout,
         )
+        ctx.limits = limits
         handle = SearchHandle(sid, ctx)
         self.searches[sid] = handle
         handle.task = asyncio.create_task(self._run(handle), name=f"tot-search-{sid}")

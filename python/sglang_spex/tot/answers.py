@@ -8,22 +8,33 @@ compares numbers directly and otherwise uses ``math-verify``.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
+import regex
+
 from sglang_spex.tot.tree import Node
 
+logger = logging.getLogger(__name__)
+
 Extractor = Union[str, Callable[[str], Optional[str]]]
+PATTERN_TIMEOUT_S = 0.5  # the most one answer pattern may take on one step's text (``regex``'s timeout)
+MAX_PATTERN_CHARS = 1000
 
 
 def extract_answer(text: str, pattern: Extractor) -> Optional[str]:
     """The answer stated in ``text`` (regex group 1 or the whole match, or a callable), else None."""
     if callable(pattern):
         return pattern(text)
-    m = re.search(pattern, text)
+    try:  # a client's pattern: a catastrophic one must not hold the event loop
+        m = regex.search(pattern, text, timeout=PATTERN_TIMEOUT_S)
+    except TimeoutError:
+        logger.warning("answer pattern %r timed out after %gs; no answer taken", pattern[:80], PATTERN_TIMEOUT_S)
+        return None
     if m is None:
         return None
     ans = (m.group(1) if m.groups() else m.group(0)).strip()

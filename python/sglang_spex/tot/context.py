@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.tot.answers import aggregate, candidates, extract_answer
 from sglang_spex.tot.engine import ROLE_PRIMARY, EnginePort, GenRequest, GenResult, node_rid, search_rid_prefix
+from sglang_spex.tot.limits import SearchLimits
 from sglang_spex.tot.policies.base import Policy, Stat, Stats
 from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.rewards import Reward, build_reward
@@ -39,6 +40,7 @@ from sglang_spex.tot.tree import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_REWARD_TIMEOUT = 120.0
+RETOKENIZE_MARGIN = 8  # tokens a path's text may gain when re-tokenized whole (the stop string, merges)
 ProgressFn = Callable[[Dict[str, Any]], None]
 
 
@@ -78,6 +80,7 @@ class SearchContext:
         self.stop_reason: Optional[str] = None
         self.inflight: Set[str] = set()
         self.started = time.monotonic()
+        self.limits: Optional[SearchLimits] = None  # the server's (server-side): a path that fills the context ends
         self._running: Dict[str, "asyncio.Future[Node]"] = {}
 
     # ---- generation (the single path to the engine) -------------------------------------------------
@@ -165,8 +168,16 @@ class SearchContext:
             or eos
             or node.cum_tokens >= self.spec.step.max_total_tokens
             or node.depth >= self.policy.max_depth
+            or self._context_full(node)
         )
         node.status = DONE
+
+    def _context_full(self, node: Node) -> bool:
+        """Another step below ``node`` would not fit the engine (SGLang would refuse the request)."""
+        if self.limits is None or not node.prompt_tokens:
+            return False
+        next_prompt = node.prompt_tokens + node.num_tokens + RETOKENIZE_MARGIN
+        return not self.limits.fits(next_prompt, self.spec.step.max_tokens)
 
     async def score_node(self, node: Node) -> None:
         """Reward the node; a reward that raises or times out marks the node failed."""

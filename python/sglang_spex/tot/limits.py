@@ -33,6 +33,7 @@ class SearchLimits:
     max_search_tokens: int = 2**21  # worst-case generated tokens of one search
     max_step_tokens: int = 8192  # a step's max_tokens (<= the model's context)
     context_len: Optional[int] = None  # the model's context; prompt + one step must fit (None: not checked)
+    max_input_len: Optional[int] = None  # the engine's longest prompt (SGLang's max_req_input_len)
     reward_hosts: Tuple[str, ...] = DEFAULT_REWARD_HOSTS
 
     FLAGS = {
@@ -70,16 +71,21 @@ class SearchLimits:
         self._within(
             nodes * spec.step.max_tokens, "max_search_tokens", "step.max_tokens", f"{nodes} nodes × max_tokens = "
         )
-        if prompt_tokens is not None and self.context_len is not None:
-            need = prompt_tokens + spec.step.max_tokens
+        if prompt_tokens is not None and not self.fits(prompt_tokens, spec.step.max_tokens):
             check(
-                need <= self.context_len,
+                False,
                 "question",
-                f"the prompt is {prompt_tokens} tokens; with step.max_tokens {spec.step.max_tokens} that is {need}, "
-                f"over the model's context length {self.context_len}",
+                f"the prompt is {prompt_tokens} tokens; with step.max_tokens {spec.step.max_tokens} it does not fit "
+                f"the model (context length {self.context_len}, longest prompt {self.max_input_len} tokens)",
             )
         if spec.reward.url is not None:
             self.check_reward_url(spec.reward.url)
+
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        """A request of ``prompt_tokens`` generating up to ``max_tokens`` fits the engine (SGLang's own checks)."""
+        if self.max_input_len is not None and prompt_tokens > self.max_input_len:
+            return False
+        return self.context_len is None or prompt_tokens + max_tokens <= self.context_len
 
     def check_reward_url(self, url: str, field_name: str = "reward.url") -> None:
         """The URL's host is on the allowlist (``reward_hosts``); no connection is made to find out."""
@@ -143,6 +149,7 @@ def derive(
     context_len: Optional[int],
     max_running_requests: Optional[int],
     kv_tokens: Optional[int],
+    max_input_len: Optional[int] = None,
     reward_hosts: Tuple[str, ...] = DEFAULT_REWARD_HOSTS,
 ) -> SearchLimits:
     """Limits from the flags (``configured``: field → value, None = auto) and the live server: width defaults to
@@ -155,10 +162,12 @@ def derive(
     }
     values = {}
     for f in dataclasses.fields(SearchLimits):
-        if f.name in ("context_len", "reward_hosts"):
+        if f.name in ("context_len", "max_input_len", "reward_hosts"):
             continue
         given = configured.get(f.name)
         values[f.name] = given if given is not None else auto.get(f.name, getattr(base, f.name))
     if context_len:
         values["max_step_tokens"] = min(values["max_step_tokens"], context_len)
-    return SearchLimits(**values, context_len=context_len, reward_hosts=tuple(reward_hosts))
+    return SearchLimits(
+        **values, context_len=context_len, max_input_len=max_input_len, reward_hosts=tuple(reward_hosts)
+    )

@@ -8,10 +8,12 @@ server-side and the client-side runner execute it. :meth:`SearchSpec.validate` r
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+import regex
+
+from sglang_spex.tot.answers import MAX_PATTERN_CHARS
 from sglang_spex.tot.policies.base import Policy
 from sglang_spex.tot.policies.registry import build_policy
 from sglang_spex.tot.rewards import RewardConfig
@@ -78,9 +80,14 @@ class AnswerConfig:
     score: str = "last"  # how step rewards aggregate into a path score: last | min | mean | prod
 
     def validate(self, p: str = "answer") -> None:
+        check(
+            isinstance(self.pattern, str) and len(self.pattern) <= MAX_PATTERN_CHARS,
+            f"{p}.pattern",
+            f"must be a string of at most {MAX_PATTERN_CHARS} characters",
+        )
         try:
-            re.compile(self.pattern)
-        except (re.error, TypeError) as e:
+            regex.compile(self.pattern)
+        except (regex.error, TypeError, ValueError, RecursionError) as e:
             raise SearchSpecError(f"{p}.pattern", f"invalid regex: {e}")
         check(self.aggregate in AGGREGATES, f"{p}.aggregate", f"must be one of {list(AGGREGATES)}")
         check(self.score in SCORE_AGGS, f"{p}.score", f"must be one of {list(SCORE_AGGS)}")
