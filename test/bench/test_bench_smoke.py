@@ -51,3 +51,46 @@ def test_every_benchmark_has_help(script, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         mod.main()
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def _row(policy, conc, mode, rep, qpm, lat, spec=None):
+    return {
+        "policy": policy,
+        "concurrency": conc,
+        "mode": mode,
+        "repeat": rep,
+        "q_per_min": qpm,
+        "accuracy": 0.5,
+        "tokens": 100,
+        "latencies_s": lat,
+        "speculation": spec,
+    }
+
+
+def test_bench_tot_summary_pairs_each_repeat_with_its_baseline():
+    import bench_tot
+
+    rows = []
+    for rep, (b, s) in enumerate([(10.0, 20.0), (5.0, 15.0), (10.0, 12.0)]):
+        rows.append(_row("rstar-10", 1, "baseline", rep, b, [6.0, 7.0]))
+        rows.append(_row("rstar-10", 1, "spex_t1t2", rep, s, [3.0, 4.0], {"hits": 2, "issued": 3, "wasted_tokens": 5}))
+    cells = {r["mode"]: r for r in bench_tot.summarise(rows)}
+    spex, base = cells["spex_t1t2"], cells["baseline"]
+    assert (spex["ratio"], spex["ratio_min"], spex["ratio_max"]) == (2.0, 1.2, 3.0)  # per-repeat ratios 2, 3, 1.2
+    assert spex["q_per_min"] == 15.0 and base["ratio"] == 1.0
+    assert (spex["hits"], spex["issued"], spex["wasted_tokens"]) == (6, 9, 15)
+    assert spex["latency_p50_s"] == 3.5 and base["latency_p50_s"] == 6.5 and spex["latency_p99_s"] <= 4.0
+
+
+def test_bench_tot_cli_defaults_and_quick():
+    import bench_tot
+
+    full = bench_tot.parse_args([])
+    assert not full.client_side and full.repeats == 3 and full.max_depth == 4 and full.step_tokens == 48
+    assert full.policies == "rebase-8,rebase-16,rstar-10" and full.task.startswith("rg:")
+    quick = bench_tot.parse_args(["--quick", "--task", "toy_add", "--repeats", "2"])
+    assert quick.repeats == 2 and quick.questions == 1 and quick.task == "toy_add"  # explicit flags win
+    with pytest.raises(SystemExit):
+        bench_tot.parse_args(["--client-side", "--k-total", "auto"])
+    spec = bench_tot.build_spec("rebase-8", 2, 8, 0, "rg:chain_sum", speculation=bench_tot.OVERRIDES["baseline"])
+    assert spec.speculation == {"enabled": False} and spec.to_dict()["task"] == "rg:chain_sum"
