@@ -42,7 +42,9 @@ def test_client_side_profile_is_cached(spex_server, tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)
     info = requests.get(spex_server.url + "/get_server_info", timeout=10).json()
     key = profile_key(info, device="test-host")
-    spec = ProfileSpec(batch_sizes=(1, 2, 4, 8), short_tokens=2, long_tokens=8, ctx_prefix_words=0, prefill_words=0)
+    spec = ProfileSpec(
+        batch_sizes=(1, 2, 4, 8), short_tokens=2, long_tokens=8, ctx_prefix_words=0, prefill_words=0, max_batch=8
+    )
 
     async def go():
         port = HttpPort(spex_server.url)
