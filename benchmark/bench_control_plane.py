@@ -70,8 +70,9 @@ class Timer:
 
 
 def _stats(client: httpx.Client, url: str, since: Optional[int] = None) -> Dict[str, Any]:
+    """``/spex/stats``: the batch-stats ring (``batch``) and the scheduler-side state (``scheduler``)."""
     params = {} if since is None else {"history_since": since}
-    return client.get(url + "/spex/stats", params=params, timeout=120).json()["batch"]
+    return client.get(url + "/spex/stats", params=params, timeout=120).json()
 
 
 async def _searches(url: str, n: int, seed: int, k_total: int) -> List[Any]:
@@ -90,7 +91,8 @@ async def _searches(url: str, n: int, seed: int, k_total: int) -> List[Any]:
 def live_run(url: str, n: int, seed: int, k_total: int) -> Dict[str, float]:
     """One round of ``n`` concurrent searches; control-plane figures per scheduler step."""
     with httpx.Client() as client:
-        seq0 = _stats(client, url)["seq"]
+        first = _stats(client, url)
+        seq0, by0 = first["batch"]["seq"], first["scheduler"].get("hook_by", {})
         plan = Timer(dfs_lookahead, "predict_expansions")
         pump = Timer(SpexContext, "pump")
         t0 = time.perf_counter()
@@ -101,7 +103,8 @@ def live_run(url: str, n: int, seed: int, k_total: int) -> Dict[str, float]:
             pump.restore()
         wall = time.perf_counter() - t0
         time.sleep(0.5)  # the last step's time is written when the next step (or idle) is recorded
-        hist = _stats(client, url, seq0)["history"]
+        last = _stats(client, url, seq0)
+        hist, by1 = last["batch"]["history"], last["scheduler"].get("hook_by", {})
     rows = hist["rows"]
     steps = len(rows)
     step_s = sum(r["step_s"] for r in rows if r["step_s"] is not None)
@@ -123,25 +126,30 @@ def live_run(url: str, n: int, seed: int, k_total: int) -> Dict[str, float]:
         "hook_ms_per_step": 1e3 * hook_s / max(steps, 1),
         "control_share": (pump.seconds + hook_s) / step_s if step_s > 0 else float("nan"),
         "hook_share": hook_s / step_s if step_s > 0 else float("nan"),
+        **{f"hook_ms_per_step.{k}": 1e3 * (v - by0.get(k, 0.0)) / max(steps, 1) for k, v in sorted(by1.items())},
     }
 
 
 # ---------------------------------------------------------------- micro: overlay vs deep copy
-def grown_tree(nodes: int, branch: int, max_depth: int, seed: int = 0) -> Stats:
-    """A tree of about ``nodes`` statistics grown the way an MCTS grows one (random leaves expanded)."""
+def grown_tree(
+    nodes: int, branch: int, max_depth: int, seed: int = 0, p_failed: float = 0.0, p_terminal: float = 0.0
+) -> Stats:
+    """A tree of about ``nodes`` statistics grown the way an MCTS grows one (random leaves expanded); a new
+    child failed with probability ``p_failed``, terminal with ``p_terminal``."""
     rng = random.Random(seed)
     stats: Stats = {"r": Stat("r", None, 0, visits=1, explored=True)}
     leaves = ["r"]
     while len(stats) < nodes and leaves:
         path = leaves.pop(rng.randrange(len(leaves)))
         st = stats[path]
-        if st.depth >= max_depth - 1:
+        if st.depth >= max_depth - 1 or st.terminal or st.failed:
             continue
         st.expanded = True
         for i in range(branch):
             c = f"{path}.{i}"
             st.children.append(c)
             stats[c] = Stat(c, path, st.depth + 1, visits=rng.randint(1, 4), value=rng.random(), explored=True)
+            stats[c].failed, stats[c].terminal = rng.random() < p_failed, rng.random() < p_terminal
             leaves.append(c)
     return stats
 

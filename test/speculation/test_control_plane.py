@@ -7,41 +7,24 @@ the search's statistics untouched, and copy only the nodes the simulated rollout
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 from sglang_spex.speculation.dfs_lookahead import NodeFacts, VirtualStats, predict_expansions
 from sglang_spex.srt.scheduling import LiveCurve
-from sglang_spex.tot.policies.base import Stat, Stats, copy_stats
+from sglang_spex.tot.policies.base import Stats, copy_stats
 from sglang_spex.tot.policies.rest import Rest, RestParams
 from sglang_spex.tot.policies.rstar import RStar, RStarParams
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
+from bench_control_plane import grown_tree  # noqa: E402
+
 
 def random_tree(seed: int, nodes: int, branch: int, max_depth: int) -> Stats:
-    """A searched-looking tree: expanded nodes with visits and values, some failed or terminal leaves."""
-    rng = random.Random(seed)
-    stats: Stats = {"r": Stat("r", None, 0, expanded=False, explored=True)}
-    frontier = ["r"]
-    while len(stats) < nodes and frontier:
-        path = frontier.pop(rng.randrange(len(frontier)))
-        st = stats[path]
-        if st.depth >= max_depth - 1:
-            continue
-        st.expanded = True
-        for i in range(branch):
-            c = f"{path}.{i}"
-            st.children.append(c)
-            stats[c] = Stat(c, path, st.depth + 1, failed=rng.random() < 0.05, terminal=rng.random() < 0.1)
-            frontier.append(c)
-    for st in sorted(stats.values(), key=lambda s: -s.depth):  # visits and values consistent bottom-up
-        if st.children:
-            st.visits = sum(stats[c].visits for c in st.children) + 1
-            st.value = sum(stats[c].value for c in st.children)
-        else:
-            st.visits = rng.randint(0, 3)
-            st.value = rng.random() * st.visits
-        st.explored = st.visits > 0
-    return stats
+    """A searched-looking tree with some failed and terminal nodes (the benchmark's tree grower)."""
+    return grown_tree(nodes, branch, max_depth, seed=seed, p_failed=0.05, p_terminal=0.1)
 
 
 POLICIES = [

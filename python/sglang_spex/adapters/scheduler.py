@@ -45,22 +45,31 @@ def attached_state(obj: Any) -> Optional[Any]:
     return getattr(obj, STATE_ATTR, None)
 
 
-def charge_hook_time(obj: Any, t0: float, exclude: float = 0.0) -> None:
-    """Add ``perf_counter() - t0 - exclude`` seconds to the ``hook_s`` of the plugin state attached to a
-    scheduler or its radix cache (the plugin's own hook time; ``exclude`` is SGLang's part of an AROUND hook)."""
+def charge_hook_time(obj: Any, t0: float, key: str, exclude: float = 0.0) -> None:
+    """Add ``perf_counter() - t0 - exclude`` seconds to the hook time (``hook_s``, and ``hook_by[key]``) of the
+    plugin state attached to a scheduler or its radix cache (``exclude``: SGLang's part of an AROUND hook)."""
     state = attached_state(obj)
     if state is not None:
-        state.hook_s += time.perf_counter() - t0 - exclude
+        dt = time.perf_counter() - t0 - exclude
+        state.hook_s += dt
+        state.hook_by[key] = state.hook_by.get(key, 0.0) + dt
 
 
 @functools.lru_cache(maxsize=None)
-def _signature(fn: Callable) -> inspect.Signature:
-    return inspect.signature(fn)  # follows functools.wraps, so a hooked method reports SGLang's signature
+def _param_names(fn: Callable) -> Tuple[str, ...]:
+    """Positional parameter names of ``fn`` (follows functools.wraps, so a hooked method reports SGLang's)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(n for n, p in inspect.signature(fn).parameters.items() if p.kind in kinds)
 
 
 def hook_args(method: Callable, *args: Any, **kwargs: Any) -> Dict[str, Any]:
-    """The call's arguments by SGLang's parameter names (``method`` is the hooked function, self included)."""
-    return dict(_signature(method).bind_partial(*args, **kwargs).arguments)
+    """The call's arguments by SGLang's parameter names (``method`` is the hooked function, self included).
+
+    Runs on every scheduler step: positional arguments are named from a cached parameter list instead of
+    ``Signature.bind_partial`` (a few microseconds less per hook call)."""
+    out = dict(zip(_param_names(method), args))
+    out.update(kwargs)
+    return out
 
 
 # ---------------------------------------------------------------- request identity

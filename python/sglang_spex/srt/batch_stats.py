@@ -257,7 +257,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
     done = writer.write(row, counters)
     if done is not None and done[0] == DECODE:
         state.curve.add(int(done[1]), done[2])  # the live decode curve (the gate's live knee)
-    state.hook_s += time.perf_counter() - t0
+    sa.charge_hook_time(scheduler, t0, "publish")
 
 
 def h_publish(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:

@@ -165,7 +165,7 @@ def h_on_release(result: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> Any
     """AFTER UnifiedRadixCache.on_release: queue a normally finished node of a live search for protection."""
     t0 = time.perf_counter()
     G_PROTECT.run(_on_release, tree_cache, args, kwargs)
-    sa.charge_hook_time(tree_cache, t0)
+    sa.charge_hook_time(tree_cache, t0, "protect_on_release")
     return result
 
 
@@ -180,5 +180,5 @@ def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     and expire the leases of searches that have gone quiet."""
     t0 = time.perf_counter()
     G_PROTECT.run(_pre_step, scheduler)
-    sa.charge_hook_time(scheduler, t0)
+    sa.charge_hook_time(scheduler, t0, "protect_pre_step")
     return None

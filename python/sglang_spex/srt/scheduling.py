@@ -156,6 +156,7 @@ class SpexSchedulerState:
     gate: Gate = field(default_factory=Gate)
     hook_s: float = 0.0  # seconds spent in the plugin's scheduler hooks (own work, SGLang's excluded)
     hook_s_published: float = 0.0  # hook_s when the last batch-stats row was written
+    hook_by: Dict[str, float] = field(default_factory=dict)  # hook_s per hook
 
     @classmethod
     def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
@@ -178,6 +179,7 @@ class SpexSchedulerState:
             "live_knee": self.curve.knee() if self.live_knee else None,
             "gate": {"room": g.room, "knee": g.knee, "primary_live": g.primary_live, "held": g.held},
             "hook_s": self.hook_s,
+            "hook_by": dict(self.hook_by),
             "immediate_cancel": self.immediate_cancel,
             "watched_cancels": len(self.watch),
             "cancelled_searches": len(self.cancelled),
@@ -231,7 +233,7 @@ def h_assign_priority(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     t0 = time.perf_counter()
     req = sa.hook_args(type(scheduler)._add_request_to_queue, scheduler, *args, **kwargs)["req"]
     G_RANK.run(_assign_priority, scheduler, req)
-    sa.charge_hook_time(scheduler, t0)
+    sa.charge_hook_time(scheduler, t0, "assign_priority")
     return None
 
 
@@ -403,7 +405,7 @@ def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
         if victims:
             G_CAP.run(sa.requeue, scheduler, victims)
         G_CAP.run(_check_order, scheduler, result)
-        sa.charge_hook_time(scheduler, t0, exclude=t2 - t1)  # SGLang's own admission is not ours
+        sa.charge_hook_time(scheduler, t0, "cap_prefill", exclude=t2 - t1)  # SGLang's own admission is not ours
 
 
 def _cap_decode(scheduler: Any, batch: Any) -> None:
@@ -416,7 +418,7 @@ def h_cap_decode(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     t0 = time.perf_counter()
     batch = sa.hook_args(type(scheduler).update_running_batch, scheduler, *args, **kwargs)["batch"]
     G_CAP.run(_cap_decode, scheduler, batch)
-    sa.charge_hook_time(scheduler, t0)
+    sa.charge_hook_time(scheduler, t0, "cap_decode")
     return None
 
 
@@ -454,7 +456,7 @@ def h_abort(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     t2 = time.perf_counter()
     if seen:
         G_CANCEL.run(_after_abort, scheduler, recv_req, seen)
-    sa.charge_hook_time(scheduler, t0, exclude=t2 - t1)
+    sa.charge_hook_time(scheduler, t0, "abort", exclude=t2 - t1)
     return result
 
 
@@ -508,5 +510,5 @@ def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     t0 = time.perf_counter()
     a = sa.hook_args(type(scheduler).get_next_batch_to_run, scheduler, *args, **kwargs)
     G_CANCEL.run(_pre_step, scheduler, a.get("running_batch"), a.get("last_batch"))
-    sa.charge_hook_time(scheduler, t0)
+    sa.charge_hook_time(scheduler, t0, "pre_step")
     return None
