@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--policy-lr", type=float, default=1e-3)
+    ap.add_argument("--policy-lr", type=float, default=1e-4, help="AdamW lr of the policy (1e-3 made it degenerate)")
     ap.add_argument("--inner-steps", type=int, default=2)
     ap.add_argument("--kd-lr", type=float, default=3e-4)
     ap.add_argument("--kd-train-steps", type=int, default=4)

@@ -75,6 +75,7 @@ class GRPOConfig:
     seed: int = 0
     split: str = "dev"
     sync_learner_policy: bool = True
+    seed_rollouts: bool = True  # each rollout request gets SGLang's sampling_seed from (seed, step, index)
 
     def validate(self) -> "GRPOConfig":
         if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.inner_steps) < 1:
@@ -109,6 +110,14 @@ class StepStats:
     weight_version: str
     learner: Optional[dict] = None
     seconds: float = 0.0
+    # where the step's wall-clock goes (seconds): rollouts, the policy's optimizer steps, the policy push into
+    # the server(s), and the learner calls (rollouts + policy copy; a sync learner trains inside them)
+    generation_s: float = 0.0
+    policy_update_s: float = 0.0
+    push_s: float = 0.0
+    drafter_update_s: float = 0.0
+    active_batch: float = 0.0  # time-averaged number of unfinished rollout requests during generation
+    approx_kl: float = 0.0  # policy step size (see policy.Policy.grpo_step)
 
 
 def accept_length(metas: Sequence[dict]) -> Optional[float]:
@@ -131,14 +140,27 @@ class ServerClient:
         self.url = url.rstrip("/")
         self.learner_url = (learner_url or url).rstrip("/")
         self.timeout = timeout
+        self.last_active_batch = 0.0
 
-    def generate(self, input_ids: List[List[int]], params: dict, concurrency: int = 0) -> List[dict]:
-        """One request per sequence when ``concurrency`` > 0 (finish independently, like RL rollouts)."""
+    def generate(self, input_ids: List[List[int]], params, concurrency: int = 0) -> List[dict]:
+        """One request per sequence when ``concurrency`` > 0 (finish independently, like RL rollouts); then
+        ``last_active_batch`` is the time-averaged number of requests still running. ``params``: one sampling-params
+        dict for all, or a list with one per sequence."""
         if concurrency <= 0:
             return self._post(self.url + "/generate", {"input_ids": input_ids, "sampling_params": params})
-        bodies = [{"input_ids": ids, "sampling_params": params} for ids in input_ids]
+        per = params if isinstance(params, list) else [params] * len(input_ids)
+        bodies = [{"input_ids": ids, "sampling_params": p} for ids, p in zip(input_ids, per)]
+        t0 = time.perf_counter()
+
+        def one(body: dict):
+            out = self._post(self.url + "/generate", body)
+            return out, time.perf_counter() - t0
+
         with ThreadPoolExecutor(max_workers=concurrency) as ex:
-            return list(ex.map(lambda b: self._post(self.url + "/generate", b), bodies))
+            done = list(ex.map(one, bodies))
+        wall = max(dt for _, dt in done)
+        self.last_active_batch = sum(dt for _, dt in done) / wall if wall > 0 else float(len(done))
+        return [out for out, _ in done]
 
     def weight_version(self) -> str:
         return httpx.get(self.url + "/model_info", timeout=60).json()["weight_version"]
@@ -204,6 +226,9 @@ class GRPOLoop:
         prompts = [chat_prompt_ids(self.tokenizer, q.text) for q in questions]
         ids = [p for p in prompts for _ in range(cfg.group_size)]
         params = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+        if cfg.seed_rollouts:
+            base = (cfg.seed * 100_003 + self.step_index) * 1_000
+            params = [{**params, "sampling_seed": base + i} for i in range(len(ids))]
         outs = (client or self.client).generate(ids, params, concurrency=len(ids))
         samples = []
         for i, out in enumerate(outs):
@@ -228,13 +253,18 @@ class GRPOLoop:
             "tokens_per_s": tokens / dt if dt > 0 else 0.0,
         }
 
-    def push(self) -> None:
-        """Policy weights → every serving engine (and each learner's copy when configured)."""
+    def push(self) -> float:
+        """Policy weights → every serving engine; returns the seconds the learner calls took (each learner's
+        policy copy, when configured)."""
         named = self.policy.named_tensors()
+        learner_s = 0.0
         for client, swap in zip(self.servers, self.swaps):
             swap.push(self.policy.version, named)
             if self.post and self.config.sync_learner_policy:
+                t = time.perf_counter()
                 client.post_policy(self.policy.version, named)
+                learner_s += time.perf_counter() - t
+        return learner_s
 
     def step(self) -> StepStats:
         cfg = self.config
@@ -245,13 +275,17 @@ class GRPOLoop:
         rewards = [s.reward for s in samples]
         adv = group_advantages(rewards, cfg.group_size)
         upd = self.policy.grpo_step([(s.prompt_ids, s.response_ids) for s in samples], adv, cfg.inner_steps)
-        self.push()
+        t_policy = time.perf_counter() - t0 - t_roll
+        learner_s = self.push()
+        t_push = time.perf_counter() - t0 - t_roll - t_policy - learner_s
         learner = None
         if self.post:
+            t = time.perf_counter()
             rollouts = [
                 {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "reward": s.reward} for s in samples
             ]
             learner = [c.post_rollouts(rollouts) for c in self.servers][0]
+            learner_s += time.perf_counter() - t
         tokens = sum(len(s.response_ids) for s in samples)
         stats = StepStats(
             step=self.step_index,
@@ -267,6 +301,12 @@ class GRPOLoop:
             weight_version=self.client.weight_version(),
             learner=learner,
             seconds=time.perf_counter() - t0,
+            generation_s=t_roll,
+            policy_update_s=t_policy,
+            push_s=t_push,
+            drafter_update_s=learner_s,
+            active_batch=self.client.last_active_batch,
+            approx_kl=upd.get("approx_kl", 0.0),
         )
         self.step_index += 1
         return stats
