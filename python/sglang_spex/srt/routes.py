@@ -36,7 +36,7 @@ async def get_info(request: Request) -> Response:
             "speculation": state.cfg.enabled,
             "config": json.loads(state.cfg.to_json()),
             "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
-            "searches": state.searches.info(),  # per-search limits in force, queue, rejections
+            "searches": {**state.searches.info(), "limits": (await state.searches.limits()).to_dict()},
         }
     )
 
