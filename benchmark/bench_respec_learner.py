@@ -2,7 +2,7 @@
 trained drafter as the reference, and the decode stall of training in the server (async vs sync vs none).
 
     python benchmark/bench_respec_learner.py                          # tiny Llama warm-started on toy_add 2..10
-    python benchmark/bench_respec_learner.py --steps 30 --policy-lr 2e-3 --prompts 8
+    python benchmark/bench_respec_learner.py --steps 30 --policy-lr 3e-4 --prompts 8
 
 Setup (once): the initial policy and a bootstrap EAGLE-3 drafter fitted on its samples (``grpo_setup``). Then one
 real CPU SGLang server per variant, all up at once (EAGLE3 with that drafter, the variant's learner inside, async),
@@ -176,32 +176,18 @@ def plot(variants: Dict[str, Dict], fresh: Dict, stall: Dict, path: Path) -> Non
 
 
 def main(argv=None) -> int:
+    from sglang_spex.respec.grpo_setup import add_run_args
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="tiny | smollm2 | HF model dir")
-    ap.add_argument("--task", default="toy_add")
-    ap.add_argument("--toy-range", type=int, nargs=2, default=[2, 10], metavar=("LO", "HI"))
-    ap.add_argument("--warm-steps", type=int, default=150)
+    add_run_args(ap, max_new_tokens=24)
     ap.add_argument("--variants", nargs="+", default=["frozen", "unweighted", "reward"])
     ap.add_argument("--steps", type=int, default=20, help="policy steps")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--policy-lr", type=float, default=1e-4, help="AdamW lr of the policy (1e-3 made it degenerate)")
-    ap.add_argument("--inner-steps", type=int, default=2)
-    ap.add_argument("--kd-lr", type=float, default=3e-4)
-    ap.add_argument("--kd-train-steps", type=int, default=4)
-    ap.add_argument("--draft-vocab", type=int, default=256)
-    ap.add_argument("--drafter-samples", type=int, default=48)
-    ap.add_argument("--drafter-iters", type=int, default=150)
     ap.add_argument("--eval-prompts", type=int, default=32)
-    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-stall", action="store_true", help="skip the decode-stall section")
     ap.add_argument("--stall-batch", type=int, default=8)
     ap.add_argument("--stall-tokens", type=int, default=64)
     ap.add_argument("--stall-train-steps", type=int, default=40)
     ap.add_argument("--stall-reps", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "respec_learner.json"))
     a = ap.parse_args(argv)
     bad = [v for v in a.variants if v not in ("frozen", "unweighted", "reward")]

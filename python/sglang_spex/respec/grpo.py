@@ -216,6 +216,7 @@ class GRPOLoop:
             for c in self.servers
         ]
         self.last_questions: List[Question] = []
+        self.last_distinct = 0.0
         self._rng = random.Random(self.config.seed)
         self._pool = task.questions(256, split=self.config.split, seed=self.config.seed)
         self.step_index = 0
@@ -236,6 +237,9 @@ class GRPOLoop:
             resp = list(out["output_ids"]) or [self.tokenizer.eos_token_id]
             text = self.tokenizer.decode(resp, skip_special_tokens=True)
             samples.append(Sample(q, ids[i], resp, text, self.reward_fn(text, q), out["meta_info"]))
+        groups = [samples[g : g + cfg.group_size] for g in range(0, len(samples), cfg.group_size)]
+        # distinct responses per group: 1 everywhere would mean argmax, not sampling (e.g. a greedy verify)
+        self.last_distinct = sum(len({tuple(s.response_ids) for s in grp}) for grp in groups) / len(groups)
         return samples
 
     def evaluate(

@@ -131,6 +131,27 @@ def prepare_run(
     return RunSetup(Path(policy_dir), drafter_dir, [[p, r] for p, r in samples[:8]], info)
 
 
+def add_run_args(ap, max_new_tokens: int = 32) -> None:
+    """The command-line knobs every GRPO + learner benchmark shares (model, task, warm start, GRPO, KD, drafter)."""
+    ap.add_argument("--model", default="tiny", help="tiny | smollm2 | HF model dir")
+    ap.add_argument("--task", default="toy_add")
+    ap.add_argument("--toy-range", type=int, nargs=2, default=[2, 10], metavar=("LO", "HI"))
+    ap.add_argument("--warm-steps", type=int, default=150)
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per policy step")
+    ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
+    ap.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--policy-lr", type=float, default=1e-4, help="AdamW lr of the policy (1e-3 made it degenerate)")
+    ap.add_argument("--inner-steps", type=int, default=2)
+    ap.add_argument("--kd-lr", type=float, default=3e-4)
+    ap.add_argument("--kd-train-steps", type=int, default=4)
+    ap.add_argument("--draft-vocab", type=int, default=256)
+    ap.add_argument("--drafter-samples", type=int, default=48)
+    ap.add_argument("--drafter-iters", type=int, default=150)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def learner_spec(setup: RunSetup, variant: str, mode: str = "async", **learner: object) -> str:
     """The ``--respec-learner`` JSON for a server whose learner distills into ``setup``'s drafter."""
     cfg = {"variant": variant, "mode": mode, "update_interval": 1, **learner}

@@ -64,9 +64,11 @@ def run_rl(
     reward_fn: Optional[Callable[[str, Question], float]] = None,
     with_learner: bool = False,
     on_step: Optional[Callable[[Dict], None]] = None,
+    on_start: Optional[Callable[[str], Dict]] = None,
 ) -> Dict:
     """Start the server, run ``steps`` GRPO steps from ``policy_dir`` (seeded by ``config.seed``), stop it.
-    Returns ``{"steps": [per-step dict], "server_start_s": float, "learner": final learner state or None}``."""
+    Returns ``{"steps": [per-step dict], "server_start_s": float, "learner": final learner state or None,
+    "on_start": what ``on_start(server_url)`` returned, called once the server is up}``."""
     from transformers import AutoTokenizer
 
     from sglang_spex.serve import ServerProcess
@@ -78,10 +80,12 @@ def run_rl(
     out: Dict = {"steps": [], "learner": None}
     with ServerProcess(list(server_args)) as srv:
         out["server_start_s"] = time.perf_counter() - t0
+        out["on_start"] = on_start(srv.url) if on_start is not None else None
         client = ServerClient(srv.url)
         loop = GRPOLoop(client, policy, tok, task, config, reward_fn=reward_fn, post_rollouts=with_learner)
         for s in loop.run(steps, progress=False):
             row = stats_dict(s)
+            row["distinct_per_group"] = loop.last_distinct
             if with_learner:
                 state = client.learner_state()
                 row["drafter_version"] = state["version"]

@@ -1,0 +1,230 @@
+"""End-to-end ReSpec RL benchmark: the same GRPO run (same initial policy, seeds, prompts and steps) with no
+speculation, naive always-on EAGLE3 with a frozen drafter, and ReSpec (adaptive server + online learner).
+
+    python benchmark/bench_respec_rl.py                        # tiny Llama warm-started on toy_add 2..10, 8 steps
+    python benchmark/bench_respec_rl.py --steps 20 --repeats 2 --group 8
+
+Setup (once, or reused from ``--work-dir``): the initial policy (supervised warm start), a bootstrap EAGLE-3
+drafter fitted on its samples (``grpo_setup.prepare_run``) and, for ReSpec's adaptive server, a profile of plain
+vs EAGLE3 decode at a few batch sizes (``respec.profiler.profile_configs``). Then per repeat the three modes run
+one after another (never two servers at once), each a full RL run on its own server (``respec/rl_loop.py``).
+
+Per step: wall-clock split into generation / drafter update (the loop's learner calls; ReSpec's async updates
+run inside the server, overlapping the next generation, and their own seconds are reported separately) / policy
+update (optimizer + push), active batch (time-averaged running requests), acceptance length (completion tokens /
+verify passes), reward, distinct responses per group (1 would mean argmax, not sampling). Speedup of a mode =
+no-speculation seconds / mode seconds, per step (median, min–max) and over the whole run (ratio of sums).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from simbench import save_figure, write_results
+
+RESULTS = Path(__file__).parent / "results"
+MODES = ("none", "naive", "respec")
+EAGLE_KEY = "EAGLE3:s3t1n4"  # grpo_setup.EAGLE_ARGS
+
+
+def spex_info(url: str) -> Dict:
+    """What the bench checks once a server is up: whether V1 (lossless CPU verify) is listed as applied."""
+    import requests
+
+    info = requests.get(url + "/spex/info", timeout=60).json()
+    text = json.dumps(info.get("hooks", info))
+    return {"v1_listed": '"V1"' in text or "lossless_verify" in text}
+
+
+def prepare(a, task, work: Path):
+    import torch
+
+    from sglang_spex.respec.grpo_setup import RunSetup, prepare_run
+    from sglang_spex.respec.profiler import SpecConfig, profile_configs
+
+    meta = work / "setup.json"
+    if meta.exists():
+        d = json.loads(meta.read_text())
+        setup = RunSetup(Path(d["policy_dir"]), Path(d["drafter_dir"]), d["probe"], d["info"])
+    else:
+        setup = prepare_run(
+            a.model, task, work, a.warm_steps, a.drafter_samples, a.drafter_iters, a.draft_vocab, a.max_new_tokens,
+            a.temperature, a.seed,
+        )  # fmt: skip
+        d = {"policy_dir": str(setup.policy_dir), "drafter_dir": str(setup.drafter_dir), "probe": setup.probe}
+        meta.write_text(json.dumps({**d, "info": setup.info}))
+    profile = Path(a.profile) if a.profile else work / "profile.json"
+    if not profile.exists():
+        torch.set_num_threads(1)
+        server_args = ["--attention-backend", "spex_cpu", "--dtype", a.dtype]
+        prof = profile_configs(
+            str(setup.policy_dir), [None, SpecConfig.parse(EAGLE_KEY)], a.profile_batches, 8, 24, 1, server_args,
+            str(setup.drafter_dir), prompts=_profile_prompts(setup, task),
+        )  # fmt: skip
+        prof.save(profile)
+    return setup, profile
+
+
+def _profile_prompts(setup, task) -> List[str]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(setup.policy_dir))
+    qs = task.questions(16, split="dev", seed=4242)
+    return [tok.apply_chat_template([{"role": "user", "content": q.text}], tokenize=False, add_generation_prompt=True)
+            for q in qs]  # fmt: skip
+
+
+def run_mode(mode: str, a, setup, profile: Path, task) -> Dict:
+    from sglang_spex.respec.grpo import GRPOConfig
+    from sglang_spex.respec.grpo_setup import learner_spec
+    from sglang_spex.respec.rl_loop import mode_server_args, run_rl
+
+    spec = None
+    if mode == "respec":
+        spec = learner_spec(setup, "reward", "async", lr=a.kd_lr, train_steps=a.kd_train_steps, micro_batch=8)
+    args = mode_server_args(
+        mode, setup.policy_dir, setup.drafter_dir, a.dtype, str(profile), spec, ["--attention-backend", "spex_cpu"]
+    )
+    cfg = GRPOConfig(a.prompts, a.group, a.max_new_tokens, a.temperature, a.inner_steps, seed=a.seed)
+
+    def show(row):
+        acc = f"{row['accept_length']:.2f}" if row["accept_length"] else "-"
+        print(
+            f"  {mode:6s} step {row['step']:2d}: {row['seconds']:6.2f} s (gen {row['generation_s']:.2f}, drafter "
+            f"{row['drafter_update_s']:.2f}, policy {row['policy_update_s'] + row['push_s']:.2f}) batch "
+            f"{row['active_batch']:.1f} accept {acc} reward {row['reward_mean']:.3f} distinct "
+            f"{row['distinct_per_group']:.1f}",
+            flush=True,
+        )
+
+    return run_rl(args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode == "respec", show, spex_info)
+
+
+def summarize(runs: Dict[str, List[Dict]]) -> Dict:
+    """Per mode: mean step seconds and split, acceptance start/end, reward; speedup vs ``none`` per step."""
+    out: Dict = {}
+    base = runs.get("none", [])
+    for mode, reps in runs.items():
+        steps = [s for r in reps for s in r["steps"]]
+        if not steps:
+            continue
+        acc = [s["accept_length"] for s in steps if s["accept_length"]]
+        n = len(reps[0]["steps"])
+        first_acc = [r["steps"][0]["accept_length"] for r in reps if r["steps"][0]["accept_length"]]
+        last_acc = [r["steps"][-1]["accept_length"] for r in reps if r["steps"][-1]["accept_length"]]
+        m = {
+            "step_s_mean": statistics.mean(s["seconds"] for s in steps),
+            "generation_s_mean": statistics.mean(s["generation_s"] for s in steps),
+            "drafter_update_s_mean": statistics.mean(s["drafter_update_s"] for s in steps),
+            "policy_update_s_mean": statistics.mean(s["policy_update_s"] + s["push_s"] for s in steps),
+            "active_batch_mean": statistics.mean(s["active_batch"] for s in steps),
+            "reward_mean": statistics.mean(s["reward_mean"] for s in steps),
+            "reward_curve": [statistics.mean(r["steps"][i]["reward_mean"] for r in reps) for i in range(n)],
+            "accept_mean": statistics.mean(acc) if acc else None,
+            "accept_first": statistics.mean(first_acc) if first_acc else None,
+            "accept_last": statistics.mean(last_acc) if last_acc else None,
+            "distinct_per_group_mean": statistics.mean(s["distinct_per_group"] for s in steps),
+            "server_start_s": [r["server_start_s"] for r in reps],
+            "v1_listed": [bool((r.get("on_start") or {}).get("v1_listed")) for r in reps],
+        }
+        learners = [r["learner"] for r in reps if r.get("learner")]
+        if learners:
+            ups = [u for st in learners for u in st["updates"]]
+            m["learner_updates"] = len(ups)
+            m["learner_published"] = sum(u["outcome"] == "published" for u in ups)
+            m["learner_update_s_mean"] = statistics.mean(u["seconds"] for u in ups) if ups else None
+        if base and mode != "none":
+            ratios = [
+                b["steps"][i]["seconds"] / r["steps"][i]["seconds"]
+                for b, r in zip(base, reps)
+                for i in range(min(len(b["steps"]), len(r["steps"])))
+            ]
+            total_b = sum(s["seconds"] for b in base for s in b["steps"])
+            m["speedup_per_step_median"] = statistics.median(ratios)
+            m["speedup_per_step_min_max"] = [min(ratios), max(ratios)]
+            m["speedup_total"] = total_b / sum(s["seconds"] for s in steps)
+            m["reward_gap_vs_none"] = m["reward_mean"] - out["none"]["reward_mean"]
+        out[mode] = m
+    return out
+
+
+def plot(runs: Dict[str, List[Dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for mode, reps in runs.items():
+        for k, r in enumerate(reps):
+            xs = [s["step"] for s in r["steps"]]
+            label = mode if k == 0 else None
+            c = {"none": "tab:grey", "naive": "tab:orange", "respec": "tab:green"}[mode]
+            axes[0].plot(xs, [s["reward_mean"] for s in r["steps"]], marker=".", color=c, label=label)
+            if mode != "none":
+                axes[1].plot(xs, [s["accept_length"] or 1.0 for s in r["steps"]], marker=".", color=c, label=label)
+            axes[2].plot(xs, [s["seconds"] for s in r["steps"]], marker=".", color=c, label=label)
+    axes[0].set(xlabel="RL step", ylabel="mean reward", title="reward")
+    axes[1].set(xlabel="RL step", ylabel="tokens per verify pass", title="acceptance length")
+    axes[2].set(xlabel="RL step", ylabel="seconds", title="RL step wall-clock")
+    for ax in axes:
+        ax.legend()
+    save_figure(fig, path, "GRPO on real CPU SGLang: no spec vs naive EAGLE3 vs ReSpec (loaded 2-core machine)")
+
+
+def main(argv=None) -> int:
+    from sglang_spex.respec.grpo_setup import add_run_args
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(ap, max_new_tokens=32)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--steps", type=int, default=8, help="RL (policy) steps per run")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per mode, modes interleaved")
+    ap.add_argument("--profile", default=None, help="ReSpec profile JSON (default: measured into --work-dir)")
+    ap.add_argument("--profile-batches", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--work-dir", default=None, help="setup cache (policy, drafter, profile); default: a new one")
+    ap.add_argument("--out", default=str(RESULTS / "respec_rl.json"))
+    a = ap.parse_args(argv)
+
+    import tempfile
+
+    import torch
+
+    from sglang_spex.respec.grpo_setup import resolve_model, resolve_task
+
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    resolve_model(a.model)
+    task = resolve_task(a.task, a.toy_range)
+    work = Path(a.work_dir) if a.work_dir else Path(tempfile.mkdtemp(prefix="bench-respec-rl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    setup, profile = prepare(a, task, work)
+    print(f"setup in {work}: {json.dumps(setup.info)}; profile {profile} ({time.monotonic() - t0:.0f} s)", flush=True)
+    runs: Dict[str, List[Dict]] = {m: [] for m in a.modes}
+    for rep in range(a.repeats):
+        for mode in a.modes:
+            print(f"repeat {rep} mode {mode}", flush=True)
+            runs[mode].append(run_mode(mode, a, setup, profile, task))
+    summary = summarize(runs)
+    for mode, m in summary.items():
+        sp = m.get("speedup_total")
+        print(
+            f"{mode:6s} step {m['step_s_mean']:.2f} s (gen {m['generation_s_mean']:.2f} drafter "
+            f"{m['drafter_update_s_mean']:.2f} policy {m['policy_update_s_mean']:.2f}) batch "
+            f"{m['active_batch_mean']:.1f} accept {m['accept_first']}→{m['accept_last']} reward "
+            f"{m['reward_mean']:.3f}" + (f" speedup {sp:.2f}× (per step median {m['speedup_per_step_median']:.2f}×)"
+                                          if sp else "")  # fmt: skip
+        )
+    png = Path(a.out).with_suffix(".png")
+    plot(runs, png)
+    write_results(a.out, __file__, a, t0, png, summary=summary, runs=runs, profile=str(profile))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
