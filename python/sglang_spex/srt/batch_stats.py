@@ -133,12 +133,12 @@ class StatsWriter:
             self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
             counters = {**counters, "last_step_s": dt, "ema_step_s": self.ema}
         self.last_t = now
-        r = self.ring[self.seq % RING]
-        r[:] = np.nan
-        for k, v in row.items():
-            r[_F[k]] = v
-        for k, v in counters.items():
-            self.counters[_C[k]] = v
+        self.ring[self.seq % RING] = [row.get(k, np.nan) for k in FIELDS]  # one array write per row
+        if counters.keys() >= _C.keys():
+            self.counters[:] = [counters[k] for k in COUNTERS]
+        else:
+            for k, v in counters.items():
+                self.counters[_C[k]] = v
         self.seq += 1
         self.header[4] = self.seq
         return done

@@ -54,17 +54,24 @@ class PrefixProtection:
     pending: List[Tuple[str, str, Any]] = field(default_factory=list)
     counters: Dict[str, int] = field(default_factory=dict)
     last_sweep: float = 0.0
+    _num_locks: int = 0  # kept with ``locks`` (read by every published step: no walk over all locks)
+    _locked_tokens: int = 0
 
     def bump(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
     @property
     def num_locks(self) -> int:
-        return sum(len(v) for v in self.locks.values())
+        return self._num_locks
 
     @property
     def locked_tokens(self) -> int:
-        return sum(x.tokens for v in self.locks.values() for x in v.values())
+        return self._locked_tokens
+
+    def _drop(self, tree_cache: Any, held: _Lock) -> None:
+        rc.unlock(tree_cache, held.lock)
+        self._num_locks -= 1
+        self._locked_tokens -= held.tokens
 
     def report(self) -> Dict[str, Any]:
         return {
@@ -90,7 +97,7 @@ class PrefixProtection:
         held = self.locks.get(search_id, {})
         paths = [p for p in held if not node_prefix or p == node_prefix or p.startswith(node_prefix + ".")]
         for p in paths:
-            rc.unlock(tree_cache, held.pop(p).lock)
+            self._drop(tree_cache, held.pop(p))
         if not node_prefix:
             self.locks.pop(search_id, None)
             self.last_seen.pop(search_id, None)
@@ -120,9 +127,11 @@ class PrefixProtection:
             return
         held = self.locks.setdefault(search_id, {})
         old = held.pop(node_path, None)
-        held[node_path] = _Lock(*taken)
+        held[node_path] = new = _Lock(*taken)
+        self._num_locks += 1
+        self._locked_tokens += new.tokens
         if old is not None:
-            rc.unlock(tree_cache, old.lock)
+            self._drop(tree_cache, old)
         self.last_seen[search_id] = time.monotonic()
         self.bump("protected")
 
