@@ -1,0 +1,76 @@
+"""``python -m sglang_spex search`` against the live tiny server, and its pure helpers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import List
+
+from sglang_spex.cli import best_path, summary_lines
+
+# the tiny random model never writes "The answer is N": take a step's first word as its answer
+TINY = ["--max-tokens", "6", "--reward", "logprob", "--answer-pattern", r"(\S+)"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_spex", "search", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_search_prints_the_answer_and_exits_0(spex_server):
+    out = cli("What is 12 + 7?", "--policy", "rebase-8", "--url", spex_server.url, "--json", *TINY)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["status"] == "done" and res["answer"]
+    text = cli("What is 12 + 7?", "--policy", "rebase-8", "--url", spex_server.url, "--speculation", "off", *TINY)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == f"answer: {res['answer']}"  # same seed, same tree, with or without SPEX
+    assert lines[1] == "best path:" and lines[2].strip().startswith("r.")
+    assert any(x.startswith("accounting: done") for x in lines) and "speculation: 0/0 hits" in text.stdout
+
+
+def test_stream_prints_nodes_as_they_arrive(spex_server):
+    out = cli("What is 12 + 7?", "--policy", "rebase-8", "--url", spex_server.url, "--stream", *TINY)
+    assert out.returncode == 0, out.stderr
+    nodes = [x for x in out.stdout.splitlines() if x.startswith("node r.")]
+    frontiers = [x for x in out.stdout.splitlines() if x.startswith("frontier depth")]
+    assert len(nodes) >= 8 and frontiers and "answer: " in out.stdout
+
+
+def test_bad_policy_exits_2_naming_the_field(spex_server):
+    out = cli("What is 12 + 7?", "--policy", "rebase-9000", "--url", spex_server.url)
+    assert out.returncode == 2 and out.stdout == ""
+    lines: List[str] = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: policy.name: unknown policy 'rebase-9000'")
+
+
+def test_bad_input_the_server_refuses_exits_2(spex_server):
+    out = cli("   ", "--url", spex_server.url, *TINY)  # a blank question: only the server's body check sees it
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["error: question: must be a non-empty string"]
+
+
+def test_best_path_follows_the_best_candidate_of_the_answer():
+    nodes = [
+        {"path": "r", "parent": None, "text": "", "reward": None},
+        {"path": "r.0", "parent": "r", "text": "a", "reward": 0.2},
+        {"path": "r.1", "parent": "r", "text": "b", "reward": 0.9},
+        {"path": "r.1.0", "parent": "r.1", "text": "c", "reward": 0.8},
+        {"path": "r.0.0", "parent": "r.0", "text": "d", "reward": 0.1},
+    ]
+    answers = [
+        {"answer": "7", "path": "r.0.0", "score": 0.1},
+        {"answer": "5", "path": "r.1.0", "score": 0.99},  # best score, but not the search's answer
+        {"answer": "7", "path": "r.1", "score": 0.9},
+    ]
+    res = {"answer": "7", "answers": answers, "nodes": nodes}
+    assert [n["path"] for n in best_path(res)] == ["r.1"]
+    res["answer"] = "5"
+    assert [n["path"] for n in best_path(res)] == ["r.1", "r.1.0"]
+    res.update(answers=[], answer=None, correct=None, status="done", num_requests=4, tokens_generated=9)
+    res.update(wall_time=0.5, speculation=None)
+    lines = summary_lines(res)
+    assert lines[:2] == ["answer: None", "best path:"] and lines[-1] == "speculation: off"
