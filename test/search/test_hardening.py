@@ -107,6 +107,8 @@ def test_body_over_the_size_limit_is_413(hardened_server):
     before = _scheduler(url)["budget"]
     r = _post(url, {"spec": {}, "question": "x" * 70000})
     _refused(r, "body", 413)
+    r = _post(url, {"spec": {}, "question": "x" * 65000})  # just under 65536 bytes: read, then judged on its fields
+    assert r.status_code == 400 and r.json()["error"]["field"] != "body", r.text
     r = requests.post(url + "/spex/budget", data=b"{" + b" " * 70000 + b"}", headers=ADMIN, timeout=30)
     _refused(r, "body", 413)
     assert _scheduler(url)["budget"] == before
