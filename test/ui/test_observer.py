@@ -1,0 +1,40 @@
+"""TreeObserver's view of a search context: changes only, adopted / speculative / cancelled nodes (no server)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sglang_spex.tot.tree import DONE, GENERATING, Node, Tree
+from sglang_spex.ui.observer import TreeObserver
+
+
+def entry(node: Node) -> SimpleNamespace:
+    return SimpleNamespace(path=node.path, node=node)
+
+
+def test_observer_reports_changes_and_speculative_nodes():
+    tree = Tree(0)
+    a = tree.child(tree.root, 0)
+    a.status, a.text, a.reward = DONE, "step a", 0.5
+    spec_b = Node(path="r.1", parent=tree.root, status=GENERATING)  # speculative, outside the tree
+    store = [entry(spec_b)]
+    ctx = SimpleNamespace(tree=tree, store=store, tokens_generated=3, num_requests=1, inflight=set(), stop_reason=None)
+    obs = TreeObserver(ctx)
+    first = obs.changes()
+    views = {e["node"]["path"]: e["node"] for e in first if e["event"] == "view"}
+    assert set(views) == {"r", "r.0", "r.1"} and [e["event"] for e in first].count("state") == 1
+    assert views["r.0"]["show"] == "primary" and views["r.0"]["text"] == "step a"
+    assert views["r.1"]["show"] == "speculative" and views["r.1"]["ghost"]
+    assert obs.changes() == []  # nothing changed
+
+    # r.1 is adopted: it joins the tree with SPEX's mark and leaves the store
+    b = tree.child(tree.root, 1)
+    b.status, b.extra = DONE, {"speculative": True}
+    store.clear()
+    # r.0.0 speculated, then cancelled (left the store without joining the tree)
+    store.append(entry(Node(path="r.0.0", parent=a, status=GENERATING)))
+    obs.changes()
+    store.clear()
+    last = {e["node"]["path"]: e["node"] for e in obs.changes() if e["event"] == "view"}
+    assert set(last) == {"r.0.0"} and last["r.0.0"]["show"] == "cancelled" and last["r.0.0"]["ghost"]
+    assert obs.adopted() == ["r.1"] and [g["path"] for g in obs.ghosts()] == ["r.0.0"]
