@@ -19,18 +19,6 @@ from sglang_spex.tot.tree import CANCELLED, FAILED, PENDING, Node
 PRIMARY, SPECULATIVE, ADOPTED = "primary", "speculative", "adopted"
 SHOWN = (PRIMARY, SPECULATIVE, ADOPTED, CANCELLED, FAILED)
 
-ACCOUNTING_FIELDS = (
-    "issued",
-    "hits",
-    "cancelled",
-    "never_used",
-    "in_flight_adopted",
-    "primary_tokens",
-    "spec_tokens",
-    "wasted_tokens",
-    "early_stopped",
-)
-
 
 def shown_status(status: str, speculative: bool) -> str:
     """How the page styles a node of the primary tree with this engine ``status``."""
@@ -40,21 +28,15 @@ def shown_status(status: str, speculative: bool) -> str:
 
 
 def node_view(node: Node, ghost: bool = False, show: Optional[str] = None) -> Dict[str, Any]:
-    """What the page draws for ``node``; ``ghost``: a speculative node outside the primary tree."""
-    return {
-        "path": node.path,
-        "parent": node.parent.path if node.parent is not None else None,
-        "kind": node.kind,
-        "depth": node.depth,
-        "text": node.text,
-        "status": node.status,
-        "show": show or shown_status(node.status, bool(node.extra.get("speculative"))),
-        "ghost": ghost,
-        "reward": node.reward,
-        "terminal": node.is_terminal,
-        "answer": node.answer,
-        "tokens": node.num_tokens,
-    }
+    """What the page draws for ``node`` (its result dict plus ``show``); ``ghost``: a speculative node outside
+    the primary tree."""
+    shown = show or shown_status(node.status, bool(node.extra.get("speculative")))
+    return {**node.to_dict(), "show": shown, "ghost": ghost}
+
+
+def _counters(accounting: Dict[str, Any]) -> Dict[str, Any]:
+    """The accounting's scalar fields (its per-depth tables and time series stay for the result)."""
+    return {k: v for k, v in accounting.items() if not isinstance(v, (list, dict))}
 
 
 class TreeObserver:
@@ -91,7 +73,7 @@ class TreeObserver:
             "num_requests": ctx.num_requests,
             "inflight": len(ctx.inflight),
             "stop_reason": ctx.stop_reason,
-            "accounting": {k: getattr(acc, k) for k in ACCOUNTING_FIELDS} if acc is not None else None,
+            "accounting": _counters(acc.to_dict()) if acc is not None else None,
             "t3": None,
         }
         if early is not None:

@@ -99,6 +99,7 @@ function showNode(n) {
     `reward: ${fmt(n.reward, 4)}   tokens: ${fmt(n.tokens)}   terminal: ${n.terminal}`,
   ];
   if (n.answer !== null && n.answer !== undefined) lines.push(`answer: ${n.answer}`);
+  if (n.error) lines.push(`error: ${n.error}`);
   lines.push("", n.text || "(no text)");
   $("hover-body").textContent = lines.join("\n");
 }
