@@ -209,10 +209,16 @@ def percentile(xs: Sequence[float], q: float) -> Optional[float]:
     return round(float(np.percentile(np.asarray(xs, dtype=float), q)), 3) if len(xs) else None
 
 
+def _tps(row: Dict[str, Any]) -> float:
+    """Search tokens per second of a run (its trees' tokens over its wall time)."""
+    return row["tokens"] / row["wall_s"] if row.get("wall_s") else 0.0
+
+
 def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One line per (policy, concurrency, mode): medians over repeats, the per-repeat ratio to the baseline of
     the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time."""
     base = {(r["policy"], r["concurrency"], r["repeat"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
+    base_tps = {(r["policy"], r["concurrency"], r["repeat"]): _tps(r) for r in rows if r["mode"] == "baseline"}
     cells: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
     for r in rows:
         cells.setdefault((r["policy"], r["concurrency"], r["mode"]), []).append(r)
@@ -220,6 +226,9 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for (policy, conc, mode), rs in cells.items():
         ratios = [
             r["q_per_min"] / base[(policy, conc, r["repeat"])] for r in rs if base.get((policy, conc, r["repeat"]))
+        ]
+        tps_ratios = [
+            _tps(r) / base_tps[(policy, conc, r["repeat"])] for r in rs if base_tps.get((policy, conc, r["repeat"]))
         ]
         lat = [x for r in rs for x in r["latencies_s"]]
         spec = [r["speculation"] for r in rs if r["speculation"]]
@@ -239,6 +248,8 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "ratio_max": round(max(ratios), 3) if ratios else None,
                 "accuracy": round(statistics.mean(r["accuracy"] for r in rs), 3),
                 "tokens": int(statistics.median(r["tokens"] for r in rs)),
+                "tokens_per_s": round(statistics.median(_tps(r) for r in rs), 2),
+                "tokens_per_s_ratio": round(statistics.median(tps_ratios), 3) if tps_ratios else None,
                 "hits": total("hits"),
                 "issued": total("issued"),
                 "wasted_tokens": total("wasted_tokens"),
@@ -254,14 +265,14 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def print_table(summary: List[Dict[str, Any]]) -> None:
     print(
         f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio (min-max)':>18} {'acc':>5} {'tokens':>7} "
-        f"{'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7}"
+        f"{'tok/s x':>7} {'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7}"
     )
     for s in summary:
         ratio = f"{s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})" if s["ratio"] is not None else "-"
         hits = f"{s['hits']}/{s['issued']}" if s["issued"] else "-"
         print(
             f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {s['q_per_min']:>7.2f} {ratio:>18} "
-            f"{s['accuracy']:>5.2f} {s['tokens']:>7} {hits:>12} {s['wasted_tokens']:>7} "
+            f"{s['accuracy']:>5.2f} {s['tokens']:>7} {s['tokens_per_s_ratio'] or 0:>7.2f} {hits:>12} {s['wasted_tokens']:>7} "
             f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7}"
         )
 
@@ -283,6 +294,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--url", help="use a running --tot-speculation server instead of starting SmolLM2")
     ap.add_argument("--server-arg", action="append", default=[], help="extra launcher flag for the server (repeat)")
     ap.add_argument("--out", default="benchmark/results/bench_tot.json")
+    ap.add_argument("--summarise", metavar="JSON", help="only print the table of an earlier (or partial) run's JSON")
     args = ap.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
@@ -295,6 +307,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
+    if args.summarise:
+        data = json.loads(Path(args.summarise).read_text())
+        data["summary"] = summarise(data["rows"])
+        print_table(data["summary"])
+        return data
     policies = args.policies.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
     modes = ["baseline", "spex_t1t2"] + (["spex_t1t2t3"] if args.t3 else [])
