@@ -5,8 +5,8 @@ Two parts, one run:
 - **live** (real SGLang server, tiny random Llama by default): ``N`` concurrent rSTAR searches with SPEX (T1+T2)
   run client-side over ``HttpPort`` in this process, with the same ``SpexContext`` a server-side search runs
   on the TokenizerManager's loop. Planning is timed around ``dfs_lookahead.predict_expansions`` (T1) and
-  around ``SpexContext.pump`` (the whole refill: the T2 split asks every live search for its demand, i.e. its
-  plan, then issues). The scheduler side comes from the batch-stats ring (hook H13): steps, their wall time
+  around ``SpexContext.pump`` (the whole refill: the T2 split, ``SpecBudget.share``, asks every live search for
+  its demand, i.e. its plan, then issues). The scheduler side comes from the batch-stats ring (hook H13): steps, their wall time
   (``step_s``) and the time spent in the plugin's scheduler hooks (``hook_s``). Per scheduler step:
   ``plan`` = planning seconds / steps, ``hooks`` = hook seconds / steps, and the control plane's share
   ``(pump + hooks) / step time``. The ``N`` values are interleaved over ``--repeats`` rounds; medians with
@@ -35,6 +35,7 @@ from overlap import fmt, spread, stop_servers_on_sigterm
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import dfs_lookahead
+from sglang_spex.speculation.budget import SpecBudget
 from sglang_spex.speculation.runner import SpexContext, context_factory
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.policies.base import Stat, Stats, copy_stats
@@ -95,12 +96,14 @@ def live_run(url: str, n: int, seed: int, k_total: int) -> Dict[str, float]:
         seq0, by0 = first["batch"]["seq"], first["scheduler"].get("hook_by", {})
         plan = Timer(dfs_lookahead, "predict_expansions")
         pump = Timer(SpexContext, "pump")
+        share = Timer(SpecBudget, "share")  # inside pump: asks every live search for its demand (its plan)
         t0 = time.perf_counter()
         try:
             results = asyncio.run(_searches(url, n, seed, k_total))
         finally:
             plan.restore()
             pump.restore()
+            share.restore()
         wall = time.perf_counter() - t0
         time.sleep(0.5)  # the last step's time is written when the next step (or idle) is recorded
         last = _stats(client, url, seq0)
@@ -123,6 +126,8 @@ def live_run(url: str, n: int, seed: int, k_total: int) -> Dict[str, float]:
         "plan_ms_per_step": 1e3 * plan.seconds / max(steps, 1),
         "plan_us_per_plan": 1e6 * plan.seconds / max(plan.calls, 1),
         "pump_ms_per_step": 1e3 * pump.seconds / max(steps, 1),
+        "share_ms_per_step": 1e3 * share.seconds / max(steps, 1),
+        "pumps": pump.calls,
         "hook_ms_per_step": 1e3 * hook_s / max(steps, 1),
         "control_share": (pump.seconds + hook_s) / step_s if step_s > 0 else float("nan"),
         "hook_share": hook_s / step_s if step_s > 0 else float("nan"),
@@ -181,7 +186,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--k-total", type=int, default=16, help="SPEX budget of the searches and the server")
     ap.add_argument("--micro-sizes", type=int, nargs="+", default=[100, 1000, 5000])
     ap.add_argument("--micro-repeats", type=int, default=20)
-    ap.add_argument("--out", default="bench_control_plane.json")
+    ap.add_argument("--out", default="benchmark/results/bench_control_plane.json")
     return ap.parse_args(argv)
 
 
@@ -215,7 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     finally:
         if srv is not None:
             srv.stop()
-    keys = ("step_ms", "plan_ms_per_step", "plan_us_per_plan", "pump_ms_per_step", "hook_ms_per_step")
+    keys = ("step_ms", "plan_ms_per_step", "plan_us_per_plan", "pump_ms_per_step", "share_ms_per_step")
+    keys += ("hook_ms_per_step",)
     summary: Dict[str, Any] = {}
     for n in args.searches:
         mine = [r for r in runs if r["searches"] == n]
@@ -229,6 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             f"{n:>8} {fmt(s['step_ms'], 2):>18} {fmt(s['plan_ms_per_step'], 3):>18} "
             f"{fmt(s['pump_ms_per_step'], 3):>18} {fmt(s['hook_ms_per_step'], 3):>18} {fmt(share, 2):>18}"
         )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1))
     print(f"wrote {args.out}")
     return data

@@ -95,7 +95,8 @@ def classify(req: Any) -> ReqClass:
 
 
 def is_spec(req: Any) -> bool:
-    return classify(req)[0] == ROLE_SPEC
+    """Whether ``req`` is speculative (called per request per step: the cached class is read inline)."""
+    return (getattr(req, _CLASS_ATTR, None) or classify(req))[0] == ROLE_SPEC
 
 
 def make_primary(req: Any, priority: int) -> None:

@@ -205,11 +205,17 @@ def _publish(plan: Any, scheduler: Any) -> None:
     if not reqs:
         writer.idle()
         return
-    n_spec = sum(1 for r in reqs if sa.is_spec(r))
-    seen = {id(r) for r in reqs}
-    rest = sa.batch_reqs(plan.running_batch)
-    spec_total = n_spec + sum(1 for r in rest if id(r) not in seen and sa.is_spec(r) and not r.finished())
-    primary_running = sum(1 for r in rest if id(r) not in seen and not sa.is_spec(r) and not r.finished())
+    n_spec = sum(map(sa.is_spec, reqs))
+    spec_rest = primary_running = 0  # live requests of the running batch that do not run in this step's batch
+    if plan.running_batch is not batch:  # a decode step runs the running batch itself: nothing else to count
+        seen = set(map(id, reqs))
+        for r in sa.batch_reqs(plan.running_batch):
+            if id(r) not in seen and not r.finished():
+                if sa.is_spec(r):
+                    spec_rest += 1
+                else:
+                    primary_running += 1
+    spec_total = n_spec + spec_rest
     pool = sa.pool(scheduler)
     waiting = sa.waiting(scheduler)
     total, available, evictable = pool["kv_total"], pool["kv_available"], pool["kv_evictable"]
@@ -229,7 +235,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "kv_protected": rc.protected_size(scheduler.tree_cache),
         "kv_total": total,
         "waiting": len(waiting),
-        "waiting_spec": sum(1 for r in waiting if sa.is_spec(r)),
+        "waiting_spec": sum(map(sa.is_spec, waiting)),
         "spec_room": -1 if gate.room is None else gate.room,
         "knee": -1 if gate.knee is None else gate.knee,
         "primary_live": gate.primary_live,
