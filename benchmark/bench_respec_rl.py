@@ -63,7 +63,7 @@ def prepare(a, task, work: Path):
         torch.set_num_threads(1)
         server_args = ["--attention-backend", "spex_cpu", "--dtype", a.dtype]
         prof = profile_configs(
-            str(setup.policy_dir), [None, SpecConfig.parse(EAGLE_KEY)], a.profile_batches, 8, 24, 1, server_args,
+            str(setup.policy_dir), [None, SpecConfig.parse(EAGLE_KEY)], a.profile_batches, 8, 40, 2, server_args,
             str(setup.drafter_dir), prompts=_profile_prompts(setup, task),
         )  # fmt: skip
         prof.save(profile)
