@@ -66,6 +66,14 @@ def _uses_server(item: pytest.Item) -> bool:
     return any(_starts_server(f) for f in funcs if f is not None)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all-spec-algorithms",
+        action="store_true",
+        help="test_spec_distribution: also EAGLE3 chain and STANDALONE tree (the suite runs NGRAM and EAGLE3 tree)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     """Mark every test that starts or uses a real server ``server``."""
     for item in items:

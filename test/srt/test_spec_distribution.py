@@ -130,10 +130,19 @@ def _spec_args(algo: str, model: str, head_dir: Path) -> List[str]:
     return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head, *chain]
 
 
-ALGORITHMS = ["ngram", "eagle3_chain", "eagle3_tree", "standalone_tree"]
+# The suite runs a chain verify (NGRAM) and a tree verify (EAGLE3, top-k 2); EAGLE3 chain and STANDALONE tree take
+# the same verify (eagle_sample) and run with ``pytest --all-spec-algorithms`` (two more servers, ~2 min).
+ALGORITHMS = ["ngram", "eagle3_tree"]
+ALL_ALGORITHMS = [*ALGORITHMS, "eagle3_chain", "standalone_tree"]
 
 
-@pytest.fixture(scope="module", params=ALGORITHMS)
+def pytest_generate_tests(metafunc):
+    if "speculative" in metafunc.fixturenames:
+        algos = ALL_ALGORITHMS if metafunc.config.getoption("--all-spec-algorithms") else ALGORITHMS
+        metafunc.parametrize("speculative", algos, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def speculative(request, peaked_model, tmp_path_factory) -> Dict[str, object]:
     args = _spec_args(request.param, peaked_model, tmp_path_factory.mktemp(f"eagle3-{request.param}"))
     with ServerProcess([*SERVER, "--model-path", peaked_model, *args]) as srv:
