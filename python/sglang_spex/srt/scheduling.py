@@ -272,24 +272,46 @@ def h_preempt_on_kv_short(original: Any, adder: Any, *args: Any, **kwargs: Any) 
 
 
 # ---------------------------------------------------------------- admission cap (the speculative gate)
-def _live_primary(r: Any) -> bool:
-    return not is_spec(r) and not r.finished()
+@dataclass
+class _Census:
+    """One pass over the running batch, the chunked request and the waiting queue (a gate decision's inputs)."""
+
+    spec_running: int = 0  # live speculative requests of the running batch (+ a speculative chunked request)
+    primary_decoding: int = 0  # live primary requests of the running batch
+    primary_chunked: bool = False  # a primary is being prefilled in chunks (a prefill runs anyway)
+    waiting_spec: List[Any] = field(default_factory=list)
+    waiting_primary: List[Any] = field(default_factory=list)
+
+    @property
+    def primary_live(self) -> int:
+        return self.primary_decoding + int(self.primary_chunked) + len(self.waiting_primary)
 
 
-def _primary_live(scheduler: Any, batch: Any) -> int:
-    """Primary requests the engine carries now: running (live), chunked and waiting."""
-    n = sum(1 for r in sa.batch_reqs(batch) if _live_primary(r))
+def _census(scheduler: Any, batch: Any) -> _Census:
+    c = _Census()
+    reqs = sa.batch_reqs(batch)
+    for r in reqs:
+        if not r.finished():
+            if is_spec(r):
+                c.spec_running += 1
+            else:
+                c.primary_decoding += 1
     chunked = sa.chunked_req(scheduler)
-    if chunked is not None and not is_spec(chunked) and chunked not in sa.batch_reqs(batch):
-        n += 1
-    return n + sum(1 for r in sa.waiting(scheduler) if not is_spec(r))
+    if chunked is not None and all(chunked is not r for r in reqs):
+        if is_spec(chunked):
+            c.spec_running += 1
+        else:
+            c.primary_chunked = True
+    for r in sa.waiting(scheduler):
+        (c.waiting_spec if is_spec(r) else c.waiting_primary).append(r)
+    return c
 
 
-def spec_room(scheduler: Any, batch: Any, state: SpexSchedulerState) -> Optional[int]:
+def spec_room(state: SpexSchedulerState, census: _Census) -> Optional[int]:
     """Speculative requests allowed in the running batch this step: the budget and the room primary work leaves
     below the knee, whichever is smaller (None: no limit known). Recorded in ``state.gate``."""
     knee = state.knee_in_force()
-    primary = _primary_live(scheduler, batch)
+    primary = census.primary_live
     caps = [] if state.budget is None else [state.budget]
     if knee is not None:
         caps.append(knee - primary)
@@ -298,23 +320,13 @@ def spec_room(scheduler: Any, batch: Any, state: SpexSchedulerState) -> Optional
     return room
 
 
-def _running_spec(scheduler: Any, batch: Any) -> List[Any]:
-    spec = [r for r in sa.batch_reqs(batch) if is_spec(r) and not r.finished()]
-    chunked = sa.chunked_req(scheduler)
-    if chunked is not None and is_spec(chunked) and chunked not in spec:
-        spec.append(chunked)
-    return spec
-
-
-def _spec_over_room(scheduler: Any, batch: Any, room: Optional[int]) -> List[Any]:
-    """Running speculative requests beyond ``room``, lowest ranked and least advanced first.
+def _spec_over_room(scheduler: Any, batch: Any, room: Optional[int], running: int) -> List[Any]:
+    """Running speculative requests beyond ``room`` (``running`` of them now), lowest ranked and least advanced
+    first.
 
     Every live speculative request counts against the room; requests already marked to finish, beam
     groups, the chunked request and (overlap) requests whose in-flight result finishes them are never picked."""
-    if room is None or batch is None:
-        return []
-    excess = len(_running_spec(scheduler, batch)) - room
-    if excess <= 0:
+    if room is None or batch is None or running <= room:
         return []
     finishing = sa.finishing_inflight(scheduler, batch)
     chunked = sa.chunked_req(scheduler)
@@ -325,36 +337,32 @@ def _spec_over_room(scheduler: Any, batch: Any, room: Optional[int]) -> List[Any
     ]
     low_first = sa.low_values_first(scheduler)
     candidates.sort(key=lambda r: (_urgency(sa.priority(r), low_first), sa.output_len(r)))
-    return candidates[:excess]
+    return candidates[: running - room]
 
 
-def _trim_to_room(scheduler: Any, batch: Any, room: Optional[int]) -> List[Any]:
+def _trim_to_room(scheduler: Any, batch: Any, room: Optional[int], running: int) -> List[Any]:
     """Retract the speculative requests above ``room`` from ``batch``; returns them (not yet re-queued)."""
-    victims = sa.retract(batch, _spec_over_room(scheduler, batch, room))
+    victims = sa.retract(batch, _spec_over_room(scheduler, batch, room, running))
     if victims:
         state_of(scheduler).bump("spec_retracted_for_budget", len(victims))
     return victims
 
 
-def _hold_waiting(scheduler: Any, running_batch: Any, room: Optional[int]) -> List[Any]:
+def _hold_waiting(scheduler: Any, census: _Census, room: Optional[int], running: int) -> List[Any]:
     """Take the waiting speculative requests this step may not admit out of the queue (returned, in order);
-    the rest stay behind every waiting primary."""
+    the rest stay behind every waiting primary. ``running``: live speculative requests after the trim."""
     state = state_of(scheduler)
-    queue = sa.waiting(scheduler)
-    spec = [r for r in queue if is_spec(r)]
+    spec, primary = list(census.waiting_spec), census.waiting_primary
     if not spec:
         return []
-    primary = [r for r in queue if not is_spec(r)]
-    chunked = sa.chunked_req(scheduler)
-    prefill_anyway = bool(primary) or (chunked is not None and not is_spec(chunked))
-    decoding = any(_live_primary(r) for r in sa.batch_reqs(running_batch))
-    protect = decoding and not prefill_anyway  # a spec-only prefill would replace the primaries' decode step
+    prefill_anyway = bool(primary) or census.primary_chunked
+    protect = census.primary_decoding > 0 and not prefill_anyway  # a spec-only prefill would replace their decode
     if protect:
         allowed = 0
     elif room is None:
         allowed = len(spec)
     else:
-        allowed = max(room - len(_running_spec(scheduler, running_batch)), 0)
+        allowed = max(room - running, 0)
     hidden: List[Any] = []
     if len(spec) > allowed:
         low_first = sa.low_values_first(scheduler)
@@ -362,6 +370,7 @@ def _hold_waiting(scheduler: Any, running_batch: Any, room: Optional[int]) -> Li
         spec, hidden = spec[:allowed], spec[allowed:]
     if hidden or (primary and spec):
         kept = {id(r) for r in spec}
+        queue = sa.waiting(scheduler)
         sa.set_waiting(scheduler, primary + [r for r in queue if id(r) in kept])  # primaries first, stable
     state.gate.held = len(hidden)
     state.gate.decode_protected = protect and bool(hidden)
@@ -369,8 +378,10 @@ def _hold_waiting(scheduler: Any, running_batch: Any, room: Optional[int]) -> Li
 
 
 def _gate_prefill(scheduler: Any, running_batch: Any) -> Tuple[List[Any], List[Any]]:
-    room = spec_room(scheduler, running_batch, state_of(scheduler))
-    return _trim_to_room(scheduler, running_batch, room), _hold_waiting(scheduler, running_batch, room)
+    census = _census(scheduler, running_batch)
+    room = spec_room(state_of(scheduler), census)
+    victims = _trim_to_room(scheduler, running_batch, room, census.spec_running)
+    return victims, _hold_waiting(scheduler, census, room, census.spec_running - len(victims))
 
 
 def _check_order(scheduler: Any, result: Any) -> None:
@@ -409,8 +420,9 @@ def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
 
 
 def _cap_decode(scheduler: Any, batch: Any) -> None:
-    room = spec_room(scheduler, batch, state_of(scheduler))
-    sa.requeue(scheduler, _trim_to_room(scheduler, batch, room))  # no admission in a decode step
+    census = _census(scheduler, batch)
+    room = spec_room(state_of(scheduler), census)
+    sa.requeue(scheduler, _trim_to_room(scheduler, batch, room, census.spec_running))  # no admission in decode
 
 
 def h_cap_decode(scheduler: Any, *args: Any, **kwargs: Any) -> None:
