@@ -132,6 +132,10 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
             "server_start_s": [r["server_start_s"] for r in reps],
             "v1_listed": [bool((r.get("on_start") or {}).get("v1_listed")) for r in reps],
         }
+        reports = [r.get("respec_report") for r in reps if r.get("respec_report")]
+        if reports:
+            keys = ("decode_steps", "plain_steps", "spec_steps", "mean_accept_length", "plan")
+            m["respec_steps"] = [{k: rep.get(k) for k in keys if k in rep} for rep in reports]
         learners = [r["learner"] for r in reps if r.get("learner")]
         if learners:
             ups = [u for st in learners for u in st["updates"]]
@@ -212,6 +216,8 @@ def main(argv=None) -> int:
             runs[mode].append(run_mode(mode, a, setup, profile, task))
     summary = summarize(runs)
     for mode, m in summary.items():
+        if m.get("respec_steps"):
+            print(f"{mode}: adaptive server steps {m['respec_steps']}")
         sp = m.get("speedup_total")
         print(
             f"{mode:6s} step {m['step_s_mean']:.2f} s (gen {m['generation_s_mean']:.2f} drafter "

@@ -68,7 +68,8 @@ def run_rl(
 ) -> Dict:
     """Start the server, run ``steps`` GRPO steps from ``policy_dir`` (seeded by ``config.seed``), stop it.
     Returns ``{"steps": [per-step dict], "server_start_s": float, "learner": final learner state or None,
-    "on_start": what ``on_start(server_url)`` returned, called once the server is up}``."""
+    "on_start": what ``on_start(server_url)`` returned, called once the server is up, "respec_report": the
+    adaptive server's counters or None}``."""
     from transformers import AutoTokenizer
 
     from sglang_spex.serve import ServerProcess
@@ -95,4 +96,13 @@ def run_rl(
                 on_step(row)
         if with_learner:
             out["learner"] = client.learner_state()
+        out["respec_report"] = respec_report(srv.url)
     return out
+
+
+def respec_report(url: str) -> Optional[Dict]:
+    """The adaptive server's own counters (plain vs spec decode steps, switches), None without ``--respec-adaptive``."""
+    import httpx
+
+    states = httpx.get(url + "/get_server_info", timeout=60).json().get("internal_states") or [{}]
+    return states[0].get("respec")
