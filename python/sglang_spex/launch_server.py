@@ -66,6 +66,59 @@ TOT_DEFAULTS: Dict[str, Optional[str]] = {
 }
 
 
+THREAD_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"  # SGLang's: the CPU cores of each rank, "a-b|c-d|..."
+PARALLEL_FLAGS = {
+    "dp": ("--dp-size", "--dp", "--data-parallel-size"),
+    "tp": ("--tp-size", "--tp", "--tensor-parallel-size"),
+    "pp": ("--pp-size", "--pp", "--pipeline-parallel-size"),
+}
+
+
+def _ranks(args: Sequence[str]) -> Dict[str, int]:
+    out = {}
+    for kind, names in PARALLEL_FLAGS.items():
+        value = next((v for v in (flag_value(args, n) for n in names) if v is not None), "1")
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"{names[0]} {value!r}: expected an integer >= 1")
+        out[kind] = int(value)
+    return out
+
+
+def cpu_thread_binding(args: Sequence[str], cores: Sequence[int]) -> Optional[str]:
+    """SGLang's per-rank core binding for a CPU server with more than one rank (dp × tp × pp): the machine's
+    cores split into that many contiguous groups; None with one rank. Raises :class:`ConfigError` when there
+    are more ranks than cores."""
+    r = _ranks(args)
+    world = r["dp"] * r["tp"] * r["pp"]
+    if world <= 1:
+        return None
+    cores = sorted(cores)
+    if world > len(cores):
+        raise ConfigError(
+            f"--dp-size {r['dp']} x --tp-size {r['tp']} x --pp-size {r['pp']} = {world} ranks, but only "
+            f"{len(cores)} CPU cores are available: each CPU rank needs a core of its own"
+        )
+    size, extra = divmod(len(cores), world)
+    groups, start = [], 0
+    for i in range(world):
+        n = size + (1 if i < extra else 0)
+        group = cores[start : start + n]
+        start += n
+        groups.append(_cpu_list(group))
+    return "|".join(groups)
+
+
+def _cpu_list(cores: Sequence[int]) -> str:
+    """Cores in the ``a-b,c`` form (contiguous runs as ranges)."""
+    runs: List[List[int]] = []
+    for c in cores:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def has_gpu() -> bool:
     """True when torch sees a CUDA device (``SPEX_FORCE_CPU=1`` says no)."""
     if os.environ.get(FORCE_CPU_ENV_VAR) == "1":
@@ -127,6 +180,10 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     if not gpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)
+        if not os.environ.get(THREAD_BIND_ENV):  # the user's binding wins; SGLang needs one for > 1 rank on CPU
+            binding = cpu_thread_binding(args, sorted(os.sched_getaffinity(0)))
+            if binding is not None:
+                os.environ[THREAD_BIND_ENV] = binding
     return args
 
 

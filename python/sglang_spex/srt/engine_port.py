@@ -31,6 +31,7 @@ class TokenizerManagerPort(EnginePort):
             rid=req.rid,
             return_logprob=req.return_logprob,
             priority=req.priority,
+            routed_dp_rank=req.dp_rank,
         )
         t0 = time.monotonic()
         try:

@@ -37,6 +37,8 @@ async def get_info(request: Request) -> Response:
             "config": json.loads(state.cfg.to_json()),
             "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
             "searches": {**state.searches.info(), "limits": (await state.searches.limits()).to_dict()},
+            # --dp-size > 1: every rank's scheduler report (budget, protection, KV pool of that rank), by rank
+            "dp_ranks": [s.get("spex") for s in states] if len(states) > 1 else None,
         }
     )
 

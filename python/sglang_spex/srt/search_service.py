@@ -93,6 +93,7 @@ class SearchHandle:
             "search_id": self.id,
             "status": self.status,
             "policy": ctx.spec.policy.name,
+            "dp_rank": ctx.dp_rank,
             "question": ctx.question,
             "num_nodes": len(ctx.tree) - 1,
             "num_requests": ctx.num_requests,
@@ -146,6 +147,24 @@ class SearchService:
         queued = sum(1 for h in self.searches.values() if h.status == QUEUED)
         return {"running": running, "queued": queued}
 
+    def dp_loads(self) -> Dict[int, int]:
+        """Unfinished searches per DP rank (``--dp-size`` > 1; empty otherwise)."""
+        dp_size = int(getattr(self.port.tm.server_args, "dp_size", 1) or 1)
+        if dp_size <= 1:
+            return {}
+        loads = {rank: 0 for rank in range(dp_size)}
+        for h in self.searches.values():
+            if not h.finished and h.ctx.dp_rank is not None:
+                loads[h.ctx.dp_rank] += 1
+        return loads
+
+    def pick_dp_rank(self) -> Optional[int]:
+        """The DP rank a new search's requests all go to: the one running the fewest searches (lowest on ties);
+        None with one rank. Keeping a search on one rank keeps its prefix KV, budget, stats and protection
+        together in one scheduler."""
+        loads = self.dp_loads()
+        return min(loads, key=lambda r: (loads[r], r)) if loads else None
+
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the median duration of recent searches (1–600 s)."""
         if not self._durations:
@@ -177,6 +196,7 @@ class SearchService:
             reward_timeout=self.reward_timeout,
         )
         ctx.limits = limits
+        ctx.dp_rank = self.pick_dp_rank()
         handle = SearchHandle(sid, ctx)
         self.searches[sid] = handle
         handle.task = asyncio.create_task(self._run(handle), name=f"tot-search-{sid}")
@@ -235,6 +255,7 @@ class SearchService:
             "max_body_bytes": self.cfg.max_body_bytes,
             **self.counts(),
             "rejected": self.rejected,
+            "searches_per_dp_rank": self.dp_loads(),
         }
 
 

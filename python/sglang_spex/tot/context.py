@@ -81,6 +81,7 @@ class SearchContext:
         self.inflight: Set[str] = set()
         self.started = time.monotonic()
         self.limits: Optional[SearchLimits] = None  # the server's (server-side): a path that fills the context ends
+        self.dp_rank: Optional[int] = None  # the DP rank every request of this search goes to (--dp-size > 1)
         self._running: Dict[str, "asyncio.Future[Node]"] = {}
 
     # ---- generation (the single path to the engine) -------------------------------------------------
@@ -103,6 +104,7 @@ class SearchContext:
             search_id=self.search_id,
             node_path=node.path,
             priority=self.spec.priority,
+            dp_rank=self.dp_rank,
         )
 
     async def generate_node(self, parent: Node, index: int, kind: str = KIND_STEP) -> Node:

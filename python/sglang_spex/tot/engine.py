@@ -56,6 +56,7 @@ class GenRequest:
     search_id: str = ""
     node_path: str = ""
     priority: Optional[int] = None
+    dp_rank: Optional[int] = None  # SGLang's routed_dp_rank: every request of a search on one DP rank
 
     def sampling_params(self) -> Dict[str, Any]:
         sp: Dict[str, Any] = {

@@ -1,4 +1,9 @@
-"""The client-side engine port: any SGLang HTTP endpoint (``/generate``, ``/abort_request``)."""
+"""The client-side engine port: any SGLang HTTP endpoint (``/generate``, ``/abort_request``).
+
+``api_key`` is sent as ``Authorization: Bearer`` on every request (a server started with ``--api-key``). The SPEX
+control calls (``/spex/promote``, ``/spex/release``) are admin-scoped: against a server with ``--admin-api-key``
+they need that key, and without it they are refused and ignored (the search still runs, unprotected).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,18 @@ from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
 
 
 class HttpPort(EnginePort):
-    def __init__(self, base_url: str, timeout: float = 600.0, client: Optional[httpx.AsyncClient] = None):
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 600.0,
+        client: Optional[httpx.AsyncClient] = None,
+        api_key: Optional[str] = None,
+    ):
         self.base_url = base_url.rstrip("/")
-        self.client = client or httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=256))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.client = client or httpx.AsyncClient(
+            timeout=timeout, limits=httpx.Limits(max_connections=256), headers=headers
+        )
         self.inflight: Set[str] = set()
 
     async def generate(self, req: GenRequest) -> GenResult:
@@ -22,6 +36,8 @@ class HttpPort(EnginePort):
             body["return_logprob"] = True
         if req.priority is not None:
             body["priority"] = req.priority
+        if req.dp_rank is not None:
+            body["routed_dp_rank"] = req.dp_rank
         t0 = time.monotonic()
         self.inflight.add(req.rid)
         try:

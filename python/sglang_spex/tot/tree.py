@@ -116,6 +116,8 @@ class Node:
             "answer": self.answer,
             "tokens": self.num_tokens,
             "cum_tokens": self.cum_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,  # of the prompt, served from SGLang's radix cache
             "finish_reason": self.finish_reason,
             "seed": self.seed,
             "rid": self.rid,

@@ -1,0 +1,123 @@
+"""``--dp-size 2`` on CPU: every request of a search goes to one DP rank (SGLang's ``routed_dp_rank``).
+
+Observed from the schedulers: the per-rank loads SGLang reports (``/v1/loads``) while a search runs alone, the
+radix-cache hits of each node (a child's prompt starts with its parent's, so on the parent's rank it hits), and
+each rank's own pool report (``/spex/info`` → ``dp_ranks``) after a cancel.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from typing import Dict, Iterator, List
+
+import pytest
+import requests
+from server_modes import TINY, start_server
+
+from sglang_spex.serve import ServerProcess
+
+QUESTION = "Count: one two three four five six seven eight nine ten"
+STEP = {"max_tokens": 24, "stop": [], "temperature": 1.0}
+POLICY = {"name": "rebase", "width": 3, "max_depth": 3}
+
+
+@pytest.fixture(scope="module")
+def dp_server(tiny_model) -> Iterator[ServerProcess]:
+    # no SGLANG_CPU_OMP_THREADS_BIND given: the launcher binds one core range per rank itself
+    srv = start_server([*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "4", "--dp-size", "2"])
+    yield srv
+    srv.stop()
+
+
+def _body(seed: int, **kw) -> dict:
+    spec = {"policy": POLICY, "step": STEP, "reward": {"type": "logprob"}, "seed": seed}
+    return {"spec": spec, "question": QUESTION, **kw}
+
+
+def _loads(url: str) -> Dict[int, int]:
+    loads = requests.get(url + "/v1/loads", params={"include": "core"}, timeout=30).json()["loads"]
+    return {int(x["dp_rank"]): x["num_running_reqs"] + x["num_waiting_reqs"] for x in loads}
+
+
+def _ranks(url: str) -> List[dict]:
+    info = requests.get(url + "/spex/info", timeout=30).json()
+    assert info["dp_ranks"] is not None and len(info["dp_ranks"]) == 2, info.get("dp_ranks")
+    return [r["sched"] for r in info["dp_ranks"]]
+
+
+def _idle(url: str) -> List[dict]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not any(_loads(url).values()):
+            return [r["pool"] for r in _ranks(url)]
+        time.sleep(0.2)
+    raise TimeoutError("DP ranks did not go idle")
+
+
+def _deep_nodes_hit_the_cache(result: dict) -> None:
+    deep = [n for n in result["nodes"] if n["path"].count(".") >= 2 and n["status"] == "done"]
+    assert deep, result["nodes"]
+    assert all(n["cached_tokens"] > 0 for n in deep), [(n["path"], n["cached_tokens"]) for n in deep]
+
+
+def test_one_search_runs_on_one_rank(dp_server):
+    url = dp_server.url
+    seen: Dict[int, int] = {0: 0, 1: 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for rank, n in _loads(url).items():
+                seen[rank] = max(seen[rank], n)
+            time.sleep(0.02)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        r = requests.post(url + "/tot/search", json=_body(0), timeout=600)
+    finally:
+        done.set()
+        t.join()
+    assert r.status_code == 200 and r.json()["status"] == "done", r.text
+    busy = [rank for rank, n in seen.items() if n > 0]
+    assert len(busy) == 1, seen  # the scheduler of one rank saw every request of the search
+    _deep_nodes_hit_the_cache(r.json())
+
+
+def test_concurrent_searches_spread_over_both_ranks(dp_server):
+    url = dp_server.url
+    with cf.ThreadPoolExecutor(2) as ex:
+        streams = [requests.post(url + "/tot/search", json=_body(s, stream=True), stream=True, timeout=600)
+                   for s in (1, 2)]  # fmt: skip
+        ids = [s.headers["X-Search-Id"] for s in streams]
+        ranks = {requests.get(url + f"/tot/search/{i}", timeout=30).json()["dp_rank"] for i in ids}
+        assert ranks == {0, 1}
+        list(ex.map(lambda s: s.content, streams))  # both run to their result
+    for i in ids:
+        res = requests.get(url + f"/tot/search/{i}", timeout=30).json()["result"]
+        assert res["status"] == "done", res.get("error")
+        _deep_nodes_hit_the_cache(res)
+
+
+def test_cancel_frees_kv_on_the_rank_holding_the_search(dp_server):
+    url = dp_server.url
+    start = _idle(url)
+    body = _body(3, stream=True)
+    body["spec"]["step"] = {**STEP, "max_tokens": 400}
+    s = requests.post(url + "/tot/search", json=body, stream=True, timeout=600)
+    sid = s.headers["X-Search-Id"]
+    rank = requests.get(url + f"/tot/search/{sid}", timeout=30).json()["dp_rank"]
+    deadline = time.monotonic() + 60
+    while _loads(url)[rank] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _loads(url)[rank] > 0 and _loads(url)[1 - rank] == 0
+    r = requests.delete(url + f"/tot/search/{sid}", timeout=120)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+    s.close()
+    requests.post(url + "/spex/release", json={}, timeout=30)
+    end = _idle(url)
+    for a, b in zip(start, end):  # every rank's pool: nothing held beyond what the radix cache may evict
+        assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"]
+        assert a["req_slots_free"] == b["req_slots_free"] and b["kv_protected"] == 0
