@@ -63,4 +63,3 @@ def v1_verify_uses_greedy(original: Callable[..., bool], *args: Any, **kwargs: A
 HOOKS: List[Tuple[str, str, Callable[..., Any], HookType]] = [
     ("V1", f"{EAGLE_UTILS}._verify_uses_greedy", v1_verify_uses_greedy, HookType.AROUND),
 ]
-
