@@ -239,6 +239,9 @@ def _json_object(text: str) -> dict:
     return data
 
 
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
 # ---------------------------------------------------------------- the sections
 @dataclass(frozen=True)
 class SpexConfig(_Section):
@@ -308,7 +311,9 @@ class SpexConfig(_Section):
         help="largest step.max_tokens, or auto (the model's context length; never above it)",
     )
     max_body_bytes: int = _opt(
-        1 << 20, check=(lambda v: v >= 1024, "must be >= 1024"), help="largest request body of the plugin's routes"
+        DEFAULT_MAX_BODY_BYTES,
+        check=(lambda v: v >= 1024, "must be >= 1024"),
+        help="largest request body of the plugin's routes",
     )
     reward_hosts: Tuple[str, ...] = _opt(
         ("loopback",),
@@ -399,7 +404,11 @@ class LearnerConfig(_Section):
     lr: float = _opt(1e-4, flag=None, check=(lambda v: v > 0, "must be > 0"), help="learning rate")
     grad_clip: float = _opt(0.5, flag=None, help="gradient norm clip")
     kd_steps: int = _opt(3, flag=None, check=_POSITIVE, help="draft steps unrolled in the KD loss")
-    weight_mode: Literal["zscore", "max", "none"] = _opt("zscore", flag=None, help="reward weights (reward variant)")
+    weight_mode: Literal["linear", "zscore", "max", "none"] = _opt(
+        "linear",
+        flag=None,
+        help="reward weights (reward variant): linear = the paper's w(r) = r normalised and clipped; zscore, max, none",
+    )
     w_max: float = _opt(2.0, flag=None, help="largest reward weight")
     probe_steps: int = _opt(5, flag=None, check=_POSITIVE, help="draft steps in the probe acceptance estimate")
     collapse_ratio: float = _opt(

@@ -5,7 +5,8 @@ items indexed (``batch_sizes[2]``). Every body rejects unknown fields and takes 
 ``"3"`` for 3). The search ``spec`` inside ``POST /tot/search`` and the ReSpec rollouts keep their own
 validators (``tot/search_spec.py``, ``respec/buffer.py``), which name fields the same way.
 
-This module imports only the leaf ``tot/validation.py`` of the plugin, so every routes module can use it.
+This module imports only the leaves ``config.py`` and ``tot/validation.py`` of the plugin, so every routes module
+can use it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sglang_spex.config import DEFAULT_MAX_BODY_BYTES
 from sglang_spex.tot.validation import FieldError
 
 STATE_ATTR = "spex"  # the plugin's HTTP-side state lives on ``app.state.spex`` (``srt/http_state.py``)
@@ -74,8 +76,10 @@ def parse_body(model: Type[B], raw: Any) -> B:
 
 
 def body_limit(request: Request) -> int:
-    """The largest request body the plugin's routes read (``--tot-max-body-bytes``)."""
-    return getattr(request.app.state, STATE_ATTR).cfg.max_body_bytes
+    """The largest request body the plugin's routes read (``--tot-max-body-bytes``; its default on an app
+    without the plugin's state)."""
+    state = getattr(request.app.state, STATE_ATTR, None)
+    return state.cfg.max_body_bytes if state is not None else DEFAULT_MAX_BODY_BYTES
 
 
 async def read_body(request: Request, limit: Optional[int]) -> bytes:
