@@ -2,7 +2,8 @@
 
 1. Accuracy: one sampled answer (a REBASE search of width 1: a single chain of steps) vs a REBASE tree search of
    width 8 on the same toy-addition questions, both scored by the ``arith`` rule verifier (a step whose
-   ``a + b = c`` is right gets reward 1, a wrong one 0), answers by reward-weighted vote.
+   ``a + b = c`` is right gets reward 1, a wrong one 0, one without an equation 0.5); the search answers with its
+   best path (best of n, a path scored by its lowest step reward).
 2. Speed: the same tree search without SPEX (baseline) and with it, questions/min side by side (interleaved when
    repeated; medians with min–max), the ratio, speculative hits / issued and wasted tokens.
 
@@ -57,7 +58,7 @@ def search_spec(
             "max_total_tokens": 3 * max_tokens,
         },
         "reward": reward or ARITH,
-        "answer": {"pattern": ANSWER, "aggregate": "weighted", "score": "min"},
+        "answer": {"pattern": ANSWER, "aggregate": "best_of_n", "score": "min"},
         "seed": seed,
         "task": TASK,
     }
