@@ -96,16 +96,19 @@ def build_spec(
     return SearchSpec.from_dict(d)
 
 
-def flush_cache(url: str, attempts: int = 20) -> None:
-    """Empty SGLang's radix cache so no run reuses the prefixes an earlier run (same seeds) computed.
-
-    SGLang refuses while requests are still running (a cancelled speculative request may linger a moment)."""
-    for _ in range(attempts):
+def flush_cache(url: str, wait_s: float = 120.0) -> float:
+    """Empty SGLang's radix cache so no run reuses the prefixes an earlier run (same seeds) computed; returns the
+    seconds it had to wait. SGLang refuses while requests are still queued or running (an aborted speculative
+    request may linger); after ``wait_s`` the run goes on unflushed, with a warning (the row records the wait)."""
+    t0 = time.monotonic()
+    while True:
         r = requests.post(url + "/flush_cache", timeout=60)
         if r.status_code == 200:
-            return
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > wait_s:
+            print(f"warning: /flush_cache refused for {wait_s:.0f} s ({r.status_code}); running unflushed")
+            return float("inf")
         time.sleep(0.5)
-    r.raise_for_status()
 
 
 # ---------------------------------------------------------------- client-side (HttpPort)
@@ -144,9 +147,10 @@ async def run_real(
 # ---------------------------------------------------------------- server-side (POST /tot/search)
 async def run_server_side(
     url: str, spec: SearchSpec, questions, concurrency: int
-) -> Tuple[List[SearchResult], List[float], float]:
-    """One measured server-side batch (radix cache flushed first): (results, per-query seconds, wall seconds)."""
-    flush_cache(url)
+) -> Tuple[List[SearchResult], List[float], float, float]:
+    """One measured server-side batch (radix cache flushed first): (results, per-query seconds, wall seconds,
+    seconds the flush waited)."""
+    flushed = flush_cache(url)
     body_spec = spec.to_dict()
     sem = asyncio.Semaphore(concurrency)
     latencies: List[float] = [0.0] * len(questions)
@@ -165,10 +169,12 @@ async def run_server_side(
 
         t0 = time.monotonic()
         results = list(await asyncio.gather(*(one(i) for i in range(len(questions)))))
-    return results, latencies, time.monotonic() - t0
+    return results, latencies, time.monotonic() - t0, flushed
 
 
-def _summary(results: Sequence[SearchResult], latencies: Sequence[float], wall: float) -> Dict[str, Any]:
+def _summary(
+    results: Sequence[SearchResult], latencies: Sequence[float], wall: float, flush_wait_s: float = 0.0
+) -> Dict[str, Any]:
     acc: Dict[str, Any] = {}
     for r in results:
         for key, value in (r.speculation or {}).items():
@@ -185,6 +191,7 @@ def _summary(results: Sequence[SearchResult], latencies: Sequence[float], wall: 
         "answers": [r.answer for r in results],
         "statuses": sorted({r.status for r in results}),
         "latencies_s": [round(x, 3) for x in latencies],
+        "flush_wait_s": round(flush_wait_s, 2) if flush_wait_s != float("inf") else "unflushed",
         "speculation": acc or None,
     }
 
@@ -291,6 +298,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--client-side", action="store_true", help="drive searches over HTTP (HttpPort), not /tot/search")
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes: " + json.dumps(QUICK))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--first-repeat", type=int, default=0, help="number of the first repeat (to extend an earlier run)")
     ap.add_argument("--url", help="use a running --tot-speculation server instead of starting SmolLM2")
     ap.add_argument("--server-arg", action="append", default=[], help="extra launcher flag for the server (repeat)")
     ap.add_argument("--out", default="benchmark/results/bench_tot.json")
@@ -327,7 +335,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         for policy in policies:  # warm-up (not measured, tiny): first-request costs must land on no mode
             for mode in modes:
                 measure(warm, url, policy, 1, mode, questions[:1], args.seed + 1)
-        runs = [(rep, p, c) for rep in range(args.repeats) for p in policies for c in concs]
+        repeats = range(args.first_repeat, args.first_repeat + args.repeats)
+        runs = [(rep, p, c) for rep in repeats for p in policies for c in concs]
         bar = tqdm(total=len(runs) * len(modes), desc="bench_tot")
         for rep, policy, conc in runs:
             order = modes if rep % 2 == 0 else modes[::-1]  # interleaved, order alternating between repeats
