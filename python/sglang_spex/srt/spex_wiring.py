@@ -2,7 +2,9 @@
 primary load (the batch-stats ring written by hook H13) and the served model's byte sizes (S_w, KV bytes per
 token, from SGLang's model config), and ``--tot-k-total auto`` resolved from the roofline profile: once the
 knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the scheduler-side
-speculative admission cap (the ``budget`` control op). Decode step times go to the profile's drift monitor.
+speculative admission cap (the ``budget`` control op). Under auto, decode step times go to the profile's drift
+monitor (a re-profile moves the knee); a numeric k_total never reads the profile, so it never re-profiles (the
+profiler's requests would run under live searches).
 Used by :mod:`sglang_spex.srt.search_service`.
 """
 
@@ -27,7 +29,7 @@ DECODE_MODE = 2  # batch-stats rows of decode steps hold the whole running batch
 
 class SpexWiring:
     """SPEX for server-side searches: one T2 budget for all of them, fed with the engine's live primary load
-    (batch-stats ring, H13); decode step times go to the profile's drift monitor."""
+    (batch-stats ring, H13); under ``--tot-k-total auto`` decode step times go to the profile's drift monitor."""
 
     def __init__(self, cfg: SpexConfig, profile: Callable[[], ProfileManager]):
         self.cfg = cfg
@@ -98,7 +100,8 @@ class SpexWiring:
         if not row or row.get("mode") != DECODE_MODE:
             return None
         step_s = row.get("step_s")
-        if step_s is not None and step_s == step_s and row.get("time") != self._last_row_time:
+        fresh = step_s is not None and step_s == step_s and row.get("time") != self._last_row_time
+        if fresh and self.cfg.k_total is None:  # a fixed k_total never reads the profile: no re-profiling
             self._last_row_time = row["time"]
             try:  # the drift monitor may re-profile in the background; it must never break the budget
                 self._profile().observe(int(row.get("batch_size", 0)), step_s)
