@@ -62,9 +62,11 @@ def deserialize_named_tensors(data: str) -> List[Tuple[str, torch.Tensor]]:
     return named
 
 
-def _default_post(timeout: float) -> Callable[..., Any]:
+def _default_post(timeout: float, api_key: Optional[str] = None) -> Callable[..., Any]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+
     def post(url: str, json: dict) -> httpx.Response:
-        return httpx.post(url, json=json, timeout=timeout)
+        return httpx.post(url, json=json, timeout=timeout, headers=headers)
 
     return post
 
@@ -87,7 +89,10 @@ class HotSwapClient:
         version_prefix: str = WEIGHT_VERSION_PREFIX,
         begin_retries: int = 0,
         retry_sleep: float = 0.25,
+        api_key: Optional[str] = None,
     ):
+        """``api_key``: the server's admin key (or its API key without one): SGLang's weight-update routes are
+        admin-scoped."""
         if selector not in ("draft", "target", "all"):
             raise ValueError(f"selector must be draft, target or all, got {selector!r}")
         self.base_url = base_url.rstrip("/")
@@ -98,7 +103,7 @@ class HotSwapClient:
         self.version_prefix = version_prefix
         self.begin_retries = begin_retries
         self.retry_sleep = retry_sleep
-        self._post = post or _default_post(timeout)
+        self._post = post or _default_post(timeout, api_key)
         self.pushed_versions: List[int] = []
 
     def _call(self, step: str, path: str, body: dict) -> dict:

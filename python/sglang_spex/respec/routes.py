@@ -17,7 +17,7 @@ optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, res
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 from fastapi import FastAPI, Request
@@ -103,32 +103,34 @@ def build_learner(spec: LearnerSpec, server_url: Optional[str] = None) -> Online
 
 class LocalServerPublisher:
     """Hot-swap into the SGLang server this learner runs in. Its port is only known once SGLang's HTTP state
-    exists (after the routes are installed), so ``server_port`` is called at the first publish; if that fails
+    exists (after the routes are installed), so ``server_args`` is called at the first publish; if that fails
     the publish raises and the learner rolls the update back (never a silent "published" that reached no
     server)."""
 
-    def __init__(self, server_port: Callable[[], int]) -> None:
-        self.server_port = server_port
+    def __init__(self, server_args: Callable[[], Any]) -> None:
+        self.server_args = server_args
         self.client: Optional[HotSwapClient] = None
 
     def __call__(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> None:
         if self.client is None:
-            self.client = HotSwapClient(f"http://127.0.0.1:{self.server_port()}", begin_retries=240)
+            args = self.server_args()  # SGLang's ServerArgs: the port, and the key its weight-update routes take
+            key = getattr(args, "admin_api_key", None) or getattr(args, "api_key", None)
+            self.client = HotSwapClient(f"http://127.0.0.1:{args.port}", begin_retries=240, api_key=key)
         self.client.push(version, named)
 
 
-def install_from_env(app: FastAPI, server_port: Optional[Callable[[], int]] = None) -> Optional[OnlineLearner]:
+def install_from_env(app: FastAPI, server_args: Optional[Callable[[], Any]] = None) -> Optional[OnlineLearner]:
     """Install the routes when this process's config (``SGLANG_SPEX_CONFIG``) has a learner spec (the launcher's
-    ``--respec-learner``); called from ``sglang_spex.srt.routes.install``. ``server_port`` gives this server's
-    port for a spec without ``server_url``."""
+    ``--respec-learner``); called from ``sglang_spex.srt.routes.install``. ``server_args`` gives this server's
+    SGLang ``ServerArgs`` (port and keys) for a spec without ``server_url``."""
     spec = load().learner
     if spec is None:
         return None
     learner = build_learner(spec)
     if learner.publish is None:  # no server_url: publish into this server
-        if server_port is None:
+        if server_args is None:
             raise ValueError(f"{ENV_VAR}: the learner spec has no server_url and there is no server to publish into")
-        learner.publish = LocalServerPublisher(server_port)
+        learner.publish = LocalServerPublisher(server_args)
     install(app, learner)
     logger.info("respec: online learner installed (variant=%s)", learner.config.variant)
     return learner

@@ -55,5 +55,5 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     ui_routes.install(app)  # /tot/ui (live tree view)
     app.add_api_route("/spex/info", get_info, methods=["GET"])
     # ReSpec online learner (/respec/*) when the launcher's --respec-learner set its spec
-    respec_routes.install_from_env(app, server_port=lambda: state.tokenizer_manager.server_args.port)
+    respec_routes.install_from_env(app, server_args=lambda: state.tokenizer_manager.server_args)
     admin_scope.apply(app)  # SGLang's ADMIN_OPTIONAL level on the routes that change server-wide state (W5)
