@@ -271,11 +271,15 @@ class SearchContext:
             {
                 "event": "node",
                 "path": node.path,
+                "parent": node.parent.path if node.parent is not None else None,
                 "kind": node.kind,
                 "status": node.status,
                 "reward": node.reward,
                 "terminal": node.is_terminal,
                 "tokens": node.num_tokens,
+                "text": node.text,
+                "answer": node.answer,
+                "speculative": bool(node.extra.get("speculative")),
             }
         )
 

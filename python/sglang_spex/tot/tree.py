@@ -122,6 +122,7 @@ class Node:
             "seed": self.seed,
             "rid": self.rid,
             "error": self.error,
+            "speculative": bool(self.extra.get("speculative")),  # SPEX generated it ahead; the search adopted it
         }
 
 
