@@ -268,6 +268,9 @@ class SpexConfig(_Section):
         help="which SPEX techniques run (comma list of t1,t2,t3)",
     )
     lookahead: int = _opt(4, check=(lambda v: v >= 1, "must be >= 1"), help="DFS: UCB simulation steps (k)")
+    live_knee: bool = _opt(
+        True, parse=on_off, help="scheduler: also keep speculation below the knee of live decode step times (on/off)"
+    )
     budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
     early_stop: bool = _opt(False, help="T3 early termination, on or off (changes the search space)")
     early_stop_alpha: float = _opt(0.5, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="T3 margin scale")

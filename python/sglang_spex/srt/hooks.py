@@ -225,7 +225,8 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "a primary short of KV preempts running speculative work instead of waiting for it to finish",
        f"{SCHED}:h_preempt_on_kv_short"),
     _T("H7", f"{SCHEDULER}._get_new_batch_prefill_raw", "AROUND", "scheduler",
-       "speculative admission never takes the running batch above the budget; a lowered budget retracts",
+       "the speculative gate: room = min(budget, knee - primary work), no speculative-only prefill while primaries "
+       "decode, primaries first; a lowered room retracts",
        f"{SCHED}:h_cap_prefill"),
     _T("H8", f"{SCHEDULER}.update_running_batch", "BEFORE", "scheduler",
        "the same budget trim on the decode-only path", f"{SCHED}:h_cap_decode"),
@@ -242,7 +243,7 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "a node of a live search that finished normally is queued for protection once it is in the tree",
        f"{PROTECT}:h_on_release"),
     _T("H13", f"{SCHEDULER}.get_next_batch_to_run", "AFTER", "scheduler",
-       "publish each step's batch size, role split, KV use and step time to shared memory",
+       "publish each step's batch size, role split, KV use, step time, gate fields and hook time to shared memory",
        "sglang_spex.srt.batch_stats:h_publish"),
     _T("P4", f"{PREFILL_ADDER}.preempt_to_schedule", "call", "scheduler",
        "H6 preempts lower-priority running requests with SGLang's own preemption", by=SCHED_ADAPTER),

@@ -210,6 +210,8 @@ class KnobsBody(Body):
     immediate_cancel: Optional[bool] = None
     protect_ttl_s: Optional[float] = Field(default=None, ge=0, allow_inf_nan=False)
     protect_max_fraction: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    knee: Optional[int] = Field(default=None, ge=-1)  # the gate's given knee; -1 = none
+    live_knee: Optional[bool] = None  # also keep speculation below the knee fitted from live decode steps
 
     @model_validator(mode="after")
     def _some(self) -> "KnobsBody":

@@ -160,7 +160,7 @@ class SpexSchedulerState:
 
     @classmethod
     def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
-        return cls(budget=cfg.k_total, knee=cfg.k_total, spec_priority=cfg.spec_priority)
+        return cls(budget=cfg.k_total, knee=cfg.k_total, spec_priority=cfg.spec_priority, live_knee=cfg.live_knee)
 
     def knee_in_force(self) -> Optional[int]:
         """The smaller of the given knee and the live one (None when neither is known)."""
