@@ -272,6 +272,11 @@ class SpexConfig(_Section):
         True, parse=on_off, help="scheduler: also keep speculation below the knee of live decode step times (on/off)"
     )
     budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
+    budget_max_wait_s: float = _opt(
+        2.0,
+        check=(lambda v: v > 0, "must be > 0"),
+        help="T2 starvation bound: seconds a query with work may go unserved",
+    )
     early_stop: bool = _opt(False, help="T3 early termination, on or off (changes the search space)")
     early_stop_alpha: float = _opt(0.5, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="T3 margin scale")
     early_stop_min_answers: int = _opt(

@@ -42,6 +42,7 @@ NON_DEFAULT = {
     "--tot-max-concurrent-searches": (["9"], 9),
     "--tot-reward-timeout": (["30"], 30.0),
     "--tot-live-knee": (["off"], False),
+    "--tot-budget-max-wait-s": (["3.5"], 3.5),
     "--tot-max-queued-searches": (["5"], 5),
     "--tot-max-width": (["8"], 8),
     "--tot-max-depth": (["9"], 9),

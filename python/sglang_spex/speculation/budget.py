@@ -26,7 +26,7 @@ import numpy as np
 from sglang_spex.config import SpexConfig
 
 DEFAULT_K_TOTAL = 8
-DEFAULT_MAX_WAIT_S = 2.0  # starvation bound (a config field to add: SpexConfig.budget_max_wait_s)
+DEFAULT_MAX_WAIT_S = 2.0  # starvation bound (SpexConfig.budget_max_wait_s, --tot-budget-max-wait-s)
 
 
 @dataclass
@@ -256,5 +256,10 @@ class SpecBudget:
 
 def make_budget(settings: SpexConfig, model: ModelBytes = UNKNOWN_MODEL) -> SpecBudget:
     return SpecBudget(
-        settings.k_total, settings.budget_temperature, settings.min_share, use_t2=settings.has("t2"), model=model
+        settings.k_total,
+        settings.budget_temperature,
+        settings.min_share,
+        use_t2=settings.has("t2"),
+        model=model,
+        max_wait_s=settings.budget_max_wait_s,
     )

@@ -308,6 +308,7 @@ class SpexContext(SearchContext):
             return
         if res.aborted:
             node.status = CANCELLED
+            node.num_tokens = res.completion_tokens  # decoded before the abort: the cancel counts them as wasted
             self.acc.spec_tokens += res.completion_tokens
             return
         before = self.tokens_generated
