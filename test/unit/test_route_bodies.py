@@ -125,7 +125,10 @@ def test_json_body_answers_the_error_shape(app_client):
     assert r.status_code == 400
     assert r.json()["error"]["field"] == "k_total" and r.json()["error"]["reason"]
     r = app_client.post("/budget", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"] == {"field": "body", "reason": "must be valid JSON"}
+    assert r.status_code == 400 and r.json()["error"] == {
+        "field": "body",
+        "reason": "must be valid JSON (and nested less deeply)",
+    }
     r = app_client.post("/budget")  # an empty body is not a budget
     assert r.status_code == 400 and r.json()["error"]["field"] == "body"
     assert app_client.post("/budget", json={"k": 4}).json() == {"ok": True, "k": 4}
