@@ -247,9 +247,8 @@ class SearchService:
         }
 
     def info(self) -> Dict[str, Any]:
-        """For ``/spex/info``: the limits in force (None until the first search resolved them) and the queue."""
+        """For ``/spex/info`` (which adds the limits in force, :meth:`limits`): the queue and rejections."""
         return {
-            "limits": self._limits.to_dict() if self._limits is not None else None,
             "max_concurrent_searches": self.max_concurrent,
             "max_queued_searches": self.max_queued,
             "max_body_bytes": self.cfg.max_body_bytes,
@@ -264,16 +263,17 @@ def _service(request: Request) -> SearchService:
     return getattr(request.app.state, STATE_ATTR).searches
 
 
-def _sse(event: Dict[str, Any]) -> str:
+def sse_frame(event: Dict[str, Any]) -> str:
+    """One server-sent event: its ``event`` name and the JSON of the whole event as ``data``."""
     return f"event: {event.get('event', 'message')}\ndata: {json.dumps(event)}\n\n"
 
 
 async def _stream(svc: SearchService, h: SearchHandle, queue: asyncio.Queue) -> AsyncIterator[str]:
     try:
-        yield _sse({"event": "started", "search_id": h.id})
+        yield sse_frame({"event": "started", "search_id": h.id})
         while True:
             event = await queue.get()
-            yield _sse(event)
+            yield sse_frame(event)
             if event.get("event") == "result":
                 return
     finally:  # the client went away (or we finished): a search nobody listens to is cancelled

@@ -15,7 +15,6 @@ The routes sit on SGLang's app, behind the same API-key middleware as every othe
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any, AsyncIterator, Dict
 
@@ -24,16 +23,12 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from sglang_spex.srt.http_api import error_response
 from sglang_spex.srt.http_state import http_state
-from sglang_spex.srt.search_service import SearchHandle
+from sglang_spex.srt.search_service import SearchHandle, sse_frame
 from sglang_spex.ui import ASSETS, asset_path
 from sglang_spex.ui.observer import TreeObserver
 
 POLL_S = 0.02  # how often the tree is re-read while no progress event arrives
 MAX_WAIT_S = 30.0
-
-
-def _sse(event: Dict[str, Any]) -> str:
-    return f"event: {event['event']}\ndata: {json.dumps(event)}\n\n"
 
 
 class _ObservedQueue(asyncio.Queue):
@@ -106,7 +101,7 @@ async def get_events(request: Request, search_id: str, wait: float = 0.0) -> Res
 
     async def body() -> AsyncIterator[str]:
         async for event in watch(handle):
-            yield _sse(event)
+            yield sse_frame(event)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
