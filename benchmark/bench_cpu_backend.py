@@ -1,7 +1,7 @@
 """Decode tokens/s and SPEX rSTAR-10 q/min per CPU attention backend, overlap scheduler on and off, in one run.
 
 For each backend one server per overlap mode, alive together (``--tot-speculation --tot-k-total K``, the overlap
-mode passed explicitly: ``--enable-overlap-schedule`` / ``--disable-overlap-schedule``, checked against
+mode passed explicitly: nothing (overlap, the default) / ``--disable-overlap-schedule``, checked against
 ``/get_server_info``). Repeats interleave the modes (order alternating), so load on a shared machine hits both
 alike; every repeat counts: medians with min-max. Decode rate at batch B is isolated from prefill by timing two
 runs that differ only in ``max_new_tokens``: rate = B * (n_long - n_short) / (t_long - t_short). The search

@@ -15,7 +15,7 @@ Each batch is a long-tailed length mix like an RL rollout (most sequences stop e
 and the ratio to ``nospec`` are printed and written as JSON (+ PNG).
 
 ``--overlap on,off`` (default both): each mode's servers for both overlap-scheduler settings run together
-(``--enable-overlap-schedule`` / ``--disable-overlap-schedule``), repeats interleave them (order alternating), and
+(default overlap / ``--disable-overlap-schedule``), repeats interleave them (order alternating), and
 every repeat counts: medians with min-max. A server whose ``/get_server_info`` reports another setting than asked
 (SGLang turns overlap off for speculative decoding on CPU) is stopped and its column reads ``n/a``.
 """

@@ -21,9 +21,9 @@ def parse_overlap(text: str) -> List[str]:
 
 
 def overlap_flags(mode: str) -> List[str]:
-    """The launcher's flag that makes ``mode`` explicit (CPU default is off; ``--enable-overlap-schedule`` is
-    ours, SGLang's own is ``--disable-overlap-schedule``)."""
-    return ["--enable-overlap-schedule"] if mode == "on" else ["--disable-overlap-schedule"]
+    """The launcher's flags for ``mode``: none for on (the default, CPU included), SGLang's
+    ``--disable-overlap-schedule`` for off."""
+    return [] if mode == "on" else ["--disable-overlap-schedule"]
 
 
 def actual_overlap(url: str) -> str:

@@ -1,7 +1,8 @@
 """Session-scoped real SGLang servers shared by the suite (each start costs ~20 s on CPU).
 
 Scheduler modes (``server_modes.py``): ``overlap`` is SGLang's ``event_loop_overlap`` (its GPU default),
-``no-overlap`` its ``event_loop_normal`` (the launcher's CPU default). ``spex_server`` runs in the default mode;
+``no-overlap`` its ``event_loop_normal`` (``--disable-overlap-schedule``). The launcher keeps SGLang's default,
+overlap, on CPU too. ``spex_server`` runs in the default mode;
 ``spex_server_in_mode`` runs a test once per mode (its default-mode instance is the same server).
 
 Every test whose fixtures (directly or through other fixtures) start a server is marked ``server``

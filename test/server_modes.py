@@ -12,17 +12,17 @@ from sglang_spex.serve import ServerProcess
 # request shift with its batch neighbours (see docs/architecture.md), float32 keeps those shifts negligible.
 TINY = ["--dtype", "float32", "--model-path"]
 MODES = ("overlap", "no-overlap")
-# The launcher's CPU default is the non-overlap loop (measured faster on this kind of host, see launch_server.py);
-# the suite's shared ``spex_server`` uses it, ``spex_server_in_mode`` adds the overlap loop.
-DEFAULT_MODE = "no-overlap"
+# The launcher's default is SGLang's: the overlap loop, on CPU too. The suite's shared ``spex_server`` uses it,
+# ``spex_server_in_mode`` adds the non-overlap loop.
+DEFAULT_MODE = "overlap"
 
 
 def mode_args(mode: str) -> List[str]:
-    """Launcher flags for a scheduler mode, explicit in both modes (``--enable-overlap-schedule`` is the
-    launcher's opt-in to SGLang's overlap loop on CPU; on a GPU it is SGLang's default anyway)."""
+    """Launcher flags for a scheduler mode: none for the overlap loop (the default), SGLang's
+    ``--disable-overlap-schedule`` for the other."""
     if mode not in MODES:
         raise ValueError(f"unknown scheduler mode {mode!r}")
-    return ["--enable-overlap-schedule"] if mode == "overlap" else ["--disable-overlap-schedule"]
+    return [] if mode == "overlap" else ["--disable-overlap-schedule"]
 
 
 def start_server(args: List[str], mode: str = DEFAULT_MODE, headers: Optional[dict] = None) -> ServerProcess:

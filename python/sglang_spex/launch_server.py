@@ -39,16 +39,13 @@ CPU_DEFAULTS: Dict[str, Optional[str]] = {
     "--sleep-on-idle": None,
     "--disable-cuda-graph": None,
 }
-# Overlap scheduling on CPU is a default, not a requirement: SGLang's overlap scheduler runs on CPU, but on a 2-core
-# host (one torch thread per process, host shared with other jobs) it decoded slower. Tiny Llama, spex_cpu, greedy,
-# decode tok/s, overlap off vs on: sequential servers, best of 2, 48 tokens: B=1 180 vs 181, B=4 457 vs 279,
-# B=16 558 vs 346; both servers up, interleaved, median of 7, 64 tokens: B=1 149 vs 98, B=4 279 vs 252,
-# B=16 423 vs 400 (run-to-run spread up to 2x on that host; SmolLM2 under a load average of 15-68 was noise).
-# So on CPU the launcher passes --disable-overlap-schedule unless --enable-overlap-schedule is given. On a GPU it
-# never touches the overlap scheduler, with or without --tot-speculation / --respec-adaptive. (SGLang itself turns
-# overlap off for NGRAM and EAGLE-family speculative decoding on CPU: arg_groups/speculative_hook.py.)
-CPU_OVERLAP_DEFAULT = "--disable-overlap-schedule"
-ENABLE_OVERLAP = "--enable-overlap-schedule"  # ours: keep SGLang's overlap scheduler on CPU
+# The overlap scheduler stays on, on CPU as on a GPU: it is SGLang's default and what users run, and every plugin hook
+# runs in both loops (the suite tests the scheduler hooks in both). On a 2-core shared host it decoded slower (tiny
+# Llama, spex_cpu, greedy, tok/s off vs on, interleaved, median of 7, 64 tokens: B=1 149 vs 98, B=4 279 vs 252,
+# B=16 423 vs 400); --disable-overlap-schedule (SGLang's flag) turns it off. SGLang itself turns overlap off for
+# NGRAM and EAGLE-family speculative decoding on CPU (arg_groups/speculative_hook.py); the launcher keeps it (L1).
+DISABLE_OVERLAP = "--disable-overlap-schedule"
+ENABLE_OVERLAP = "--enable-overlap-schedule"  # ours, kept for old command lines: overlap on (the default)
 CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",
     "HF_HUB_OFFLINE": "1",
@@ -154,10 +151,10 @@ def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List
     model = flag_value(args, "--model-path") or flag_value(args, "--model")
     if model is not None and not Path(model).exists() and model.startswith(("/", ".", "~")):
         raise ConfigError(f"--model-path {model}: no such file or directory")
-    if overlap and _given(args, CPU_OVERLAP_DEFAULT):
-        raise ConfigError(f"{ENABLE_OVERLAP} and {CPU_OVERLAP_DEFAULT} contradict each other")
+    if overlap and _given(args, DISABLE_OVERLAP):
+        raise ConfigError(f"{ENABLE_OVERLAP} and {DISABLE_OVERLAP} contradict each other")
     if not gpu:
-        args = _apply(args, CPU_DEFAULTS if overlap else {**CPU_DEFAULTS, CPU_OVERLAP_DEFAULT: None})
+        args = _apply(args, CPU_DEFAULTS)
     if cfg.spex.enabled:
         args = _apply(args, TOT_DEFAULTS)
     return args
@@ -188,7 +185,7 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
 
 
 def allow_spec_overlap_on_cpu() -> None:
-    """Touch point L1: with ``--enable-overlap-schedule`` on CPU, speculative decoding keeps the overlap scheduler.
+    """Touch point L1: on CPU, speculative decoding keeps the overlap scheduler unless ``--disable-overlap-schedule``.
 
     SGLang 0.5.23 turns overlap off for every speculative algorithm on CPU
     (``arg_groups.speculative_hook._disable_overlap_schedule_for_cpu``). NGRAM's overlap path runs on CPU as it is;
@@ -207,7 +204,7 @@ def keep_overlap(server_args) -> None:
 def print_help() -> None:
     """Our flags (generated from the config's fields), then SGLang's own help."""
     parser = argparse.ArgumentParser(prog="python -m sglang_spex.launch_server", add_help=False)
-    parser.add_argument(ENABLE_OVERLAP, action="store_true", help="keep SGLang's overlap scheduler on CPU")
+    parser.add_argument(ENABLE_OVERLAP, action="store_true", help="overlap scheduler on (the default, CPU included)")
     add_flags(parser)
     print(parser.format_help())
     from sglang.srt.server_args import prepare_server_args
@@ -233,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
-    if not has_gpu() and ENABLE_OVERLAP in argv:
+    if not has_gpu() and not _given(args, DISABLE_OVERLAP):
         allow_spec_overlap_on_cpu()
     server_args = prepare_server_args(args)
     try:

@@ -63,24 +63,26 @@ def test_cpu_defaults_respect_user_flags(tiny_model):
     cfg, rest = parse_args(["--model-path", tiny_model, "--attention-backend", "triton", "--tot-speculation"])
     args = build_sglang_args(cfg, rest, gpu=False)
     assert args.count("--attention-backend") == 1 and "triton" in args
-    for flag in ("--device", "--sleep-on-idle", "--radix-eviction-policy", "--disable-overlap-schedule"):
+    for flag in ("--device", "--sleep-on-idle", "--radix-eviction-policy"):
         assert flag in args
     plain = build_sglang_args(PluginConfig(), ["--model-path", tiny_model], gpu=True)
     assert not any(f in plain for f in CPU_DEFAULTS) and "--radix-eviction-policy" not in plain
 
 
-def test_overlap_schedule_is_a_cpu_default_only(tiny_model):
-    """CPU: overlap off by default (measured slower there), on with --enable-overlap-schedule; GPU: never forced."""
+def test_overlap_schedule_stays_sglangs_default(tiny_model):
+    """Overlap on everywhere (SGLang's default): the launcher never adds --disable-overlap-schedule, keeps the user's,
+    and takes the old --enable-overlap-schedule as a no-op that contradicts --disable-overlap-schedule."""
     model = ["--model-path", tiny_model]
+    for gpu in (False, True):
+        cfg, rest = parse_args([*model, "--tot-speculation", "--respec-adaptive", "--speculative-algorithm", "NGRAM"])
+        args = build_sglang_args(cfg, rest, gpu=gpu)
+        assert "--disable-overlap-schedule" not in args and "--radix-eviction-policy" in args
+        cfg, rest = parse_args([*model, "--disable-overlap-schedule"])
+        assert build_sglang_args(cfg, rest, gpu=gpu).count("--disable-overlap-schedule") == 1
     cfg, rest = parse_args([*model, "--enable-overlap-schedule", "--tot-speculation"])
     args = build_sglang_args(cfg, rest, gpu=False)
     assert "--disable-overlap-schedule" not in args and "--enable-overlap-schedule" not in args
     assert "--device" in args  # the other CPU defaults still apply
-    ngram = ["--respec-adaptive", "--speculative-algorithm", "NGRAM", "--tot-speculation"]
-    cfg, rest = parse_args([*model, *ngram])
-    gpu_args = build_sglang_args(cfg, rest, gpu=True)
-    assert "--disable-overlap-schedule" not in gpu_args and "--radix-eviction-policy" in gpu_args
     cfg, rest = parse_args([*model, "--enable-overlap-schedule"])
-    assert "--enable-overlap-schedule" not in build_sglang_args(cfg, rest, gpu=True)
     with pytest.raises(ConfigError, match="contradict"):
         build_sglang_args(cfg, [*rest, "--disable-overlap-schedule", "--enable-overlap-schedule"], gpu=False)

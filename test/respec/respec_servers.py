@@ -1,7 +1,7 @@
 """Real ReSpec test servers in a given scheduler mode (``overlap`` / ``no-overlap``, see ``test/server_modes.py``).
 
-With speculative decoding on CPU, SGLang 0.5.23 itself turns the overlap scheduler off; the launcher's
-``--enable-overlap-schedule`` keeps it (touch point L1), and hook V2 lets the EAGLE family's overlap relay
+With speculative decoding on CPU, SGLang 0.5.23 itself turns the overlap scheduler off; the launcher keeps it
+unless ``--disable-overlap-schedule`` is given (touch point L1), and hook V2 lets the EAGLE family's overlap relay
 (``FutureMap``, a Triton gather in SGLang) run on CPU. So NGRAM and EAGLE3 servers run in both modes everywhere.
 """
 

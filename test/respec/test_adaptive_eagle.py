@@ -10,7 +10,7 @@ A second server forces ``alternate:3`` with the default ``--respec-eagle-off pla
 between true plain steps (no drafter work) and speculation mid-generation, so the drafter's KV is caught up
 (replayed from the ledger) at every resume. Greedy output must still equal plain SGLang's and the KV pool return
 to its start. Both servers run once per scheduler mode (``EAGLE_MODES``: overlap and non-overlap; on CPU the overlap loop's
-draft-state relay runs through hook V2 and the launcher's ``--enable-overlap-schedule`` keeps overlap, L1).
+draft-state relay runs through hook V2 and the launcher keeps overlap, L1).
 """
 
 from __future__ import annotations

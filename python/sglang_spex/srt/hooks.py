@@ -128,7 +128,7 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        f"{SELF}:HookPlan.report_state"),
     # ---- launcher (before SGLang resolves its arguments)
     _T("L1", "sglang.srt.arg_groups.speculative_hook._disable_overlap_schedule_for_cpu", "patch", "launcher",
-       "(private) with --enable-overlap-schedule on CPU, speculative decoding keeps the overlap scheduler (needs V2)",
+       "(private) on CPU, speculative decoding keeps the overlap scheduler unless disabled (needs V2)",
        "sglang_spex.launch_server:keep_overlap", by="sglang_spex.launch_server:allow_spec_overlap_on_cpu"),
     # ---- routes (HTTP process)
     _T("W1", f"{HTTP_SERVER_MODULE}.app", "routes", "routes",
