@@ -6,12 +6,14 @@ the search's statistics untouched, and copy only the nodes the simulated rollout
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
 from pathlib import Path
 
 import pytest
 
+from sglang_spex.speculation.budget import QueryDemand, SpecBudget
 from sglang_spex.speculation.dfs_lookahead import NodeFacts, VirtualStats, predict_expansions
 from sglang_spex.srt.scheduling import LiveCurve
 from sglang_spex.tot.policies.base import Stats, copy_stats
@@ -105,3 +107,55 @@ def test_live_curve_knee_never_extrapolated_and_follows_the_window():
         for b in (1, 8):
             curve.add(b, 0.010)
     assert curve.knee() is None
+
+
+# ---------------------------------------------------------------- T2 refill cost: demands asked once per round
+class CountingQuery:
+    """A live search as the budget sees it, counting how often T2 asks for its demand."""
+
+    def __init__(self, qid: str, hit_rate: float = 0.5, cands: int = 4):
+        self.search_id, self.inflight = qid, set()
+        self.hit_rate, self.cands, self.version, self.asked = hit_rate, cands, 0, 0
+
+    def should_stop(self) -> bool:
+        return False
+
+    def demand_key(self):
+        return (self.version,)
+
+    def demand(self) -> QueryDemand:
+        self.asked += 1
+        return QueryDemand(self.search_id, self.cands, self.hit_rate, 0.0, 1.0)
+
+
+def test_no_room_below_the_knee_asks_no_demand():
+    budget = SpecBudget(4, engine_primary=lambda: 9)  # primary load above the knee: nothing to split
+    queries = [CountingQuery(f"q{i}") for i in range(8)]
+    for q in queries:
+        budget.register(q)
+    assert all(budget.share(q) == 0 for q in queries)
+    assert sum(q.asked for q in queries) == 0
+
+
+def test_one_split_per_event_loop_round_and_a_changed_demand_is_asked_again():
+    budget = SpecBudget(16, min_share=1, max_wait_s=1e9)
+    queries = [CountingQuery(f"q{i}", hit_rate=0.1 + 0.1 * i) for i in range(8)]
+    for q in queries:
+        budget.register(q)
+
+    async def rounds():
+        first = [budget.share(q) for q in queries for _ in range(3)]  # 24 refills in one round
+        asked_first = [q.asked for q in queries]
+        queries[0].version += 1  # q0's state changed (a node finished): its next refill re-splits
+        budget.share(queries[0])
+        asked_changed = [q.asked for q in queries]
+        await asyncio.sleep(0)  # next round
+        await asyncio.sleep(0)
+        budget.share(queries[1])
+        return first, asked_first, asked_changed, [q.asked for q in queries]
+
+    first, asked_first, asked_changed, asked_next = asyncio.run(rounds())
+    assert sum(first) // 3 == 16 and all(s >= 1 for s in first)  # the split itself: sums to the budget
+    assert asked_first == [1] * 8  # each demand asked once in the round, not once per refill
+    assert asked_changed == [2] + [2] * 7  # the changed search re-split the round (every demand asked)
+    assert asked_next == [3] * 8  # a new round splits again

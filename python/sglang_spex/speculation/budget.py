@@ -17,9 +17,10 @@ e^0.8 ≈ 2.2× the weight of one with P_q = 0.1; at τ = 0.1 about 3000×.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -207,13 +208,19 @@ class SpecBudget:
         self.clock = clock
         self.contexts: Set[BudgetClient] = set()
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
+        self._starving = False  # the last split gave a query past the starvation bound its minimum
+        self._round: Optional[Tuple[int, Dict[str, int], Dict[str, Any]]] = None  # this loop round's split:
+        # (allowance, shares, the demand key of each search it used)
+        self._round_end_scheduled = False
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
+        self._round = None
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
         self._starved_since.pop(ctx.search_id, None)
+        self._round = None
 
     def available(self) -> int:
         """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
@@ -234,6 +241,7 @@ class SpecBudget:
             )
             for d in demands
         ]
+        self._starving = any(w > 0 for w in waited)
         out = split_budget(
             demands, total, self.temperature, self.min_share, weight_bytes=self.model.weight_bytes, waited=waited
         )
@@ -245,13 +253,58 @@ class SpecBudget:
         return out
 
     def share(self, ctx: BudgetClient) -> int:
-        live = [c for c in self.contexts if not c.should_stop()]
-        if ctx not in live:
+        """``ctx``'s speculative share now. Nothing is split (no demand asked for) while the room below the knee
+        is 0; otherwise the split is computed once per event-loop round and shared by every refill of that
+        round (it is recomputed when the allowance or the set of live searches changes)."""
+        if ctx not in self.contexts or ctx.should_stop():
             return 0
         total = self.available()  # the speculative allowance below the knee, running speculation included
+        if total <= 0:  # no room: every search waits (its starvation clock runs), no demand is asked for
+            now = self.clock()
+            for c in self.contexts:
+                self._starved_since.setdefault(c.search_id, now)
+            return 0
+        key = _demand_key(ctx) if self.use_t2 else None
+        if self._round is not None and self._round[0] == total and self._round[2].get(ctx.search_id, ()) == key:
+            return self._round[1].get(ctx.search_id, 0)
+        live = [c for c in self.contexts if not c.should_stop()]
         if not self.use_t2:  # T1 only: an even split
-            return total // len(live) + (1 if live.index(ctx) < total % len(live) else 0) if live else 0
-        return self.shares([c.demand() for c in live], total).get(ctx.search_id, 0)
+            out = {c.search_id: total // len(live) + (1 if i < total % len(live) else 0) for i, c in enumerate(live)}
+            keys: Dict[str, Any] = {c.search_id: None for c in live}
+        else:
+            out = self.shares([c.demand() for c in live], total)
+            keys = {c.search_id: _demand_key(c) for c in live}
+        self._keep_for_round(total, out, keys)
+        return out.get(ctx.search_id, 0)
+
+    def _keep_for_round(self, total: int, out: Dict[str, int], keys: Dict[str, Any]) -> None:
+        """Reuse ``out`` until the running event loop's next round, for a search whose demand key is still
+        ``keys``' (no loop, a search without a demand key, or a query past the starvation bound: not reused)."""
+        if any(k is None for k in keys.values()) and self.use_t2:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._starving:
+            return
+        self._round = (total, out, keys)
+        if not self._round_end_scheduled:
+            self._round_end_scheduled = True
+            loop.call_soon(self._end_round)
+
+    def _end_round(self) -> None:
+        self._round, self._round_end_scheduled = None, False
+
+    def invalidate(self) -> None:
+        """Drop this round's split (a search registered, finished or changed its demand sharply)."""
+        self._round = None
+
+
+def _demand_key(ctx: BudgetClient) -> Any:
+    """A search's demand key (``SpexContext.demand_key``), or None for a client that has none (never cached)."""
+    fn = getattr(ctx, "demand_key", None)
+    return fn() if fn is not None else None
 
 
 def make_budget(settings: SpexConfig, model: ModelBytes = UNKNOWN_MODEL) -> SpecBudget:

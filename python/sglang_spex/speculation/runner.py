@@ -82,6 +82,7 @@ class SpexContext(SearchContext):
         self._finalized = False
         self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
         self._cand: Tuple[int, List[Tuple[Node, int, int]]] = (-1, [])
+        self._demand: Optional[Tuple[Tuple[Any, ...], QueryDemand]] = None  # (state key, T2 demand)
         self._finish_order: Dict[str, int] = {}  # node path -> finish sequence number (radix-cache recency)
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
         self._bfs_epoch = 0  # bumped when a BFS frontier is decided
@@ -134,21 +135,31 @@ class SpexContext(SearchContext):
 
     # ---- producers: what to speculate ---------------------------------------------------------------
 
+    def demand_key(self) -> Tuple[Any, ...]:
+        """What :meth:`demand` depends on: it is recomputed only when this changes."""
+        return (self._version, len(self.store.running()), self.acc.hits, self.acc.issued, self.budget.model)
+
     def demand(self) -> QueryDemand:
         """T2 inputs: C_q (what could be issued now), P_q (running hit rate), and in bytes the prefix KV the next
-        branches share with the radix cache (S_KV) vs the KV one branch reads (KV_q), over the best candidates."""
+        branches share with the radix cache (S_KV) vs the KV one branch reads (KV_q), over the best candidates.
+        Cached until the search's state changes (T2 asks every live search for it when it splits)."""
+        key = self.demand_key()
+        if self._demand is not None and self._demand[0] == key:
+            return self._demand[1]
         cands = self._candidates(limit=CANDIDATE_LIMIT)
         sample = [self.child_prefix(p) for p, _, _ in cands[:T2_SAMPLE]]
         n = max(1, len(sample))
         kv = self.budget.model.kv_bytes_per_token
         step = self.spec.step.max_tokens
-        return QueryDemand(
+        demand = QueryDemand(
             query_id=self.search_id,
-            candidates=len(cands) + len(self.store.running()),
+            candidates=len(cands) + key[1],  # C_q: plannable + running
             hit_rate=running_hit_rate(self.acc.hits, self.acc.issued),
             shared_kv=kv * sum(c for _, c in sample) / n,
             total_kv=kv * (sum(t for t, _ in sample) / n + step),
         )
+        self._demand = (key, demand)
+        return demand
 
     # ---- prefix-aware refill ------------------------------------------------------------------------
 
@@ -220,7 +231,11 @@ class SpexContext(SearchContext):
         policy = self.mcts
         if policy is None:
             return out
-        busy = {st.parent for st in self.stats.values() if st.generating and st.parent is not None}
+        busy = {  # parents of the primary steps being generated (the running futures, not a scan of the tree)
+            n.parent.path
+            for p in self._running
+            if (n := self.tree.nodes.get(p)) is not None and n.kind == KIND_STEP and n.status == GENERATING
+        }
         busy |= {e.node.parent.path for e in self.store if e.state == RUNNING}
         # the current rollout (its simulation path is replayed exactly) and the next k-1
         start = max(0, self.next_rollout - 1)
