@@ -8,11 +8,20 @@ Sequence (``sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
    request has finished and holds back new ones meanwhile — no swap mid-request, and a stall;
 1. ``POST /begin_weight_update``  ``{"selector": "draft"}``
 2. ``POST /update_weights_from_tensor``  ``{"serialized_named_tensors": [b64 per TP rank], "selector": "draft",
-   "weight_version": "respec-<v>", "flush_cache": false, "load_format": null}`` — every tensor in *one* call:
+   "weight_version": null, "flush_cache": false, "load_format": null}`` — every tensor in *one* call:
    the scheduler applies it between two forward passes, so no request sees a half-updated (torn) drafter;
 3. ``POST /end_weight_update``  ``{}`` — always sent once step 1 succeeded, even if step 2 failed;
 4. ``POST /continue_generation``  ``{}`` — always sent once step 0 ran: paused requests resume with the new drafter
-   (their tokens are still the target's greedy/verified ones; only acceptance changes).
+   (their tokens are still the target's greedy/verified ones; only acceptance changes);
+5. drafter pushes only: ``POST /respec/drafter`` ``{"version": v}`` records the drafter version on the replica
+   (``GET /respec/drafter``, ``/spex/info`` → ``drafter_version``). SGLang's ``weight_version`` stays the policy's:
+   a drafter push sends none (``tag_weight_version=True`` brings back ``respec-<v>`` there). A server without the
+   plugin answers 404 there: the push still counts, the version is just not readable on it.
+
+Replicas: SGLang 0.5.23 refuses ``update_weights_from_tensor`` under ``--dp-size`` > 1 (an assertion in
+``TokenizerManager.update_weights_from_tensor``), so a DP server is one replica that cannot take a drafter push
+(it fails, is reported, and keeps its drafter); several servers are several replicas: :class:`ReplicaPublisher`
+pushes each version to every URL of a list and reports per replica.
 
 The payload is what ``MultiprocessingSerializer.deserialize`` (SGLang's ``SafeUnpickler``) reads, but pickled
 *by value* with the standard pickler (storages as ``torch.storage._load_from_bytes``, which SGLang maps to its
@@ -25,9 +34,11 @@ file descriptor that only processes with the sender's multiprocessing authkey ca
 from __future__ import annotations
 
 import base64
+import concurrent.futures as cf
 import pickle
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 import torch
@@ -90,9 +101,12 @@ class HotSwapClient:
         begin_retries: int = 0,
         retry_sleep: float = 0.25,
         api_key: Optional[str] = None,
+        tag_weight_version: Optional[bool] = None,
     ):
         """``api_key``: the server's admin key (or its API key without one): SGLang's weight-update routes are
-        admin-scoped."""
+        admin-scoped. ``tag_weight_version``: send ``<version_prefix><version>`` as SGLang's ``weight_version``
+        (default: for the policy, ``selector`` target/all, not for the drafter, whose version goes to
+        ``/respec/drafter`` instead)."""
         if selector not in ("draft", "target", "all"):
             raise ValueError(f"selector must be draft, target or all, got {selector!r}")
         self.base_url = base_url.rstrip("/")
@@ -103,8 +117,10 @@ class HotSwapClient:
         self.version_prefix = version_prefix
         self.begin_retries = begin_retries
         self.retry_sleep = retry_sleep
+        self.tag_weight_version = selector != "draft" if tag_weight_version is None else tag_weight_version
         self._post = post or _default_post(timeout, api_key)
         self.pushed_versions: List[int] = []
+        self.version_recorded: Optional[bool] = None  # the last drafter push's version reached /respec/drafter
 
     def _call(self, step: str, path: str, body: dict) -> dict:
         resp = self._post(f"{self.base_url}{path}", json=body)
@@ -118,12 +134,14 @@ class HotSwapClient:
         return data
 
     def push(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        """Run the session; raises :class:`HotSwapError` naming the failed step (the replica then keeps the
+        weights it had unless the update step itself failed part-way, see :class:`ReplicaPublisher`)."""
         body = {
             "serialized_named_tensors": serialize_named_tensors(named, self.tp_size),
             "load_format": None,
             "flush_cache": self.flush_cache,
             "abort_all_requests": False,
-            "weight_version": f"{self.version_prefix}{version}",
+            "weight_version": f"{self.version_prefix}{version}" if self.tag_weight_version else None,
             "selector": self.selector,
         }
         if self.pause_in_place:
@@ -134,6 +152,16 @@ class HotSwapClient:
             if self.pause_in_place:
                 self._call("continue_generation", "/continue_generation", {})
         self.pushed_versions.append(version)
+        if self.selector == "draft":
+            self.version_recorded = self._record_version(version)
+
+    def _record_version(self, version: int) -> bool:
+        """``POST /respec/drafter``; False (never an error: the weights did land) when the replica cannot record."""
+        try:
+            resp = self._post(f"{self.base_url}/respec/drafter", json={"version": version})
+            return resp.status_code == 200
+        except Exception:
+            return False
 
     def _begin(self) -> None:
         """Open the session; another writer's open session (e.g. the learner's drafter push while the RL loop
@@ -155,3 +183,93 @@ class HotSwapClient:
             self._call("end_weight_update", "/end_weight_update", {})
 
     __call__ = push
+
+
+@dataclass
+class ReplicaResult:
+    """One replica's outcome of one publish."""
+
+    url: str
+    ok: bool
+    version: Optional[int]  # the drafter version it serves now as far as this publisher knows (None: its own)
+    step: str = ""  # the failed step ("" on success); "connect" for a replica that could not be reached
+    error: str = ""
+    restored: Optional[bool] = None  # the update step failed: True if its previous version was pushed back
+    version_recorded: Optional[bool] = None  # its /respec/drafter took the version (False: not readable there)
+
+
+class ReplicaPublishError(RuntimeError):
+    """No replica took the version; ``results`` has each one's outcome (every replica keeps its drafter)."""
+
+    def __init__(self, version: int, results: List[ReplicaResult]):
+        failed = "; ".join(f"{r.url}: {r.step}: {r.error}" for r in results)
+        super().__init__(f"drafter version {version} reached no replica ({failed})")
+        self.results = results
+        self.restored = True  # each replica was handled here: the caller must not push the old version again
+
+
+class ReplicaPublisher:
+    """One learner feeding several replicas: ``publish(version, named)`` pushes the version to every replica at
+    once (one :class:`HotSwapClient` each) and returns ``{"version", "replicas": [ReplicaResult...], "failed"}``.
+
+    A replica that fails keeps its old drafter: a failure before the update step changed nothing there; a failed
+    update step is followed by a push of the version it served before (when this publisher pushed it; a replica
+    still on its start-up drafter cannot be restored this way, ``restored`` says which). The failed replica stays
+    on its old version and takes the next one with the others (every push carries the whole drafter). If no
+    replica took the version, :class:`ReplicaPublishError` is raised (the learner then rolls the update back)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str] = (),
+        clients: Sequence[HotSwapClient] = (),
+        **client_kw: Any,
+    ):
+        """``urls`` (each gets ``HotSwapClient(url, **client_kw)``) and/or ready ``clients``."""
+        self.clients: List[HotSwapClient] = [*clients, *(HotSwapClient(u, **client_kw) for u in urls)]
+        if not self.clients:
+            raise ValueError("a ReplicaPublisher needs at least one replica")
+        self.versions: Dict[str, Optional[int]] = {c.base_url: None for c in self.clients}
+        self.last: Dict[str, ReplicaResult] = {}
+        self._weights: Dict[int, List[Tuple[str, torch.Tensor]]] = {}  # versions some replica still serves
+
+    def _push_one(self, client: HotSwapClient, version: int, named: List[Tuple[str, torch.Tensor]]) -> ReplicaResult:
+        url, before = client.base_url, self.versions[client.base_url]
+        try:
+            client.push(version, named)
+            return ReplicaResult(url, True, version, version_recorded=client.version_recorded)
+        except HotSwapError as e:
+            res = ReplicaResult(url, False, before, e.step, str(e))
+        except Exception as e:  # down, refused, timed out
+            return ReplicaResult(url, False, before, "connect", f"{type(e).__name__}: {e}")
+        if res.step == "update_weights_from_tensor":  # may have loaded part of the tensors: put `before` back
+            res.restored = False
+            if before is not None and before in self._weights:
+                try:
+                    client.push(before, self._weights[before])
+                    res.restored = True
+                except Exception as e:
+                    res.error += f"; restore failed: {e}"
+        return res
+
+    def publish(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, Any]:
+        tensors = [(n, t.detach().cpu().clone()) for n, t in named]
+        with cf.ThreadPoolExecutor(len(self.clients)) as ex:
+            results = list(ex.map(lambda c: self._push_one(c, version, tensors), self.clients))
+        for r in results:
+            self.versions[r.url] = r.version
+            self.last[r.url] = r
+        self._weights[version] = tensors
+        served = set(self.versions.values())
+        self._weights = {v: w for v, w in self._weights.items() if v in served}
+        if not any(r.ok for r in results):
+            raise ReplicaPublishError(version, results)
+        return {"version": version, "replicas": [asdict(r) for r in results],
+                "failed": [r.url for r in results if not r.ok]}  # fmt: skip
+
+    __call__ = publish
+
+    def status(self) -> List[Dict[str, Any]]:
+        """Each replica: the drafter version it serves as far as this publisher knows, and its last outcome."""
+        return [{"url": c.base_url, "version": self.versions[c.base_url],
+                 "last": asdict(self.last[c.base_url]) if c.base_url in self.last else None}
+                for c in self.clients]  # fmt: skip

@@ -7,7 +7,10 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
   once; updates due while one runs are coalesced into one follow-up update);
 - a candidate is rolled back (never published; the old version keeps serving) on a non-finite loss or weight,
   on an acceptance collapse on the held-out probe (accepted draft tokens after < ``collapse_ratio`` × before),
-  or when publishing fails.
+  or when publishing fails;
+- replicas: a publisher that feeds several (``hotswap.ReplicaPublisher``) returns each replica's outcome; the
+  version is published once one replica took it, and the record names the replicas that failed (they keep their
+  old drafter); ``state()["replicas"]`` is each replica's drafter version.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sglang_spex.respec.ttt import acceptance_length
 
 Sequences = Sequence[Tuple[Sequence[int], Sequence[int]]]
 FeatureFn = Callable[[Sequences], Batch]
-PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], None]
+PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], Optional[dict]]  # a dict: per-replica outcomes
 PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
 
 
@@ -47,6 +50,7 @@ class UpdateRecord:
     acceptance_before: Optional[float]
     acceptance_after: Optional[float]
     seconds: float
+    replicas: Optional[List[dict]] = None  # the publisher's per-replica outcomes (ReplicaPublisher), else None
 
 
 def _json_safe(x):
@@ -169,6 +173,7 @@ class OnlineLearner:
                 for r in self.history
             ],
             "max_submit_seconds": self.max_submit_seconds,
+            "replicas": self.publish.status() if hasattr(self.publish, "status") else None,
         }
 
     # -- updates --------------------------------------------------------------------------------------------------
@@ -246,14 +251,21 @@ class OnlineLearner:
         new_version = record.version_before + 1
         if self.publish is not None:
             try:
-                self.publish(new_version, cand.hot_swap_tensors())
+                result = self.publish(new_version, cand.hot_swap_tensors())
             except Exception as e:
                 record.reason = f"publish_failed: {e}"
+                record.replicas = [asdict(r) for r in getattr(e, "results", ())] or None
+                if getattr(e, "restored", False):  # the publisher already handled each replica
+                    return
                 try:  # the server may hold part of the push: put the serving version back
                     self.publish(record.version_before, base.hot_swap_tensors())
                 except Exception as e2:
                     record.reason += f"; restore failed: {e2}"
                 return
+            if isinstance(result, dict) and result.get("replicas") is not None:
+                record.replicas = result["replicas"]
+                if result.get("failed"):  # published; these replicas keep their old drafter
+                    record.reason = "replicas_failed: " + ", ".join(result["failed"])
         with self._lock:
             self._drafter, self._version = cand, new_version
         record.outcome, record.version_after = "published", new_version

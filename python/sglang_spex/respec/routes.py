@@ -7,6 +7,10 @@
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload, the copy unchanged.
 - ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
+- on every server (a replica, learner or not; :func:`install_drafter`): ``POST /respec/drafter {"version": int}``,
+  sent by a publisher after its drafter push landed, and ``GET /respec/drafter`` → ``{"drafter_version": v | null,
+  "recorded_at": unix time | null}`` (null: the drafter the server started with). This is the drafter's own version,
+  separate from SGLang's ``weight_version`` (the policy's, ``/model_info``).
 
 Inside the SGLang server these are installed by :func:`install_from_env` when the config (``SGLANG_SPEX_CONFIG``)
 holds a learner spec (the launcher's ``--respec-learner SPEC [--respec-update-interval N --respec-kd V
@@ -17,6 +21,7 @@ optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, res
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
@@ -28,13 +33,26 @@ from transformers import AutoModelForCausalLM
 from sglang_spex.config import ENV_VAR, LearnerSpec, load
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
-from sglang_spex.respec.hotswap import HotSwapClient, deserialize_named_tensors
+from sglang_spex.respec.hotswap import HotSwapClient, ReplicaPublisher, deserialize_named_tensors
 from sglang_spex.respec.learner import OnlineLearner
 from sglang_spex.respec.target import TargetFeatures
-from sglang_spex.srt.http_api import BodyError, PolicyBody, RolloutsBody, error_response, parse_body, read_json
+from sglang_spex.srt.http_api import (
+    Body,
+    BodyError,
+    PolicyBody,
+    RolloutsBody,
+    error_response,
+    parse_body,
+    read_json,
+)
 
 logger = logging.getLogger(__name__)
 LEARNER_ATTR = "respec_learner"  # the learner lives on ``app.state.respec_learner``
+DRAFTER_ATTR = "respec_drafter"  # the recorded drafter version: ``app.state.respec_drafter``
+
+
+class DrafterVersionBody(Body):
+    version: int
 
 
 def _bad(field_name: str, reason: str) -> JSONResponse:
@@ -79,6 +97,33 @@ async def get_state(request: Request) -> Response:
     return JSONResponse(_learner(request).state())
 
 
+def drafter_version(app: FastAPI) -> Optional[int]:
+    """The drafter version a publisher last recorded on this server (None: its start-up drafter)."""
+    return (getattr(app.state, DRAFTER_ATTR, None) or {}).get("drafter_version")
+
+
+async def post_drafter(request: Request) -> Response:
+    try:
+        body = parse_body(DrafterVersionBody, await read_json(request))
+    except BodyError as e:
+        return _bad(e.field, e.reason)
+    setattr(request.app.state, DRAFTER_ATTR, {"drafter_version": body.version, "recorded_at": time.time()})
+    return JSONResponse(getattr(request.app.state, DRAFTER_ATTR))
+
+
+async def get_drafter(request: Request) -> Response:
+    return JSONResponse(getattr(request.app.state, DRAFTER_ATTR, None) or {"drafter_version": None,
+                                                                          "recorded_at": None})  # fmt: skip
+
+
+def install_drafter(app: FastAPI) -> None:
+    """Add ``/respec/drafter`` (every server: the replica's drafter version) once."""
+    if any(getattr(r, "path", None) == "/respec/drafter" for r in app.router.routes):
+        return
+    app.add_api_route("/respec/drafter", post_drafter, methods=["POST"])
+    app.add_api_route("/respec/drafter", get_drafter, methods=["GET"])
+
+
 def install(app: FastAPI, learner: OnlineLearner) -> None:
     """Add the routes to ``app`` once, bound to ``learner`` (stored on ``app.state``)."""
     if getattr(app.state, LEARNER_ATTR, None) is not None:  # (not id(app): ids of dead apps are reused)
@@ -89,13 +134,18 @@ def install(app: FastAPI, learner: OnlineLearner) -> None:
     app.add_api_route("/respec/state", get_state, methods=["GET"])
 
 
-def build_learner(spec: LearnerSpec, server_url: Optional[str] = None) -> OnlineLearner:
-    """A learner from the config's learner spec: HF target copy for features, hot-swap into ``server_url``."""
+def build_learner(
+    spec: LearnerSpec, server_url: Optional[str] = None, replica_urls: Sequence[str] = ()
+) -> OnlineLearner:
+    """A learner from the config's learner spec: HF target copy for features, hot-swap into ``server_url``, or
+    into every one of ``replica_urls`` (with ``server_url`` first when given; :class:`ReplicaPublisher`)."""
     target = AutoModelForCausalLM.from_pretrained(spec.target, torch_dtype=torch.float32)
     drafter = Eagle3Drafter.from_pretrained(spec.drafter, target_model=target).float()  # ours or SpecForge's
     feats = TargetFeatures(target, drafter.cfg.aux_layer_ids, drafter.t2d)
     url = spec.server_url or server_url
-    publish = HotSwapClient(url, begin_retries=240) if url else None
+    publish: Any = HotSwapClient(url, begin_retries=240) if url else None
+    if replica_urls:
+        publish = ReplicaPublisher([*([url] if url else []), *replica_urls], begin_retries=240)
     probe = [(list(p), list(r)) for p, r in spec.probe]
     cfg = spec.learner
     return OnlineLearner(drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights)

@@ -2,9 +2,14 @@
 
 The scheduler writes one row per scheduled batch into a ring of ``RING`` rows (``FIELDS``) plus a few
 counters, in a file under ``/dev/shm`` named by the plugin config's ``stats_path`` (``config.stats_channel``:
-picked by the launcher, or by the first process that asks, and inherited by SGLang's subprocesses). Reading costs one ``mmap``
-slice: no IPC round trip, no lock. The writer bumps ``seq`` after a row is complete; a reader that lags
+picked by the launcher, or by the first process that asks, and inherited by SGLang's subprocesses). Reading costs
+one ``mmap`` slice: no IPC round trip, no lock. The writer bumps ``seq`` after a row is complete; a reader that lags
 by more than ``RING`` rows sees overwritten rows (``history`` reports the gap).
+
+Under ``--dp-size N`` every rank's scheduler writes its own ring, ``<stats_path>.<dp_rank>`` (:func:`rank_path`;
+header slot 7 holds ``dp_rank + 1``); without DP the one ring is ``<stats_path>`` itself. A reader given no rank
+reads the single ring, or rank 0's under DP (the single-rank semantics of every reader written before DP);
+:class:`RankReaders` reads every rank and sums them (:func:`aggregate_rows`) for callers that want one figure.
 
 Why not SGLang's own load snapshot (``sglang.srt.managers.load_snapshot``, the ``/dev/shm`` file behind
 ``/v1/loads``): it holds one latest ``LoadSnapshot`` per DP rank (a fixed msgspec struct, msgpack-encoded
@@ -20,10 +25,11 @@ scheduling points, i.e. the loop period that overlap shortens.
 from __future__ import annotations
 
 import atexit
+import glob
 import logging
 import os
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -32,6 +38,7 @@ from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import stats_channel
 from sglang_spex.srt import scheduling
 from sglang_spex.srt.hook_guard import HookGuard
+from sglang_spex.srt.metrics import RankGauges
 
 logger = logging.getLogger(__name__)
 
@@ -85,15 +92,51 @@ COUNTERS = (
     "live_knee",  # knee of the live decode step times (-1 = none seen)
 )
 DECODE = 2  # the "mode" of a decode row
-_HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, reserved
+_HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, dp_rank + 1 (0: no data parallelism)
 _F = {name: i for i, name in enumerate(FIELDS)}
 _C = {name: i for i, name in enumerate(COUNTERS)}
 _NBYTES = 8 * (_HDR + len(COUNTERS) + RING * len(FIELDS))
 
 
+# row fields and counters that add up over DP ranks (the others, e.g. knee or step time, are per rank only)
+SUM_FIELDS = ("batch_size", "n_primary", "n_spec", "spec_total", "kv_used", "kv_available", "kv_evictable",
+              "kv_protected", "kv_total", "waiting", "waiting_spec", "primary_live", "primary_running", "spec_held",
+              "hook_s")  # fmt: skip
+SUM_COUNTERS = tuple(c for c in COUNTERS if c.startswith("cancel_extra_")) + (
+    "preempt_for_primary", "spec_retracted_for_budget", "protect_locks", "protect_locked_tokens",
+    "spec_before_primary", "hook_s_total")  # fmt: skip
+
+
 def prepare_channel() -> str:
     """Fix the stats path for this process tree (call in the launching process, before SGLang forks)."""
     return stats_channel()
+
+
+def process_dp_rank() -> Optional[int]:
+    """The DP rank this scheduler process serves (SGLang's ``get_parallel().dp_rank``), None without DP."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+        return None if par.dp_size <= 1 or par.dp_rank is None else int(par.dp_rank)
+    except Exception:  # not written in this process (no DP controller spawned it)
+        return None
+
+
+def rank_path(base: str, dp_rank: Optional[int]) -> str:
+    """The ring of one DP rank: ``<base>.<dp_rank>``; ``base`` itself without data parallelism."""
+    return base if dp_rank is None else f"{base}.{dp_rank}"
+
+
+def rank_paths(base: Optional[str] = None) -> Dict[Optional[int], str]:
+    """The rings that exist, by rank: ``{0: base.0, 1: base.1, ...}`` under DP, else ``{None: base}``."""
+    base = base or stats_channel()
+    ranks: Dict[Optional[int], str] = {}
+    for p in glob.glob(glob.escape(base) + ".*"):
+        suffix = p[len(base) + 1 :]
+        if suffix.isdigit():
+            ranks[int(suffix)] = p
+    return dict(sorted(ranks.items())) if ranks else {None: base}
 
 
 def _views(mm: np.memmap):
@@ -106,20 +149,23 @@ def _views(mm: np.memmap):
 class StatsWriter:
     """The scheduler side: owns the file, writes rows."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, dp_rank: Optional[int] = None):
         self.path = path
+        self.dp_rank = dp_rank
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "wb") as f:
             f.truncate(_NBYTES)
         self.mm = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(_NBYTES,))
         self.header, self.counters, self.ring = _views(self.mm)
         self.ring[:] = np.nan
-        self.header[:] = [MAGIC, VERSION, len(FIELDS), RING, 0, os.getpid(), len(COUNTERS), 0]
+        rank = 0 if dp_rank is None else dp_rank + 1
+        self.header[:] = [MAGIC, VERSION, len(FIELDS), RING, 0, os.getpid(), len(COUNTERS), rank]
         os.replace(tmp, path)  # readers never see a half-initialised file
         atexit.register(self.close)
         self.seq = 0
         self.last_t: Optional[float] = None
         self.ema: Optional[float] = None
+        self.gauges: Optional[Any] = None  # metrics.RankGauges, set by the scheduler hook
 
     def write(self, row: Dict[str, float], counters: Dict[str, float]) -> Optional[Tuple[float, float, float]]:
         """Write ``row``; returns the previous row's (mode, batch size, step_s) once its step time is known."""
@@ -154,10 +200,18 @@ class StatsWriter:
 
 
 class StatsReader:
-    """Any process: read the latest row, the counters and recent history without IPC."""
+    """Any process: read the latest row, the counters and recent history without IPC.
 
-    def __init__(self, path: Optional[str] = None):
-        self.path = path or stats_channel()
+    ``path`` names a ring file; else ``dp_rank`` picks that rank's ring of this server; with neither, the server's
+    single ring, or rank 0's under DP."""
+
+    def __init__(self, path: Optional[str] = None, dp_rank: Optional[int] = None):
+        if path is None:
+            base = stats_channel()
+            path = rank_path(base, dp_rank)
+            if dp_rank is None and not os.path.exists(base) and os.path.exists(rank_path(base, 0)):
+                path = rank_path(base, 0)
+        self.path = path
         self.mm = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(_NBYTES,))
         self.header, self.counters_arr, self.ring = _views(self.mm)
         if int(self.header[0]) != MAGIC or int(self.header[1]) != VERSION:
@@ -166,6 +220,12 @@ class StatsReader:
     @property
     def seq(self) -> int:
         return int(self.header[4])
+
+    @property
+    def dp_rank(self) -> Optional[int]:
+        """The writer's DP rank (None: a server without data parallelism)."""
+        rank = int(self.header[7])
+        return None if rank == 0 else rank - 1
 
     def _row(self, i: int) -> Dict[str, float]:
         vals = self.ring[i % RING].copy()
@@ -192,7 +252,9 @@ G_STATS = HookGuard("batch_stats")
 
 def _writer_of(state: scheduling.SpexSchedulerState) -> StatsWriter:
     if state.stats is None:
-        state.stats = StatsWriter(stats_channel())
+        rank = process_dp_rank()
+        state.stats = StatsWriter(rank_path(stats_channel(), rank), rank)
+        state.stats.gauges = RankGauges(rank)  # the rank's spex_rank_* gauges on /metrics
     return state.stats
 
 
@@ -261,6 +323,8 @@ def _publish(plan: Any, scheduler: Any) -> None:
     state.hook_s_published = state.hook_s
     state.gate.held, state.gate.decode_protected = 0, False  # a step without a prefill attempt holds nothing
     done = writer.write(row, counters)
+    if writer.gauges is not None:
+        writer.gauges.update(row, {**counters, "ema_step_s": writer.ema})
     if done is not None and done[0] == DECODE:
         state.curve.add(int(done[1]), done[2])  # the live decode curve (the gate's live knee)
     sa.charge_hook_time(scheduler, t0, "publish")
@@ -272,15 +336,65 @@ def h_publish(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     return plan
 
 
-def read_stats(path: Optional[str] = None, history_since: Optional[int] = None) -> Dict[str, Any]:
-    """Latest row + counters (+ history) from the stats file; ``{"available": False}`` if there is none."""
+def read_stats(
+    path: Optional[str] = None, history_since: Optional[int] = None, dp_rank: Optional[int] = None
+) -> Dict[str, Any]:
+    """Latest row + counters (+ history) of one ring (see :class:`StatsReader` for which);
+    ``{"available": False}`` if there is none."""
     try:
-        reader = StatsReader(path)
+        reader = StatsReader(path, dp_rank)
     except (OSError, ValueError) as e:
         return {"available": False, "error": str(e)}
-    out: Dict[str, Any] = {"available": True, "path": reader.path, "seq": reader.seq}
+    out: Dict[str, Any] = {"available": True, "path": reader.path, "dp_rank": reader.dp_rank, "seq": reader.seq}
     out["latest"] = reader.latest()
     out["counters"] = reader.counters()
     if history_since is not None:
         out["history"] = reader.history(history_since)
     return out
+
+
+def aggregate_rows(rows: Iterable[Optional[Dict[str, Any]]], keys: Tuple[str, ...] = SUM_FIELDS) -> Dict[str, float]:
+    """The sum over ranks of ``keys`` (missing rows and values count 0)."""
+    rows = [r for r in rows if r]
+    return {k: float(sum(r.get(k) or 0 for r in rows)) for k in keys}
+
+
+class RankReaders:
+    """Every DP rank's ring of one server (a single ring without DP), found on first use and again whenever a rank
+    is missing; readers stay open, so a read is one ``mmap`` slice per rank."""
+
+    def __init__(self, base: Optional[str] = None):
+        self.base = base
+        self._readers: Dict[Optional[int], StatsReader] = {}
+
+    def readers(self) -> Dict[Optional[int], StatsReader]:
+        paths = rank_paths(self.base)
+        if set(paths) != set(self._readers):
+            found = {}
+            for rank, p in paths.items():
+                try:
+                    found[rank] = self._readers.get(rank) or StatsReader(p)
+                except (OSError, ValueError):  # that rank has not published its first step yet
+                    continue
+            self._readers = found
+        return self._readers
+
+    def latest_by_rank(self) -> Dict[Optional[int], Optional[Dict[str, float]]]:
+        return {rank: r.latest() for rank, r in self.readers().items()}
+
+    def aggregate_latest(self) -> Dict[str, float]:
+        """:data:`SUM_FIELDS` of every rank's latest row, summed."""
+        return aggregate_rows(self.latest_by_rank().values())
+
+
+def read_all_ranks(base: Optional[str] = None, history_since: Optional[int] = None) -> Dict[str, Any]:
+    """Every rank's :func:`read_stats`, by rank, and their sum (``aggregate``: latest rows' :data:`SUM_FIELDS`
+    and :data:`SUM_COUNTERS`). ``history_since`` applies to every rank (each ring has its own sequence numbers)."""
+    ranks: List[Dict[str, Any]] = [read_stats(p, history_since) for p in rank_paths(base).values()]
+    up = [r for r in ranks if r["available"]]
+    agg = {
+        "latest": aggregate_rows(r["latest"] for r in up),
+        "counters": aggregate_rows((r["counters"] for r in up), SUM_COUNTERS),
+        "ranks": len(up),
+    }
+    return {"dp_ranks": ranks, "aggregate": agg}

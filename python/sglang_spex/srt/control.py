@@ -8,19 +8,28 @@ added dispatcher entry applies it between two scheduling steps. The sender then 
 ``get_internal_state`` round trip: the scheduler answers in FIFO order, so the reply (which carries the
 scheduler-side spex state, see ``hooks.scheduler_report``) proves the command was applied.
 Commands are applied in ``ingest_requests``, before the step's scheduling hooks run, with or without overlap
-scheduling (a cancel is then finished by the same step's immediate-cancel hook). Run-time statistics go the other way through shared memory (:mod:`sglang_spex.srt.batch_stats`).
+scheduling (a cancel is then finished by the same step's immediate-cancel hook). Run-time statistics go the other
+way through shared memory (:mod:`sglang_spex.srt.batch_stats`).
+
+Under ``--dp-size N`` the message goes to SGLang's DP controller, whose fallback (``send_control_message``) forwards
+any type it does not route itself to every rank's scheduler, on the same socket as that rank's generate requests;
+``get_internal_state`` fans out to every rank too and returns once all of them answered, in arrival order. So a
+command reaches every rank (a cancel or release acts where the search's requests are, a no-op elsewhere; a budget
+or knob applies to each rank alike), and the acknowledgement waits for all of them. Each rank's report carries its
+``dp_rank``; :func:`scheduler_states` orders the replies by it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
 from sglang.utils import TypeBasedDispatcher
 
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.srt import scheduling
+from sglang_spex.srt.batch_stats import process_dp_rank
 from sglang_spex.srt.hook_guard import HookGuard, guard_report
 from sglang_spex.tot.engine import search_rid_prefix
 
@@ -99,6 +108,7 @@ def sched_report(scheduler: Any) -> Dict[str, Any]:
     state = scheduling.state_of(scheduler)
     return {
         **state.report(),
+        "dp_rank": process_dp_rank(),
         "overlap": sa.overlap(scheduler),
         "protection": state.protection.report(),
         "hooks": guard_report(),
@@ -121,14 +131,35 @@ def validate(req: SpexControlReq) -> Optional[str]:
 
 
 async def send(tokenizer_manager: Any, req: SpexControlReq) -> Dict[str, Any]:
-    """Send ``req`` to the scheduler and return the scheduler-side spex state once it has been applied."""
+    """Send ``req`` to the scheduler and return the scheduler-side spex state once it has been applied (rank 0's
+    under DP; :func:`send_all` returns every rank's)."""
+    return (await send_all(tokenizer_manager, req))[0]
+
+
+async def send_all(tokenizer_manager: Any, req: SpexControlReq) -> List[Dict[str, Any]]:
+    """Send ``req`` to every rank's scheduler; their states once all of them applied it, ordered by DP rank."""
     tokenizer_manager.auto_create_handle_loop()
     tokenizer_manager._dispatch_to_scheduler(req)
-    return await scheduler_state(tokenizer_manager)
+    return await scheduler_states(tokenizer_manager)
+
+
+def rank_order(states: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``get_internal_state`` replies (arrival order) ordered by the DP rank in their spex report."""
+
+    def rank(s: Dict[str, Any]) -> int:
+        r = ((s.get("spex") or {}).get("sched") or {}).get("dp_rank")
+        return -1 if r is None else int(r)
+
+    return sorted(states, key=rank)  # stable: replies without a rank keep their order
+
+
+async def scheduler_states(tokenizer_manager: Any) -> List[Dict[str, Any]]:
+    """Every rank's scheduler-side spex state, by DP rank (one ``get_internal_state`` round trip; H1 adds it);
+    one element without DP, ``[{}]`` when there is none."""
+    states = rank_order(await tokenizer_manager.get_internal_state())
+    return [((s.get("spex") or {}).get("sched") or {}) for s in states] or [{}]
 
 
 async def scheduler_state(tokenizer_manager: Any) -> Dict[str, Any]:
-    """The scheduler-side spex state (one ``get_internal_state`` round trip; H1 adds it)."""
-    states = await tokenizer_manager.get_internal_state()
-    spex = (states[0] if states else {}).get("spex") or {}
-    return spex.get("sched") or {}
+    """The scheduler-side spex state (rank 0's under DP)."""
+    return (await scheduler_states(tokenizer_manager))[0]

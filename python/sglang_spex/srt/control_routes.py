@@ -18,6 +18,11 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
 
 Every POST answers ``{"ok": true, "scheduler": ...}``, the scheduler-side state after the command was applied
 (see :mod:`.control`); without ``--tot-speculation`` 409.
+
+Under ``--dp-size N`` a command reaches every rank (see :mod:`.control`); ``scheduler`` and ``batch`` stay rank 0's
+(the single-rank shape), and ``dp_ranks`` lists each rank's scheduler state by rank (null without DP).
+``/spex/stats`` adds ``batch_ranks``: each rank's ring by rank and their ``aggregate`` (sums of the latest rows and
+counters; ``history_since`` applies to every ring, each with its own sequence numbers).
 """
 
 from __future__ import annotations
@@ -51,10 +56,10 @@ async def _run(request: Request, reqs: List[control.SpexControlReq]) -> Response
         err = control.validate(req)
         if err:
             return error_response("body", err)
-    scheduler = None
+    states: List[dict] = [{}]
     for req in reqs:
-        scheduler = await control.send(state.tokenizer_manager, req)
-    return JSONResponse({"ok": True, "scheduler": scheduler})
+        states = await control.send_all(state.tokenizer_manager, req)
+    return JSONResponse({"ok": True, "scheduler": states[0], "dp_ranks": states if len(states) > 1 else None})
 
 
 @json_body(BudgetBody)
@@ -94,8 +99,10 @@ async def get_stats(request: Request, history_since: Optional[int] = None) -> Re
     state = http_state(request)
     if not state.cfg.enabled:
         return error_response(*SPECULATION_OFF, status_code=409)
-    out = {"scheduler": await control.scheduler_state(state.tokenizer_manager)}
+    states = await control.scheduler_states(state.tokenizer_manager)
+    out = {"scheduler": states[0], "dp_ranks": states if len(states) > 1 else None}
     out["batch"] = batch_stats.read_stats(history_since=history_since)
+    out["batch_ranks"] = batch_stats.read_all_ranks(history_since=history_since) if len(states) > 1 else None
     return JSONResponse(out)
 
 

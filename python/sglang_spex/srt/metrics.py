@@ -5,6 +5,11 @@ HTTP process (after ``PROMETHEUS_MULTIPROC_DIR`` is set, hence lazily) appear th
 ``prometheus_client`` is imported inside the functions on purpose: it picks its multiprocess value class
 from that variable when first imported, so a module-level import could happen before SGLang sets it.
 A metric name can be registered once per process, so the counters are created once (``_metrics``, cached).
+
+Per DP rank: every series carries a ``dp_rank`` label, SGLang's own label name for it (its scheduler collectors
+add ``dp_rank`` under ``--dp-size``; ``"0"`` here without DP, as its cache collectors do). The search counters are
+counted in the HTTP process under the rank the search was pinned to; the ``spex_rank_*`` gauges are set by each
+rank's scheduler from its batch-stats row (:class:`RankGauges`, at most once a second).
 """
 
 from __future__ import annotations
@@ -12,9 +17,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Dict, Optional
+import time
+from typing import Any, Dict, Mapping, Optional
 
 logger = logging.getLogger(__name__)
+
+RANK_LABEL = "dp_rank"  # SGLang's label name for the DP rank (observability/metrics_collector.py)
+
+
+def rank_label(dp_rank: Optional[int]) -> str:
+    return str(dp_rank or 0)
+
 
 _COUNTERS = {
     "searches": "ToT searches finished",
@@ -35,10 +48,11 @@ def _metrics() -> Dict[str, object]:
     try:
         from prometheus_client import Counter, Histogram
 
-        out: Dict[str, object] = {k: Counter(f"spex_{k}", doc) for k, doc in _COUNTERS.items()}
+        out: Dict[str, object] = {k: Counter(f"spex_{k}", doc, [RANK_LABEL]) for k, doc in _COUNTERS.items()}
         out["cancel_latency"] = Histogram(
             "spex_cancel_latency_seconds",
             "decision-to-freed latency of speculative cancels",
+            [RANK_LABEL],
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
         return out
@@ -47,11 +61,16 @@ def _metrics() -> Dict[str, object]:
         return {}
 
 
-def record_search(accounting: Optional[dict], primary_requests: int, primary_tokens: int) -> None:
-    """Add one finished search's accounting (``SpecAccounting.to_dict()`` or None for baseline)."""
-    m = _metrics()
-    if not m:
+def record_search(
+    accounting: Optional[dict], primary_requests: int, primary_tokens: int, dp_rank: Optional[int] = None
+) -> None:
+    """Add one finished search's accounting (``SpecAccounting.to_dict()`` or None for baseline) under the DP rank
+    its requests ran on."""
+    base = _metrics()
+    if not base:
         return
+    label = rank_label(dp_rank)
+    m = {k: c.labels(**{RANK_LABEL: label}) for k, c in base.items()}
     m["searches"].inc()
     m["requests_primary"].inc(primary_requests)
     m["tokens_primary"].inc(primary_tokens)
@@ -70,6 +89,58 @@ def record_search(accounting: Optional[dict], primary_requests: int, primary_tok
         m["early_stops"].inc()
     for ms in accounting.get("cancel_latency_ms", []):
         m["cancel_latency"].observe(ms / 1000.0)
+
+
+_RANK_GAUGES = {  # gauge suffix: (batch-stats row field or counter, help)
+    "batch_size": ("batch_size", "requests in the rank's last scheduled batch"),
+    "spec_running": ("spec_total", "speculative requests running on the rank"),
+    "budget": ("budget", "speculative admission cap in force on the rank (-1: none)"),
+    "knee": ("knee", "knee the rank's gate keeps speculation below (-1: unknown)"),
+    "live_knee": ("live_knee", "knee of the rank's live decode step times (-1: none seen)"),
+    "kv_used": ("kv_used", "KV tokens held on the rank"),
+    "kv_protected": ("kv_protected", "KV tokens locked in the rank's radix cache"),
+    "waiting": ("waiting", "requests waiting on the rank"),
+    "step_seconds": ("ema_step_s", "EMA of the rank's scheduler step time"),
+    "preempt_for_primary": ("preempt_for_primary", "speculative requests preempted for primaries on the rank"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _rank_gauges() -> Dict[str, Any]:
+    try:
+        from prometheus_client import Gauge
+
+        return {
+            key: Gauge(f"spex_rank_{name}", doc, [RANK_LABEL], multiprocess_mode="mostrecent")
+            for name, (key, doc) in _RANK_GAUGES.items()
+        }
+    except Exception:  # metrics must never break the scheduler
+        logger.exception("spex: per-rank prometheus gauges unavailable")
+        return {}
+
+
+class RankGauges:
+    """``spex_rank_*`` gauges of one scheduler (one DP rank), created in the scheduler process; a no-op without
+    ``--enable-metrics``. ``update`` sets them from a batch-stats row and counters at most every ``interval`` s."""
+
+    def __init__(self, dp_rank: Optional[int], interval: float = 1.0) -> None:
+        self.label = rank_label(dp_rank)
+        self.interval = interval
+        self._next = 0.0
+        gauges = _rank_gauges() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else {}
+        self._g: Dict[str, Any] = {key: g.labels(**{RANK_LABEL: self.label}) for key, g in gauges.items()}
+
+    def update(self, row: Mapping[str, Any], counters: Mapping[str, Any]) -> None:
+        if not self._g:
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.interval
+        for key, gauge in self._g.items():
+            v = row.get(key, counters.get(key))
+            if v is not None and v == v:  # NaN: not known yet
+                gauge.set(v)
 
 
 class RespecMetrics:

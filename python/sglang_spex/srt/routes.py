@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any, Dict, List, Optional
 
 import sglang
 from fastapi import FastAPI, Request
@@ -18,15 +19,33 @@ from sglang.srt.entrypoints.http_server import get_global_state
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile import routes as profile_routes
 from sglang_spex.respec import routes as respec_routes
-from sglang_spex.srt import admin_scope, control_routes, search_service, ui_routes
+from sglang_spex.srt import admin_scope, batch_stats, control, control_routes, search_service, ui_routes
 from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, installed
 
 
+def _dp_ranks(states: List[Dict[str, Any]], searches: Dict[int, int]) -> Optional[List[Dict[str, Any]]]:
+    """``--dp-size`` > 1: one entry per rank, by rank: its scheduler's plugin report (``sched``: budget, gate,
+    protection, KV pool of that rank), its ReSpec report, the server-side searches pinned to it and the latest row
+    of its batch-stats ring (``batch``); None with one rank."""
+    if len(states) <= 1:
+        return None
+    rings = batch_stats.RankReaders().latest_by_rank()
+    out = []
+    for i, s in enumerate(states):
+        spex = s.get("spex") or {}
+        rank = (spex.get("sched") or {}).get("dp_rank", i)
+        out.append({**spex, "dp_rank": rank, "respec": s.get("respec"), "searches": searches.get(rank, 0),
+                    "batch": rings.get(rank)})  # fmt: skip
+    return out
+
+
 async def get_info(request: Request) -> Response:
-    """``GET /spex/info``: SGLang version, the parsed config, and the report made inside the scheduler (H1)."""
+    """``GET /spex/info``: SGLang version, the parsed config, and the report made inside the scheduler (H1);
+    ``scheduler`` and ``respec`` are rank 0's under ``--dp-size``, ``dp_ranks`` has every rank's."""
     state = http_state(request)
-    states = await state.tokenizer_manager.get_internal_state()
+    states = control.rank_order(await state.tokenizer_manager.get_internal_state())
     scheduler = states[0].get("spex") if states else None
+    searches = state.searches.info()
     return JSONResponse(
         {
             "sglang_version": sglang.__version__,
@@ -36,9 +55,11 @@ async def get_info(request: Request) -> Response:
             "speculation": state.cfg.enabled,
             "config": json.loads(state.cfg.to_json()),
             "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
-            "searches": {**state.searches.info(), "limits": (await state.searches.limits()).to_dict()},
-            # --dp-size > 1: every rank's scheduler report (budget, protection, KV pool of that rank), by rank
-            "dp_ranks": [s.get("spex") for s in states] if len(states) > 1 else None,
+            "searches": {**searches, "limits": (await state.searches.limits()).to_dict()},
+            "dp_ranks": _dp_ranks(states, searches.get("searches_per_dp_rank") or {}),
+            # the drafter version a ReSpec publisher last recorded here (None: the one the server started with),
+            # separate from SGLang's weight_version (the policy's)
+            "drafter_version": respec_routes.drafter_version(request.app),
         }
     )
 
@@ -54,6 +75,7 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     control_routes.install(app)  # /spex/budget, cancel, promote, protect, release, knobs, stats
     ui_routes.install(app)  # /tot/ui (live tree view)
     app.add_api_route("/spex/info", get_info, methods=["GET"])
+    respec_routes.install_drafter(app)  # /respec/drafter: this replica's drafter version (every server)
     # ReSpec online learner (/respec/*) when the launcher's --respec-learner set its spec
     respec_routes.install_from_env(app, server_args=lambda: state.tokenizer_manager.server_args)
     admin_scope.apply(app)  # SGLang's ADMIN_OPTIONAL level on the routes that change server-wide state (W5)
