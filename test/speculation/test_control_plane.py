@@ -137,25 +137,32 @@ def test_no_room_below_the_knee_asks_no_demand():
     assert sum(q.asked for q in queries) == 0
 
 
-def test_one_split_per_event_loop_round_and_a_changed_demand_is_asked_again():
+def test_one_split_per_event_loop_round_and_a_changed_demand_held_by_its_cap_splits_again():
     budget = SpecBudget(16, min_share=1, max_wait_s=1e9)
-    queries = [CountingQuery(f"q{i}", hit_rate=0.1 + 0.1 * i) for i in range(8)]
+    queries = [CountingQuery(f"q{i}", hit_rate=0.1 + 0.1 * i, cands=1 if i == 0 else 8) for i in range(8)]
     for q in queries:
         budget.register(q)
 
     async def rounds():
-        first = [budget.share(q) for q in queries for _ in range(3)]  # 24 refills in one round
-        asked_first = [q.asked for q in queries]
-        queries[0].version += 1  # q0's state changed (a node finished): its next refill re-splits
+        first = {q.search_id: [budget.share(q) for _ in range(3)] for q in queries}  # 24 refills in one round
+        asked = [[q.asked for q in queries]]
+        queries[1].version += 1  # q1's state changed, but its share was below its C_q: the round's split holds
+        budget.share(queries[1])
+        asked.append([q.asked for q in queries])
+        queries[0].version += 1  # q0's share was its C_q (1): it may take more now, so the round splits again
         budget.share(queries[0])
-        asked_changed = [q.asked for q in queries]
+        asked.append([q.asked for q in queries])
         await asyncio.sleep(0)  # next round
         await asyncio.sleep(0)
         budget.share(queries[1])
-        return first, asked_first, asked_changed, [q.asked for q in queries]
+        asked.append([q.asked for q in queries])
+        return first, asked
 
-    first, asked_first, asked_changed, asked_next = asyncio.run(rounds())
-    assert sum(first) // 3 == 16 and all(s >= 1 for s in first)  # the split itself: sums to the budget
-    assert asked_first == [1] * 8  # each demand asked once in the round, not once per refill
-    assert asked_changed == [2] + [2] * 7  # the changed search re-split the round (every demand asked)
-    assert asked_next == [3] * 8  # a new round splits again
+    first, asked = asyncio.run(rounds())
+    assert all(len(set(v)) == 1 for v in first.values())  # one split answers every refill of the round
+    shares = {k: v[0] for k, v in first.items()}
+    assert sum(shares.values()) == 16 and shares["q0"] == 1 and all(s >= 1 for s in shares.values())
+    assert asked[0] == [1] * 8  # each demand asked once in the round, not once per refill
+    assert asked[1] == [1] * 8
+    assert asked[2] == [2] * 8  # re-split (a SpexContext answers an unchanged demand from its cache)
+    assert asked[3] == [3] * 8  # a new round splits again

@@ -18,11 +18,10 @@ e^0.8 ≈ 2.2× the weight of one with P_q = 0.1; at τ = 0.1 about 3000×.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
-
-import numpy as np
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 from sglang_spex.config import SpexConfig
 
@@ -87,35 +86,50 @@ def running_hit_rate(hits: int, issued: int, prior: float = 0.5, prior_weight: f
     return (hits + prior * prior_weight) / (issued + prior_weight)
 
 
-def scores(demands: List[QueryDemand], weight_bytes: float) -> np.ndarray:
-    return np.array(
-        [d.hit_rate * (weight_bytes + d.shared_kv) / max(weight_bytes + d.total_kv, 1e-9) for d in demands],
-        dtype=float,
-    )
+def scores(demands: List[QueryDemand], weight_bytes: float) -> List[float]:
+    return [d.hit_rate * (weight_bytes + d.shared_kv) / max(weight_bytes + d.total_kv, 1e-9) for d in demands]
 
 
-def _water_fill(weights: np.ndarray, caps: np.ndarray, total: float) -> np.ndarray:
-    """Split ``total`` proportionally to ``weights`` with per-item caps; excess goes to uncapped items."""
-    alloc = np.zeros_like(weights)
-    free = caps > 0
+# The split runs on every refill that changes a round's demands: plain lists, no numpy (its per-call overhead
+# dominates at a few dozen queries).
+def _water_fill(weights: List[float], caps: List[float], total: float) -> List[float]:
+    """Split ``total`` proportionally to ``weights`` with per-item caps; the excess of capped items goes to the
+    uncapped ones (items whose cap is below their proportional share are capped first: cap / weight order)."""
+    n = len(weights)
+    alloc = [0.0] * n
+    free = [i for i in range(n) if caps[i] > 0]
+    if not free or total <= 1e-9:
+        return alloc
+    w = [weights[i] for i in free]
+    if sum(w) <= 0:
+        w = [1.0] * len(free)
+    items = sorted(zip(free, w), key=lambda t: caps[t[0]] / t[1] if t[1] > 0 else math.inf)
+    suffix = [0.0] * (len(items) + 1)  # weight of items[k:], summed afresh (no cancellation from subtracting)
+    for k in range(len(items) - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + items[k][1]
     remaining = float(total)
-    while remaining > 1e-9 and free.any():
-        w = np.where(free, weights, 0.0)
-        if w.sum() <= 0:
-            w = free.astype(float)
-        want = remaining * w / w.sum()
-        room = caps - alloc
-        give = np.minimum(want, room)
-        alloc += give
-        remaining -= give.sum()
-        free = free & (caps - alloc > 1e-9)
+    for k, (i, wi) in enumerate(items):
+        wsum = suffix[k]
+        if wsum <= 0:  # only zero-weight items are left: an even split of what remains
+            rest = items[k:]
+            for j, _ in rest:
+                alloc[j] = min(caps[j], remaining / len(rest))
+            break
+        want = remaining * wi / wsum
+        if want >= caps[i]:  # capped: its excess stays in the pool
+            alloc[i] = caps[i]
+            remaining -= caps[i]
+        else:  # every later item has a larger cap / weight: all of them take their proportional share
+            for j, wj in items[k:]:
+                alloc[j] = remaining * wj / wsum
+            break
     return alloc
 
 
-def _round(alloc: np.ndarray, caps: np.ndarray, total: int) -> np.ndarray:
-    base = np.floor(alloc + 1e-9).astype(int)
-    left = min(total, int(caps.sum())) - int(base.sum())
-    order = np.argsort(-(alloc - base), kind="stable")
+def _round(alloc: List[float], caps: List[float], total: int) -> List[int]:
+    base = [math.floor(a + 1e-9) for a in alloc]
+    left = min(total, int(sum(caps))) - sum(base)
+    order = sorted(range(len(alloc)), key=lambda i: -(alloc[i] - base[i]))  # stable: ties keep demand order
     for i in order:
         if left <= 0:
             break
@@ -142,19 +156,22 @@ def split_budget(
         return {d.query_id: 0 for d in demands}
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
-    caps = np.array([max(0, d.candidates) for d in demands], dtype=float)
-    s = scores(demands, weight_bytes) / temperature
-    w = np.exp(s - s.max())
-    wait = np.zeros_like(caps) if waited is None else np.asarray(waited, dtype=float)
-    minimum = np.minimum(caps, np.where(wait > 0, max(min_share, 1), min_share).astype(float))
+    caps = [float(max(0, d.candidates)) for d in demands]
+    s = [x / temperature for x in scores(demands, weight_bytes)]
+    top = max(s)
+    w = [math.exp(x - top) for x in s]
+    wait = [0.0] * len(caps) if waited is None else [float(x) for x in waited]
+    minimum = [min(c, float(max(min_share, 1) if wt > 0 else min_share)) for c, wt in zip(caps, wait)]
     floor = minimum
-    if floor.sum() > k_total:  # not enough for every minimum: longest starved, then best scores first
-        floor = np.zeros_like(caps)
-        for i in np.lexsort((-s, -wait)):
-            if floor.sum() + minimum[i] <= k_total:
+    if sum(floor) > k_total:  # not enough for every minimum: longest starved, then best scores first
+        floor = [0.0] * len(caps)
+        used = 0.0
+        for i in sorted(range(len(caps)), key=lambda i: (-wait[i], -s[i])):
+            if used + minimum[i] <= k_total:
                 floor[i] = minimum[i]
-    rest = _water_fill(w, caps - floor, k_total - floor.sum())
-    shares = _round(floor + rest, caps, k_total)
+                used += minimum[i]
+    rest = _water_fill(w, [c - f for c, f in zip(caps, floor)], k_total - sum(floor))
+    shares = _round([f + r for f, r in zip(floor, rest)], caps, k_total)
     return {d.query_id: int(x) for d, x in zip(demands, shares)}
 
 
@@ -166,6 +183,16 @@ def effective_k_total(k_total: int, primary_batch: int, knee: Optional[int]) -> 
     if knee is None:
         return max(0, k_total)
     return max(0, min(k_total, knee - primary_batch))
+
+
+@dataclass
+class _RoundSplit:
+    """One T2 split, kept for the rest of an event-loop round."""
+
+    total: int  # the allowance it split
+    shares: Dict[str, int]
+    keys: Dict[str, Any]  # each search's demand key when split (None: T1's even split)
+    caps: Dict[str, int]  # each search's C_q when split (empty: T1's even split, never re-split)
 
 
 class BudgetClient(Protocol):
@@ -209,8 +236,7 @@ class SpecBudget:
         self.contexts: Set[BudgetClient] = set()
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
         self._starving = False  # the last split gave a query past the starvation bound its minimum
-        self._round: Optional[Tuple[int, Dict[str, int], Dict[str, Any]]] = None  # this loop round's split:
-        # (allowance, shares, the demand key of each search it used)
+        self._round: Optional[_RoundSplit] = None  # this event-loop round's split
         self._round_end_scheduled = False
 
     def register(self, ctx: BudgetClient) -> None:
@@ -265,30 +291,34 @@ class SpecBudget:
                 self._starved_since.setdefault(c.search_id, now)
             return 0
         key = _demand_key(ctx) if self.use_t2 else None
-        if self._round is not None and self._round[0] == total and self._round[2].get(ctx.search_id, ()) == key:
-            return self._round[1].get(ctx.search_id, 0)
+        r = self._round
+        if r is not None and r.total == total and ctx.search_id in r.shares:
+            got = r.shares[ctx.search_id]
+            if r.keys[ctx.search_id] == key or got < r.caps[ctx.search_id]:  # unchanged, or not held by its C_q
+                return got
         live = [c for c in self.contexts if not c.should_stop()]
         if not self.use_t2:  # T1 only: an even split
             out = {c.search_id: total // len(live) + (1 if i < total % len(live) else 0) for i, c in enumerate(live)}
-            keys: Dict[str, Any] = {c.search_id: None for c in live}
-        else:
-            out = self.shares([c.demand() for c in live], total)
-            keys = {c.search_id: _demand_key(c) for c in live}
-        self._keep_for_round(total, out, keys)
+            self._keep_for_round(_RoundSplit(total, out, {c.search_id: None for c in live}, {}))
+            return out.get(ctx.search_id, 0)
+        demands = [c.demand() for c in live]
+        out = self.shares(demands, total)
+        keys = {c.search_id: _demand_key(c) for c in live}
+        if all(k is not None for k in keys.values()):
+            self._keep_for_round(_RoundSplit(total, out, keys, {d.query_id: d.candidates for d in demands}))
         return out.get(ctx.search_id, 0)
 
-    def _keep_for_round(self, total: int, out: Dict[str, int], keys: Dict[str, Any]) -> None:
-        """Reuse ``out`` until the running event loop's next round, for a search whose demand key is still
-        ``keys``' (no loop, a search without a demand key, or a query past the starvation bound: not reused)."""
-        if any(k is None for k in keys.values()) and self.use_t2:
-            return
+    def _keep_for_round(self, split: "_RoundSplit") -> None:
+        """Reuse ``split`` until the running event loop's next round (no loop, or a query past the starvation
+        bound: not reused). A search whose demand changed in the round still gets its share from it unless its
+        share was held by its C_q (it may now be able to take more): then the round is split again."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
         if self._starving:
             return
-        self._round = (total, out, keys)
+        self._round = split
         if not self._round_end_scheduled:
             self._round_end_scheduled = True
             loop.call_soon(self._end_round)
