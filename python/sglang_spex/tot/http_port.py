@@ -1,18 +1,38 @@
-"""The client-side engine port: any SGLang HTTP endpoint (``/generate``, ``/abort_request``).
+"""The client-side engine port: any SGLang HTTP endpoint (``/generate``, ``/abort_request``), or an sglang-router
+in front of several of them.
 
 ``api_key`` is sent as ``Authorization: Bearer`` on every request (a server started with ``--api-key``). The SPEX
 control calls (``/spex/promote``, ``/spex/release``) are admin-scoped: against a server with ``--admin-api-key``
 they need that key, and without it they are refused and ignored (the search still runs, unprotected).
+
+Behind sglang-router (``docs/scale.md``): every request of a search carries the router's affinity header
+``X-SMG-Routing-Key: <search id>`` (``affinity=True``, the default; a plain SGLang server only logs it), so the
+router's ``manual`` policy keeps the search on one worker. The router proxies neither ``/abort_request`` nor
+``/spex/*``: when ``base_url`` answers ``GET /workers`` like a router, aborts and control calls go to every worker
+it lists (SGLang ignores an abort for a rid it does not hold, so only the holder acts). A search whose worker
+drops its connection, or that the router answers with an error of its own (HTTP 500 with ``x-smg-error-code:
+call_upstream_request_error`` when the worker died mid-request; 502/503/504), is *lost*: its later requests fail
+at once with :class:`WorkerLost` instead of landing on another worker with none of its cache.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, Dict, Optional, Set
+from typing import Any, Dict, List, Optional, Set
 
 import httpx
 
+from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
 from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
+
+WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts and control calls
+LOST_STATUS = (502, 503, 504)  # no worker reached (any proxy)
+ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
+
+
+class WorkerLost(RuntimeError):
+    """The worker holding a search's requests went away; the search cannot go on where its cache is."""
 
 
 class HttpPort(EnginePort):
@@ -22,6 +42,7 @@ class HttpPort(EnginePort):
         timeout: float = 600.0,
         client: Optional[httpx.AsyncClient] = None,
         api_key: Optional[str] = None,
+        affinity: bool = True,
     ):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -29,6 +50,10 @@ class HttpPort(EnginePort):
             timeout=timeout, limits=httpx.Limits(max_connections=256), headers=headers
         )
         self.inflight: Set[str] = set()
+        self.affinity = affinity
+        self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
+        self._targets: Optional[List[str]] = None
+        self._targets_at = 0.0
 
     async def generate(self, req: GenRequest) -> GenResult:
         body: Dict[str, Any] = {"text": req.prompt, "sampling_params": req.sampling_params(), "rid": req.rid}
@@ -38,27 +63,63 @@ class HttpPort(EnginePort):
             body["priority"] = req.priority
         if req.dp_rank is not None:
             body["routed_dp_rank"] = req.dp_rank
+        key = affinity_key(req.search_id, req.rid) if self.affinity else None
+        if key is not None and key in self.lost:
+            raise WorkerLost(self.lost[key])
+        headers = {ROUTING_KEY_HEADER: key} if key is not None else None
         t0 = time.monotonic()
         self.inflight.add(req.rid)
         try:
-            r = await self.client.post(self.base_url + "/generate", json=body)
+            r = await self.client.post(self.base_url + "/generate", json=body, headers=headers)
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
+            raise self._lose(key, f"{type(e).__name__}: {e}")
         finally:
             self.inflight.discard(req.rid)
         if r.status_code >= 400 and "abort" in r.text.lower():
             return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
+        if r.status_code in LOST_STATUS or (r.status_code >= 500 and ROUTER_ERROR_HEADER in r.headers):
+            raise self._lose(key, f"HTTP {r.status_code}: {r.text[:200]}")
         r.raise_for_status()
         return GenResult.from_sglang(req.rid, r.json(), time.monotonic() - t0)
 
+    def _lose(self, key: Optional[str], why: str) -> WorkerLost:
+        msg = f"the worker of search {key} is gone ({why})" if key else f"the engine is gone ({why})"
+        if key is not None:
+            self.lost.setdefault(key, msg)
+        return WorkerLost(msg)
+
+    async def targets(self) -> List[str]:
+        """Where aborts and control calls go: the workers of an sglang-router at ``base_url`` (it does not proxy
+        them), else ``base_url`` itself; the router's list is reused for ``WORKERS_TTL_S``."""
+        now = time.monotonic()
+        if self._targets is None or now - self._targets_at > WORKERS_TTL_S:
+            try:
+                workers = parse_workers(await self.client.get(self.base_url + "/workers"))
+            except httpx.HTTPError:
+                workers = None
+            self._targets = [w["url"].rstrip("/") for w in workers] if workers is not None else [self.base_url]
+            self._targets_at = now
+        return self._targets
+
+    async def _post_all(self, route: str, bodies: List[Dict[str, Any]]) -> None:
+        async def one(url: str, body: Dict[str, Any]) -> None:
+            try:  # a dead worker must not keep the others from acting
+                await self.client.post(url + route, json=body)
+            except httpx.HTTPError:
+                pass
+
+        urls = await self.targets()
+        await asyncio.gather(*(one(u, b) for u in urls for b in bodies))
+
     async def abort(self, rid_or_prefix: str) -> None:
         # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
-        for rid in [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]:
-            await self.client.post(self.base_url + "/abort_request", json={"rid": rid})
+        rids = [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]
+        if rids:
+            await self._post_all("/abort_request", [{"rid": rid} for rid in rids])
 
     async def _spex_control(self, route: str, body: Dict[str, Any]) -> None:
-        try:  # a sglang-spex server acts on it; any other server answers 404 (or 409 without SPEX): ignore
-            await self.client.post(self.base_url + route, json=body)
-        except httpx.HTTPError:
-            pass
+        # a sglang-spex server acts on it; any other server answers 404 (or 409 without SPEX): ignored
+        await self._post_all(route, [body])
 
     async def promote(self, rid: str) -> None:
         await self._spex_control("/spex/promote", {"rid": rid})

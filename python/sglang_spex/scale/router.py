@@ -1,0 +1,124 @@
+"""sglang-router (0.3.2, pinned in third_party/) in front of several servers: the process, and its affinity key.
+
+What 0.3.2 does, found by running it (see docs/scale.md):
+- ``--policy manual`` pins every request carrying the header ``X-SMG-Routing-Key`` to one worker, picked for a
+  new key by ``--assignment-mode`` (``min_load``: fewest in-flight requests) and kept until that worker turns
+  unhealthy. A request without the header goes to a random worker (the body's ``rid`` is not read as a key).
+- It proxies ``/generate`` (re-serialised: ``rid``, ``priority``, ``sampling_seed`` and the usual sampling fields
+  pass; ``sampling_params.custom_params`` and ``routed_dp_rank`` are dropped), ``/flush_cache`` (to every worker),
+  ``/get_loads`` and ``/workers``; **not** ``/abort_request``, ``/tot/*`` or ``/spex/*`` (404). A front therefore
+  sends aborts and SPEX control calls to the workers, which ``GET /workers`` lists.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+import httpx
+
+from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.engine import parse_rid
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # the manual policy's key (SGLang also logs it with --log-requests)
+POLICIES = ("manual", "round_robin", "cache_aware", "random", "power_of_two")
+ASSIGNMENT_MODES = ("min_load", "min_group", "random")
+
+
+def affinity_key(search_id: str = "", rid: str = "") -> Optional[str]:
+    """The routing key of a search's requests: its search id (from ``rid`` when not given); None for others."""
+    if search_id:
+        return search_id
+    parsed = parse_rid(rid or "")
+    return parsed[0] if parsed else None
+
+
+def list_workers(router_url: str, timeout: float = 10.0) -> Optional[List[dict]]:
+    """The router's workers (``GET /workers``: url, is_healthy, load, ...), or None when ``router_url`` answers
+    like no sglang-router does (an SGLang server has no ``/workers``)."""
+    try:
+        r = httpx.get(router_url.rstrip("/") + "/workers", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    return parse_workers(r)
+
+
+def parse_workers(r: httpx.Response) -> Optional[List[dict]]:
+    """The worker list of a ``GET /workers`` response, or None when it is not a router's answer."""
+    if r.status_code != 200:
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    workers = body.get("workers") if isinstance(body, dict) else None
+    if not isinstance(workers, list) or not all(isinstance(w, dict) and "url" in w for w in workers):
+        return None
+    return workers
+
+
+class RouterProcess(ServerProcess):
+    """``python -m sglang_router.launch_router`` over ``worker_urls`` in its own process group; a context manager
+    (``stop``, ``log_tail`` as :class:`ServerProcess`).
+
+    ``start()`` returns once the router lists every worker healthy. Health checks run every
+    ``health_check_interval_s`` and mark a worker unhealthy after ``health_failure_threshold`` misses (the
+    manual policy then moves that worker's keys); ``extra_args`` pass through to the router unchanged.
+    """
+
+    def __init__(
+        self,
+        worker_urls: Sequence[str],
+        policy: str = "manual",
+        assignment_mode: str = "min_load",
+        port: Optional[int] = None,
+        health_check_interval_s: int = 2,
+        health_failure_threshold: int = 2,
+        extra_args: Sequence[str] = (),
+        startup_timeout: float = 120.0,
+        log_path: Optional[str] = None,
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r}: choose from {list(POLICIES)}")
+        if assignment_mode not in ASSIGNMENT_MODES:
+            raise ValueError(f"assignment_mode {assignment_mode!r}: choose from {list(ASSIGNMENT_MODES)}")
+        log_path = log_path or tempfile.mkstemp(prefix="spex-router-", suffix=".log")[1]
+        super().__init__([], port=port, startup_timeout=startup_timeout, log_path=log_path)
+        self.worker_urls = [u.rstrip("/") for u in worker_urls]
+        self.policy = policy
+        self.args = [
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--worker-urls", *self.worker_urls,
+            "--policy", policy,
+            "--health-check-interval-secs", str(health_check_interval_s),
+            "--health-failure-threshold", str(health_failure_threshold),
+            "--log-level", "warn",
+        ]  # fmt: skip
+        if policy == "manual":
+            self.args += ["--assignment-mode", assignment_mode]
+        self.args += list(extra_args)
+
+    def start(self) -> "RouterProcess":
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", *self.args]
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
+            if self.healthy_workers() == set(self.worker_urls):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"router not ready after {self.startup_timeout}s; log tail:\n{self.log_tail()}")
+
+    def healthy_workers(self) -> set:
+        """URLs of the workers the router currently routes to."""
+        workers = list_workers(self.url, timeout=5.0) or []
+        return {w["url"].rstrip("/") for w in workers if w.get("is_healthy")}
+
+    def __enter__(self) -> "RouterProcess":
+        return self.start()
