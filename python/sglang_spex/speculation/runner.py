@@ -146,7 +146,7 @@ class SpexContext(SearchContext):
         key = self.demand_key()
         if self._demand is not None and self._demand[0] == key:
             return self._demand[1]
-        cands = self._candidates(limit=CANDIDATE_LIMIT)
+        cands = self._t2_candidates()
         sample = [self.child_prefix(p) for p, _, _ in cands[:T2_SAMPLE]]
         n = max(1, len(sample))
         kv = self.budget.model.kv_bytes_per_token
@@ -160,6 +160,18 @@ class SpexContext(SearchContext):
         )
         self._demand = (key, demand)
         return demand
+
+    def _t2_candidates(self) -> List[Tuple[Node, int, int]]:
+        """The candidates T2 sees: a DFS search's last plan, less what was issued since, so that splitting the
+        budget never re-plans every live search (its own refill plans afresh). Planned here only when nothing
+        is left of that plan (a search that never gets a share would otherwise never plan again); BFS plans are cheap.
+        """
+        version, last = self._cand
+        if self.mcts is not None and version != self._version and not self.should_stop():
+            left = [c for c in last if not self._taken(child_path(c[0].path, c[1]))]
+            if left:
+                return left
+        return self._candidates(limit=CANDIDATE_LIMIT)
 
     # ---- prefix-aware refill ------------------------------------------------------------------------
 
