@@ -54,6 +54,7 @@ class HttpPort(EnginePort):
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
         self._targets: Optional[List[str]] = None
         self._targets_at = 0.0
+        self._background: Set["asyncio.Future[None]"] = set()
 
     async def generate(self, req: GenRequest) -> GenResult:
         body: Dict[str, Any] = {"text": req.prompt, "sampling_params": req.sampling_params(), "rid": req.rid}
@@ -71,10 +72,19 @@ class HttpPort(EnginePort):
         self.inflight.add(req.rid)
         try:
             r = await self.client.post(self.base_url + "/generate", json=body, headers=headers)
-        except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
-            raise self._lose(key, f"{type(e).__name__}: {e}")
-        finally:
+        except asyncio.CancelledError:
+            # closing the connection does not stop the request in the engine (behind a router not at all):
+            # abort it, and keep it in flight until then so a prefix abort of its search still finds it
+            task = asyncio.ensure_future(self._abort_cancelled(req.rid))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
+        except BaseException as e:
             self.inflight.discard(req.rid)
+            if isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError)):  # the connection to it broke
+                raise self._lose(key, f"{type(e).__name__}: {e}") from e
+            raise
+        self.inflight.discard(req.rid)
         if r.status_code >= 400 and "abort" in r.text.lower():
             return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
         if r.status_code in LOST_STATUS or (r.status_code >= 500 and ROUTER_ERROR_HEADER in r.headers):
@@ -113,7 +123,15 @@ class HttpPort(EnginePort):
 
     async def abort(self, rid_or_prefix: str) -> None:
         # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
-        rids = [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]
+        await self._abort_rids([r for r in list(self.inflight) if r.startswith(rid_or_prefix)])
+
+    async def _abort_cancelled(self, rid: str) -> None:
+        try:
+            await self._abort_rids([rid])
+        finally:
+            self.inflight.discard(rid)
+
+    async def _abort_rids(self, rids: List[str]) -> None:
         if rids:
             await self._post_all("/abort_request", [{"rid": rid} for rid in rids])
 
