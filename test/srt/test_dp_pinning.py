@@ -1,8 +1,10 @@
 """``--dp-size 2`` on CPU: every request of a search goes to one DP rank (SGLang's ``routed_dp_rank``).
 
 Observed from the schedulers: the per-rank loads SGLang reports (``/v1/loads``) while a search runs alone, the
-radix-cache hits of each node (a child's prompt starts with its parent's, so on the parent's rank it hits), and
-each rank's own pool report (``/spex/info`` → ``dp_ranks``) after a cancel.
+radix-cache hits of each node (a child's prompt starts with its parent's, so on the parent's rank it hits), each
+rank's own batch-stats ring (``/spex/stats`` → ``batch_ranks``: rows only on the rank that ran the work), each
+rank's pool report (``/spex/info`` → ``dp_ranks``) after a cancel, a knob reaching every rank, and the per-rank
+``/metrics`` series (``dp_rank`` label).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ POLICY = {"name": "rebase", "width": 3, "max_depth": 3}
 @pytest.fixture(scope="module")
 def dp_server(tiny_model) -> Iterator[ServerProcess]:
     # no SGLANG_CPU_OMP_THREADS_BIND given: the launcher binds one core range per rank itself
-    srv = start_server([*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "4", "--dp-size", "2"])
+    args = [*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "4", "--dp-size", "2", "--enable-metrics"]
+    srv = start_server(args)
     yield srv
     srv.stop()
 
@@ -45,6 +48,13 @@ def _ranks(url: str) -> List[dict]:
     info = requests.get(url + "/spex/info", timeout=30).json()
     assert info["dp_ranks"] is not None and len(info["dp_ranks"]) == 2, info.get("dp_ranks")
     return [r["sched"] for r in info["dp_ranks"]]
+
+
+def _ring_seqs(url: str) -> Dict[int, int]:
+    """Rows written so far by each rank's batch-stats ring."""
+    rings = requests.get(url + "/spex/stats", timeout=30).json()["batch_ranks"]["dp_ranks"]
+    assert [r["dp_rank"] for r in rings] == [0, 1] and all(r["available"] for r in rings), rings
+    return {r["dp_rank"]: r["seq"] for r in rings}
 
 
 def _idle(url: str) -> List[dict]:
@@ -73,6 +83,7 @@ def test_one_search_runs_on_one_rank(dp_server):
                 seen[rank] = max(seen[rank], n)
             time.sleep(0.02)
 
+    seq0 = _ring_seqs(url)
     t = threading.Thread(target=sample)
     t.start()
     try:
@@ -84,10 +95,13 @@ def test_one_search_runs_on_one_rank(dp_server):
     busy = [rank for rank, n in seen.items() if n > 0]
     assert len(busy) == 1, seen  # the scheduler of one rank saw every request of the search
     _deep_nodes_hit_the_cache(r.json())
+    seq1 = _ring_seqs(url)  # only that rank's ring has the search's steps
+    assert seq1[busy[0]] > seq0[busy[0]] and seq1[1 - busy[0]] == seq0[1 - busy[0]], (seq0, seq1)
 
 
 def test_concurrent_searches_spread_over_both_ranks(dp_server):
     url = dp_server.url
+    seq0 = _ring_seqs(url)
     with cf.ThreadPoolExecutor(2) as ex:
         streams = [requests.post(url + "/tot/search", json=_body(s, stream=True), stream=True, timeout=600)
                    for s in (1, 2)]  # fmt: skip
@@ -99,6 +113,36 @@ def test_concurrent_searches_spread_over_both_ranks(dp_server):
         res = requests.get(url + f"/tot/search/{i}", timeout=30).json()["result"]
         assert res["status"] == "done", res.get("error")
         _deep_nodes_hit_the_cache(res)
+    seq1 = _ring_seqs(url)
+    assert all(seq1[r] > seq0[r] for r in (0, 1)), (seq0, seq1)  # per-rank rows on both rings
+
+
+def test_each_rank_reports_its_own_state_stats_and_metrics(dp_server):
+    url = dp_server.url
+    stats = requests.get(url + "/spex/stats", timeout=30).json()
+    assert [s["dp_rank"] for s in stats["dp_ranks"]] == [0, 1] and stats["scheduler"]["dp_rank"] == 0
+    rings = stats["batch_ranks"]
+    agg = rings["aggregate"]
+    assert agg["ranks"] == 2
+    assert agg["latest"]["kv_total"] == sum(r["latest"]["kv_total"] for r in rings["dp_ranks"]) > 0
+    info = requests.get(url + "/spex/info", timeout=30).json()
+    assert [r["dp_rank"] for r in info["dp_ranks"]] == [0, 1]
+    assert [r["sched"]["dp_rank"] for r in info["dp_ranks"]] == [0, 1]
+    assert len({r["pid"] for r in info["dp_ranks"]}) == 2  # two scheduler processes
+    assert all(r["batch"] is not None and r["batch"]["kv_total"] > 0 for r in info["dp_ranks"])
+    # a knob reaches every rank; the reply has each rank's state after it was applied
+    ttl = info["dp_ranks"][0]["sched"]["protection"]["ttl_s"]
+    r = requests.post(url + "/spex/knobs", json={"protect_ttl_s": ttl + 7.0}, timeout=60).json()
+    try:
+        assert [s["dp_rank"] for s in r["dp_ranks"]] == [0, 1]
+        assert [s["protection"]["ttl_s"] for s in r["dp_ranks"]] == [ttl + 7.0, ttl + 7.0]
+    finally:
+        requests.post(url + "/spex/knobs", json={"protect_ttl_s": ttl}, timeout=60)
+    metrics = requests.get(url + "/metrics", timeout=60).text
+    for rank in (0, 1):  # each rank's scheduler exported its own series
+        line = next((ln for ln in metrics.splitlines() if ln.startswith("spex_rank_kv_total")
+                     and f'dp_rank="{rank}"' in ln), None)  # fmt: skip
+        assert line is not None, [ln for ln in metrics.splitlines() if ln.startswith("spex_rank_")]
 
 
 def test_cancel_frees_kv_on_the_rank_holding_the_search(dp_server):

@@ -98,6 +98,7 @@ _RANK_GAUGES = {  # gauge suffix: (batch-stats row field or counter, help)
     "knee": ("knee", "knee the rank's gate keeps speculation below (-1: unknown)"),
     "live_knee": ("live_knee", "knee of the rank's live decode step times (-1: none seen)"),
     "kv_used": ("kv_used", "KV tokens held on the rank"),
+    "kv_total": ("kv_total", "KV pool size of the rank"),
     "kv_protected": ("kv_protected", "KV tokens locked in the rank's radix cache"),
     "waiting": ("waiting", "requests waiting on the rank"),
     "step_seconds": ("ema_step_s", "EMA of the rank's scheduler step time"),
