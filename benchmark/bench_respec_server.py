@@ -18,6 +18,18 @@ and the ratio to ``nospec`` are printed and written as JSON (+ PNG).
 (default overlap / ``--disable-overlap-schedule``), repeats interleave them (order alternating), and
 every repeat counts: medians with min-max. A server whose ``/get_server_info`` reports another setting than asked
 (SGLang turns overlap off for speculative decoding on CPU) is stopped and its column reads ``n/a``.
+
+``--together``: the servers of *all* modes run at once and every (repeat, batch size) runs each of them in turn
+(order alternating per repeat), so mode ratios are measured side by side -- the never-slower check:
+
+    python benchmark/bench_respec_server.py --together --modes nospec respec_eagle3 respec_eagle3_off \
+        --eagle-profile P.json --batch-sizes 1 4 16 64 --overlap on --repeats 3
+
+``respec_eagle3_off`` is the ReSpec EAGLE3 server forced off (``--respec-force plain``): its every decode step is
+ReSpec's off step, so its ratio to ``nospec`` is the off state's cost. ``--max-running N`` passes
+``--max-running-requests N`` to every server (default: not passed, so each server keeps its own default: SGLang's
+48 for always-on speculation, the plan's largest batch for ReSpec EAGLE3, the KV pool's bound without
+speculation); each server's value is recorded.
 """
 
 from __future__ import annotations
@@ -101,6 +113,53 @@ def plot(summary: Dict[str, Dict[str, dict]], modes: List[str], batch_sizes: Lis
     print(f"written {path}")
 
 
+def _server_facts(url: str, mode: str) -> dict:
+    """What the server runs with (max running requests) and, for ReSpec, its runtime report."""
+    info = requests.get(url + "/get_server_info", timeout=60).json()
+    out = {"max_running_requests": info.get("max_running_requests")}
+    if mode.startswith("respec"):
+        out["respec"] = info["internal_states"][0].get("respec")
+    return out
+
+
+def measure_together(
+    modes: Dict[str, List[str]], overlaps: List[str], a: argparse.Namespace, prompts: List[str]
+) -> Dict[str, dict]:
+    """Every (mode, overlap) server alive at once; each (repeat, batch size) runs all of them in turn, the order
+    reversed every other repeat. Returns per mode what :func:`measure_mode` returns."""
+    servers: Dict[tuple, ServerProcess] = {}
+    out: Dict[str, Any] = {m: {"runs": {}, "overlap_actual": {}, "state": {}, "server": {}} for m in modes}
+    try:
+        for mode, args in modes.items():
+            for ov in overlaps:
+                srv = servers[(mode, ov)] = ServerProcess(args + overlap_flags(ov))
+                srv.start()
+                out[mode]["overlap_actual"][ov] = actual_overlap(srv.url)
+                if out[mode]["overlap_actual"][ov] != ov:
+                    print(f"{mode}: overlap {ov} asked, server runs overlap {out[mode]['overlap_actual'][ov]}: n/a")
+                    servers.pop((mode, ov)).stop()
+                    continue
+                out[mode]["runs"][ov] = {b: [] for b in a.batch_sizes}
+                out[mode]["server"][ov] = _server_facts(srv.url, mode)
+        keys = list(servers)
+        for rep in range(a.repeats):
+            for b in a.batch_sizes:
+                for mode, ov in keys if rep % 2 == 0 else keys[::-1]:
+                    out[mode]["runs"][ov][b].append(run_batch(servers[(mode, ov)].url, b, a.short, a.long, prompts))
+            line = "  ".join(
+                f"{m}/{ov} " + " ".join(f"B={b}:{out[m]['runs'][ov][b][-1]['tok_s']:.0f}" for b in a.batch_sizes)
+                for m, ov in keys
+            )
+            print(f"repeat {rep}: {line} tok/s", flush=True)
+        for mode, ov in keys:
+            if mode.startswith("respec"):
+                out[mode]["state"][ov] = _server_facts(servers[(mode, ov)].url, mode)["respec"]
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return out
+
+
 def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Namespace, prompts: List[str]) -> dict:
     """This mode's servers, one per overlap setting, alive together; interleaved repeats (see module doc)."""
     servers: Dict[str, ServerProcess] = {}
@@ -132,7 +191,24 @@ def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Na
     return out
 
 
-MODES = ("nospec", "ngram", "respec", "eagle3", "eagle3_sglang", "respec_eagle3")
+def paired_ratios(results: Dict[str, dict], batch_sizes: List[int]) -> Dict[str, Dict[str, dict]]:
+    """Each mode's tokens/s over the ``nospec`` run of the same (overlap, repeat, batch size), as median (min-max):
+    runs next to each other in time, so a load change on the machine moves both."""
+    base = results.get("nospec")
+    out: Dict[str, Dict[str, dict]] = {}
+    for mode, res in results.items():
+        if mode == "nospec" or base is None:
+            continue
+        for ov, runs in res["runs"].items():
+            if ov not in base["runs"]:
+                continue
+            out.setdefault(mode, {})[ov] = {
+                b: spread([x["tok_s"] / y["tok_s"] for x, y in zip(runs[b], base["runs"][ov][b])]) for b in batch_sizes
+            }
+    return out
+
+
+MODES = ("nospec", "ngram", "respec", "eagle3", "eagle3_sglang", "respec_eagle3", "respec_eagle3_off")
 
 
 def main(argv=None) -> int:
@@ -153,6 +229,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--overlap", default="on,off", help="overlap scheduler settings, comma list of on/off")
     ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--together", action="store_true", help="all modes' servers at once, modes interleaved")
+    ap.add_argument("--max-running", type=int, default=0, help="--max-running-requests for every server (0: none)")
     ap.add_argument("--out", type=Path, default=Path("respec_server_bench.json"))
     a = ap.parse_args(argv)
     stop_servers_on_sigterm()
@@ -178,7 +256,8 @@ def main(argv=None) -> int:
     )()
     prompts = prompt_set(a.prompts, model)
     spec = SpecConfig.parse(a.config).server_args()
-    common = ["--model-path", model, "--attention-backend", "spex_cpu", "--max-running-requests", "64"]
+    common = ["--model-path", model, "--attention-backend", "spex_cpu"]
+    common += ["--max-running-requests", str(a.max_running)] if a.max_running else []
     modes = {"nospec": common, "ngram": common + spec}
     modes["respec"] = modes["ngram"] + ["--respec-adaptive", "--respec-profile", str(a.profile)]
     if any(m.startswith(("eagle3", "respec_eagle3")) for m in a.modes):
@@ -187,11 +266,15 @@ def main(argv=None) -> int:
         modes["eagle3"] = eagle
         modes["eagle3_sglang"] = eagle + ["--speculative-adaptive"]
         modes["respec_eagle3"] = eagle + ["--respec-adaptive", "--respec-profile", str(a.eagle_profile)]
-    results: Dict[str, dict] = {}
+        modes["respec_eagle3_off"] = eagle + ["--respec-adaptive", "--respec-force", "plain"]
+    run_args = {
+        m: modes[m] + (["--respec-hysteresis", a.hysteresis] if m.startswith("respec") else []) for m in a.modes
+    }
+    results: Dict[str, dict] = measure_together(run_args, overlaps, a, prompts) if a.together else {}
     summary: Dict[str, Dict[str, Any]] = {}
     for mode in a.modes:
-        args = modes[mode] + (["--respec-hysteresis", a.hysteresis] if mode.startswith("respec") else [])
-        results[mode] = measure_mode(mode, args, overlaps, a, prompts)
+        if not a.together:
+            results[mode] = measure_mode(mode, run_args[mode], overlaps, a, prompts)
         summary[mode] = {
             ov: (
                 {b: spread([r["tok_s"] for r in results[mode]["runs"][ov][b]]) for b in a.batch_sizes}
@@ -215,7 +298,13 @@ def main(argv=None) -> int:
                 ratio = f" {per[b]['median'] / base[b]['median']:.2f}x" if base else ""
                 cells.append(f"B={b}: {fmt(per[b], 0)}{ratio}")
             print(f"{mode:13s} overlap {ov:3s} " + "  ".join(cells))
-    a.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    paired = paired_ratios(results, a.batch_sizes) if a.together else {}
+    if paired:
+        print("\nratio to nospec per (repeat, batch size), paired runs: median (min-max)")
+        for mode, per_ov in paired.items():
+            for ov, per in per_ov.items():
+                print(f"{mode:17s} overlap {ov:3s} " + "  ".join(f"B={b}: {fmt(per[b], 2)}x" for b in a.batch_sizes))
+    a.out.write_text(json.dumps({"summary": summary, "paired_ratio": paired, "results": results}, indent=1))
     print(f"written {a.out}")
     if "nospec" in summary:
         plot(summary, a.modes, a.batch_sizes, a.out.with_suffix(".png"))

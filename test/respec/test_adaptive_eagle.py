@@ -9,7 +9,9 @@ the KV pool returns to its start, and the state is on ``/spex/info`` and ``/metr
 A second server forces ``alternate:3`` with the default ``--respec-eagle-off plain``: every request switches
 between true plain steps (no drafter work) and speculation mid-generation, so the drafter's KV is caught up
 (replayed from the ledger) at every resume. Greedy output must still equal plain SGLang's and the KV pool return
-to its start. Both servers run once per scheduler mode (``EAGLE_MODES``: overlap and non-overlap; on CPU the overlap loop's
+to its start. Every off step must have run the target in ``ForwardMode.DECODE`` (every speculative one in
+``TARGET_VERIFY``), timed by the runtime's step clock under that mode, with no per-step copy of its outputs; a
+batch of opted-out requests then runs only DECODE steps and no drafter work, with greedy output = plain. Both servers run once per scheduler mode (``EAGLE_MODES``: overlap and non-overlap; on CPU the overlap loop's
 draft-state relay runs through hook V2 and the launcher keeps overlap, L1).
 """
 
@@ -74,7 +76,9 @@ def alternating(request, tiny_model, tiny_target, tiny_seqs, respec_reference, t
     with RespecServer(args, request.param) as srv:
         before = idle_state(srv.url)["respec"]
         out = collect(srv.url, BATCHES)
-        return dict(out=out, before=before, after=idle_state(srv.url)["respec"])
+        after = idle_state(srv.url)["respec"]
+        off = [x["output_ids"] for x in generate(srv.url, BATCHES["b6"], custom={"respec": "off"})]
+        return dict(out=out, before=before, after=after, off=off, off_after=idle_state(srv.url)["respec"])
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
@@ -90,6 +94,30 @@ def test_drafter_caught_up_at_every_resume(alternating):
     assert ledger["pending_positions"] == 0 or after["pool"]["running"] == 0
     b, a = alternating["before"]["pool"], after["pool"]
     assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"]
+
+
+def test_off_state_is_a_plain_decode_step(alternating):
+    after = alternating["after"]
+    modes, timed = after["target_forward_modes"], after["step_time_by_mode"]
+    assert modes["plain"] == {"DECODE": after["plain_steps"]} and after["plain_steps"] > 0, modes
+    assert modes["spec"] == {"TARGET_VERIFY": after["spec_steps"]} and after["spec_steps"] > 0, modes
+    assert timed["DECODE"]["steps"] > 0 and timed["TARGET_VERIFY"]["steps"] > 0, timed
+    assert after["drafter_ledger"]["copied_steps"] == 0  # device references, no per-step copy (no graphs on CPU)
+
+
+def test_off_batch_runs_only_decode_steps_and_no_drafter_work(respec_reference, alternating):
+    assert alternating["off"] == respec_reference["batches"]["b6"]
+    a, b = alternating["after"], alternating["off_after"]
+    steps = b["plain_steps"] - a["plain_steps"]
+    assert steps >= N - 1 and b["spec_steps"] == a["spec_steps"]
+    assert b["target_forward_modes"]["plain"]["DECODE"] - a["target_forward_modes"]["plain"]["DECODE"] == steps
+    assert b["step_time_by_mode"]["DECODE"]["steps"] > a["step_time_by_mode"]["DECODE"]["steps"]
+    la, lb = a["drafter_ledger"], b["drafter_ledger"]
+    assert lb["catch_ups"] == la["catch_ups"] and lb["replayed_positions"] == la["replayed_positions"]
+    assert lb["skipped_positions"] - la["skipped_positions"] >= (N - 1) * len(BATCHES["b6"])
+    p0, p1 = alternating["before"]["pool"], b["pool"]
+    assert p1["kv_available"] + p1["kv_evictable"] == p0["kv_available"] + p0["kv_evictable"]
+    assert p1["req_slots_free"] == p0["req_slots_free"]
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))

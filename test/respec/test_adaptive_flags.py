@@ -98,8 +98,11 @@ def test_launcher_adds_sglang_adaptive_flags_for_eagle(clean_env):
         assert "--disable-overlap-schedule" not in args  # overlap stays on (SGLang's default), CPU included
         path = args[args.index("--speculative-adaptive-config") + 1]
         assert json.loads(open(path).read()) == {"1": {"candidate_steps": [0, 2]}}  # off and the server's own
+        assert args[args.index("--max-running-requests") + 1] == "256"  # not SGLang's speculative 48
         assert not any(a.startswith("--respec") for a in args)
         assert load().respec.server_key == "EAGLE3:s2t1n3" and load().stats_path
+    given = prepare(["--model-path", "m", "--respec-adaptive", *eagle, "--max-running-requests", "8"], gpu=False)
+    assert given.count("--max-running-requests") == 1 and given[given.index("--max-running-requests") + 1] == "8"
     ngram = prepare(["--model-path", "m", "--respec-adaptive", *NGRAM, "--speculative-num-draft-tokens", "4"], gpu=True)
     assert "--speculative-adaptive" not in ngram and "--disable-overlap-schedule" not in ngram
     assert load().respec == RespecConfig(enabled=True, algorithm="NGRAM", server_key="NGRAM:s4t1n4")

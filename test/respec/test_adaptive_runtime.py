@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from sglang_spex.config import RespecConfig
@@ -115,22 +116,30 @@ def test_uniform_slowdown_refits_costs_but_keeps_the_plan():
     assert plan.choices == plan0.choices  # ratios unchanged: same choice at every batch size
 
 
-def test_draft_ledger_records_prunes_and_caps():
+@pytest.mark.parametrize("graphs", [False, True])
+def test_draft_ledger_records_prunes_and_caps(graphs):
+    """Eager outputs are fresh tensors, kept by reference (no per-step copy); a graph replay reuses its output
+    buffers, so those steps are copied."""
     ledger = DraftLedger(max_positions=3)
     batch = SimpleNamespace(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
     for step in range(4):
         hidden = torch.full((2, 6), float(step))
         result = SimpleNamespace(
-            next_token_ids=torch.tensor([10 + step, 20 + step]), logits_output=SimpleNamespace(hidden_states=hidden)
+            next_token_ids=torch.tensor([10 + step, 20 + step]),
+            logits_output=SimpleNamespace(hidden_states=hidden),
+            can_run_cuda_graph=graphs,
         )
         ledger.record(batch, result)
-        hidden.fill_(-1.0)  # SGLang reuses its buffers: the ledger must hold its own copy
+        if graphs:
+            hidden.fill_(-1.0)  # the next replay overwrites the graph's buffers
         if step == 1:
-            assert [t for t, _ in ledger.entries("a")] == [10, 11] and ledger.entries("b")[1][1][0].item() == 1.0
-            assert ledger.entries("a")[0][1].device.type == "cpu"
+            tokens, flat_hidden, index = ledger.flat(["a", "b"])
+            assert [int(tokens[i]) for i in index[0]] == [10, 11] and [int(tokens[i]) for i in index[1]] == [20, 21]
+            assert flat_hidden[index[1][1], 0].item() == 1.0
             ledger.keep_only(["a", "b"])
             assert ledger.info()["pending_positions"] == 4
     assert ledger.info()["overflowed_requests"] == 2 and not ledger.pending  # past 3 positions: resume cold
+    assert ledger.info()["copied_steps"] == (4 if graphs else 0)
     ledger.keep_only(["a"])
     assert ledger.lost == {"a"} and ledger.info()["skipped_positions"] == 8
 

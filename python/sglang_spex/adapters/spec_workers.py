@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
@@ -182,21 +182,28 @@ def ngram_last_tokens(batch: Any, n: int) -> torch.Tensor:
     return tokens[torch.arange(tokens.shape[0], device=tokens.device), last].to(torch.int64)
 
 
-def plain_decode_forward(worker: Any, batch: Any, last_tokens: torch.Tensor) -> Any:
+DECODE_MODE = ForwardMode.DECODE.name  # the target forward mode of a ReSpec plain step
+VERIFY_MODE = ForwardMode.TARGET_VERIFY.name  # the target forward mode of SGLang's spec steps (steps = 0 included)
+
+
+def plain_decode_forward(worker: Any, batch: Any, last_tokens: torch.Tensor, capture_hidden: bool = False) -> Any:
     """One target-only decode step of a spec decode batch (no draft, no tree mask, no verify); the target's result.
 
     It writes the KV of the last committed token into the slot SGLang's spec allocator already reserved at
-    position ``seq_len`` (the slot a verify's tree root would use) and leaves the batch as it found it.
+    position ``seq_len`` (the slot a verify's tree root would use) and leaves the batch as it found it. With
+    ``capture_hidden`` the result carries the target's hidden state of that position (SGLang's ``LAST`` capture:
+    EAGLE3's concatenated auxiliary layers), which a drafter catch-up consumes later.
     """
     committed = batch.seq_lens
     cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
+    capture = CaptureHiddenMode.LAST if capture_hidden else None
     with batch_restored(batch):
         set_decode(batch)
         batch.spec_info = None
         batch.input_ids = last_tokens
         batch.out_cache_loc = kv_slots(batch, committed)
         set_seq_lens(batch, committed + 1, cpu)
-        return worker.target_worker.forward_batch_generation(batch)
+        return worker.target_worker.forward_batch_generation(batch, capture_hidden_mode=capture)
 
 
 def ngram_feed_corpus(worker: Any, batch: Any) -> None:
@@ -269,8 +276,40 @@ def eagle_width(worker: Any) -> int:
 
 
 def plain_step_outputs(result: Any) -> tuple:
-    """(next token per request, target hidden state per request) of a steps = 0 verify, on the device."""
+    """(next token per request, target hidden state per request) of a steps = 0 verify or a plain decode step,
+    on the device."""
     return result.next_token_ids, result.logits_output.hidden_states
+
+
+def eagle_last_tokens(batch: Any) -> torch.Tensor:
+    """The last committed token of every request of an EAGLE decode batch: the previous step's bonus token, on the
+    device (``EagleDraftInput.bonus_tokens``; relayed through SGLang's ``FutureMap`` under overlap)."""
+    return batch.spec_info.bonus_tokens.to(torch.int64)
+
+
+def target_uses_graphs(worker: Any) -> bool:
+    """True when the spec worker's target replays captured graphs (a GPU): SGLang captures them in
+    ``TARGET_VERIFY`` mode for a spec worker, so a ``DECODE`` forward must not go through them."""
+    return getattr(worker.target_worker.model_runner, "decode_cuda_graph_runner", None) is not None
+
+
+def eagle_plain_result(draft_worker: Any, target: Any, new_seq_lens: torch.Tensor) -> GenerationBatchResult:
+    """A plain decode step's result in the shape of a one-node verify that accepted only the bonus token
+    (``speculative_num_draft_tokens = 1``, as SGLang's steps = 0 step reports it), with zero draft-state
+    stand-ins (:func:`stub_draft_state`)."""
+    tokens = target.next_token_ids.to(torch.int32)
+    bs = tokens.shape[0]
+    result = GenerationBatchResult(
+        logits_output=target.logits_output,
+        next_token_ids=tokens,
+        can_run_cuda_graph=target.can_run_cuda_graph,
+        speculative_num_draft_tokens=1,
+        accept_lens=torch.ones(bs, dtype=torch.int32, device=tokens.device),
+        new_seq_lens=new_seq_lens,
+        next_draft_input=EagleDraftInput(bonus_tokens=tokens),
+    )
+    stub_draft_state(draft_worker, result, bs)
+    return result
 
 
 def stub_draft_state(draft_worker: Any, result: Any, bs: int) -> None:

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Deque, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from sglang_spex.adapters import spec_workers as sw
 from sglang_spex.config import RespecConfig
@@ -97,8 +97,9 @@ class Runtime:
     """One spec worker's FSM and switch bookkeeping (kept on the worker, see :func:`runtime_of`).
 
     Step clock: a decode step lasts from its forward's start to the next forward's start (as the offline profile
-    measures a step, and the same under overlap scheduling, where forwards are launched back to back). Its
-    accept length is read from SGLang's own host copy of the result (``copy_to_cpu``) once that copy is done,
+    measures a step, and the same under overlap scheduling, where forwards are launched back to back); step
+    times are also summed per target forward mode the step ran (``DECODE`` for a plain step of ours,
+    ``TARGET_VERIFY`` for SGLang's spec path). Its accept length is read from SGLang's own host copy of the result (``copy_to_cpu``) once that copy is done,
     usually one or two steps later; a step is fed to online re-profiling then. No extra device sync is made.
     """
 
@@ -119,8 +120,10 @@ class Runtime:
         self.read_spec_steps = 0  # spec steps whose accept length has been read
         self.accept_ewma: Optional[float] = None
         self.last_state: State = None
-        self._open: Optional[list] = None  # [start, state, batch, result] of the decode step in flight
-        self._unread: Deque[Tuple[State, int, Optional[float], Any]] = deque()  # (state, batch, step_s, result)
+        self._open: Optional[list] = None  # [start, state, batch, result, target mode] of the decode step in flight
+        self._unread: Deque[Tuple[State, int, Optional[float], Any, str]] = deque()  # (.., step_s, result, mode)
+        self.target_modes: Dict[str, Dict[str, int]] = {"plain": {}, "spec": {}}  # target forward modes per kind
+        self.step_time: Dict[str, List[float]] = {}  # target forward mode -> [timed steps, seconds]
         self.metrics = RespecMetrics()
 
     @property
@@ -170,21 +173,24 @@ class Runtime:
         """A forward is starting: closes the previous decode step (its wall time ends here), reads finished ones."""
         now = time.perf_counter()
         if self._open is not None:
-            start, state, batch, result = self._open
+            start, state, batch, result, mode = self._open
             timed = decode and now - start < _MAX_STEP_GAP_S
-            self._unread.append((state, batch, now - start if timed else None, result))
-        self._open = [now, None, 0, None] if decode else None
+            self._unread.append((state, batch, now - start if timed else None, result, mode))
+        self._open = [now, None, 0, None, ""] if decode else None
         self.read_finished()
 
-    def end_step(self, state: State, batch: int, result: Any) -> None:
-        """The decode step begun last ran ``state`` on ``batch`` sequences; ``result`` is its SGLang result."""
+    def end_step(self, state: State, batch: int, result: Any, target_mode: str = "") -> None:
+        """The decode step begun last ran ``state`` on ``batch`` sequences, its target forward in ``target_mode``
+        (a ``ForwardMode`` name); ``result`` is its SGLang result."""
+        kind = self.target_modes["plain" if state is None else "spec"]
+        kind[target_mode] = kind.get(target_mode, 0) + 1
         if self._open is not None:
-            self._open[1:] = [state, batch, result]
+            self._open[1:] = [state, batch, result, target_mode]
 
     def read_finished(self) -> None:
         """Account every closed step whose accept lengths SGLang has copied to the host (oldest first)."""
         while self._unread:
-            state, batch, step_s, result = self._unread[0]
+            state, batch, step_s, result, mode = self._unread[0]
             tokens = 1.0
             if state is not None:
                 lens = sw.host_accept_lens(result)
@@ -201,6 +207,9 @@ class Runtime:
                 self.metrics.accept(self.accept_ewma)
             self._unread.popleft()
             if step_s is not None:
+                timed = self.step_time.setdefault(mode, [0, 0.0])
+                timed[0] += 1
+                timed[1] += step_s
                 self.record(state, batch, step_s, tokens)
 
     def record(self, state: State, batch: int, step_s: float, tokens_per_step: float) -> None:
@@ -224,6 +233,8 @@ class Runtime:
             "opt_out_steps": self.opt_out_steps,
             "mean_accept_length": self.spec_tokens / self.read_spec_steps if self.read_spec_steps else None,
             "accept_length_ewma": self.accept_ewma,
+            "target_forward_modes": {k: dict(v) for k, v in self.target_modes.items()},
+            "step_time_by_mode": {m: {"steps": n, "mean_s": t / n} for m, (n, t) in self.step_time.items() if n},
         }
         out["config"] = asdict(self.cfg)
         if self.fsm is not None:

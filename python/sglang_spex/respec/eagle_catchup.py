@@ -1,16 +1,23 @@
-"""ReSpec EAGLE / EAGLE3 "no speculation" as a true plain step, and the drafter KV catch-up when speculation resumes.
+"""ReSpec EAGLE / EAGLE3 "no speculation" as a true plain decode step, and the drafter KV catch-up when
+speculation resumes.
 
-SGLang's steps = 0 step is a one-node verify (one token per request: a plain decode of the target) followed by a
-draft extend over the new token, so the drafter's KV never falls behind. In ``--respec-eagle-off plain`` mode (the
-default) the draft extend of those steps is skipped (hook R5): the drafter does no work while speculation is off.
-Instead a :class:`DraftLedger` keeps, per request, what the skipped extend would have consumed -- the next token
-and the target's captured hidden state of each plain position. The drafter's state rows of the batch are zeroed
-stand-ins (as SGLang's own ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` stubs them).
+SGLang's own steps = 0 step is a one-node ``TARGET_VERIFY`` forward (custom mask, full hidden-state capture, the
+verify sampler) followed by a draft extend over the new token. In ``--respec-eagle-off plain`` mode (the default)
+ReSpec's off step is instead :func:`plain_decode_step`: one ``ForwardMode.DECODE`` forward of the target (no
+draft, no tree mask, no verify, no draft extend), as a server without speculation runs it, into the KV slot the
+spec allocator already reserved at ``seq_len``; its input is the previous step's bonus token from
+``batch.spec_info`` (relayed by SGLang's ``FutureMap`` under overlap), its new lengths go to the scheduler's
+``on_publish``, and it is reported as a one-node verify that accepted only the bonus token, so the scheduler's
+spec bookkeeping is unchanged. The forward captures the target's hidden state of the position (SGLang's
+``LAST`` capture), which a :class:`DraftLedger` keeps, per request, with the next token: what the skipped draft
+extend would have consumed. The drafter's state rows of the batch are zeroed stand-ins (as SGLang's own
+``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` stubs them).
 
-The ledger copies each plain step's tokens and hidden states to host memory without waiting for them (pinned
-memory, ``non_blocking``, an event recorded behind the copy, as SGLang's ``copy_to_cpu`` does), so a plain step
-makes no device sync -- under the overlap scheduler the next batch is already being prepared. The copies are
-waited for only when a catch-up needs them.
+The ledger keeps references to those device tensors -- no per-step copy, host or device, and no sync -- except
+when the forward replayed a captured graph (its output buffers are reused, so the rows are copied on the
+device). Batches that keep SGLang's spec path (grammar, logprobs) and targets that replay graphs (a GPU: SGLang
+captures a spec worker's target graphs in ``TARGET_VERIFY`` mode) run SGLang's steps = 0 step with the draft
+extend skipped by hook R5 instead; their positions enter the same ledger.
 
 When a decode batch speculates again, :func:`catch_up` replays the ledger through the drafter's own
 ``_draft_extend_for_decode`` (SGLang's batched draft extend over ``n`` = num_draft_tokens positions per request)
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -37,25 +44,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _PlainStep:
-    """One plain step's outputs on their way to host memory (row i = request i of that step's batch)."""
+    """One plain step's outputs, on the device (row i = request i of that step's batch)."""
 
     tokens: torch.Tensor
     hidden: torch.Tensor
-    done: Any  # an event recorded after the copies (None: already on the host)
-
-    def wait(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
-            self.done = None
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``t`` that does not wait for the device (pinned + non_blocking off CPU)."""
-    if t.device.type == "cpu":
-        return t.detach().clone()
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    out.copy_(t.detach(), non_blocking=True)
-    return out
 
 
 class DraftLedger:
@@ -68,6 +60,7 @@ class DraftLedger:
         self.skipped = 0  # draft-extend positions never run (requests finished while off, or still pending)
         self.replayed = 0  # positions replayed by catch-up
         self.catch_ups = 0
+        self.copies = 0  # plain steps whose outputs had to be copied (graph-replayed forwards)
         self._steps: Dict[int, _PlainStep] = {}
         self._next_id = 0
 
@@ -80,14 +73,13 @@ class DraftLedger:
         self._drop_unreferenced()
 
     def record(self, batch: Any, result: Any) -> None:
-        """A plain step's output: one (token, hidden) per request, in batch order (copied to host, not waited)."""
+        """A plain step's output: one (token, hidden) per request, in batch order (kept on the device)."""
         tokens, hidden = sw.plain_step_outputs(result)
+        if getattr(result, "can_run_cuda_graph", False):  # graph output buffers are reused by the next replay
+            tokens, hidden = tokens.clone(), hidden.clone()
+            self.copies += 1
         step_id, self._next_id = self._next_id, self._next_id + 1
-        step = _PlainStep(_to_host(tokens), _to_host(hidden), None)
-        if tokens.device.type != "cpu":
-            step.done = torch.get_device_module(tokens.device).Event()
-            step.done.record()
-        self._steps[step_id] = step
+        self._steps[step_id] = _PlainStep(tokens, hidden)
         for i, rid in enumerate(sw.rids(batch)):
             if rid in self.lost:
                 continue
@@ -100,14 +92,16 @@ class DraftLedger:
         self.skipped += len(batch.reqs)
         self._drop_unreferenced()
 
-    def entries(self, rid: str) -> List[Tuple[int, torch.Tensor]]:
-        """(token, host hidden row) of each pending position of ``rid``, oldest first (waits for their copies)."""
-        out = []
-        for step_id, row in self.pending.get(rid, []):
-            step = self._steps[step_id]
-            step.wait()
-            out.append((int(step.tokens[row]), step.hidden[row]))
-        return out
+    def flat(self, rids: List[str]) -> Tuple[torch.Tensor, torch.Tensor, List[List[int]]]:
+        """All pending positions of ``rids`` as one (tokens [T], hidden [T, H]) on the device, and each request's
+        indices into them, oldest first."""
+        used = sorted({s for rid in rids for s, _ in self.pending.get(rid, [])})
+        offset, at = {}, 0
+        for s in used:
+            offset[s], at = at, at + self._steps[s].tokens.shape[0]
+        tokens = torch.cat([self._steps[s].tokens.reshape(-1) for s in used]).to(torch.int64)
+        hidden = torch.cat([self._steps[s].hidden for s in used])
+        return tokens, hidden, [[offset[s] + row for s, row in self.pending.get(rid, [])] for rid in rids]
 
     def pop(self, rids: List[str]) -> None:
         for rid in rids:
@@ -126,40 +120,51 @@ class DraftLedger:
             "replayed_positions": self.replayed,
             "catch_ups": self.catch_ups,
             "overflowed_requests": len(self.lost),
+            "copied_steps": self.copies,
         }
 
 
-_Window = Tuple[List[int], List[int], List[int], torch.Tensor, torch.Tensor, List[int]]
+def plain_decode_step(worker: Any, batch: Any, ledger: DraftLedger, on_publish: Optional[Callable] = None) -> Any:
+    """ReSpec's EAGLE off step: one DECODE forward of the target, recorded in the ledger (see module doc)."""
+    committed = batch.seq_lens
+    target = sw.plain_decode_forward(worker, batch, sw.eagle_last_tokens(batch), capture_hidden=True)
+    new_seq_lens = committed + 1
+    if on_publish is not None:
+        on_publish(new_seq_lens)
+    result = sw.eagle_plain_result(sw.eagle_draft_worker(worker), target, new_seq_lens)
+    ledger.record(batch, result)
+    return result
 
 
-def _window(pend: List[List[Tuple[int, torch.Tensor]]], committed: List[int], r: int, n: int) -> _Window:
+_Window = Tuple[List[int], List[int], List[int], torch.Tensor, List[int]]
+
+
+def _window(pend: List[List[int]], committed: List[int], r: int, n: int) -> _Window:
     """Round ``r`` on the host: (start positions, accept counts (1 for an idle row), positions to write (0 for an
-    idle row), tokens [bs*n], hidden [bs*n, H], rows whose last window it is)."""
-    first = next(p[0][1] for p in pend if p)
+    idle row), index of each of the bs*n window slots into the ledger's flat tensors (-1: empty), rows whose last
+    window it is)."""
     bs = len(pend)
     starts, accept, valid, last = [0] * bs, [1] * bs, [0] * bs, []
-    tokens = torch.zeros(bs * n, dtype=torch.int64)
-    hidden = torch.zeros(bs * n, first.shape[-1], dtype=first.dtype)
+    index = torch.full((bs * n,), -1, dtype=torch.int64)
     for i, p in enumerate(pend):
         chunk = p[r * n : (r + 1) * n]
         if not chunk:
             continue
         c = len(chunk)
         starts[i], accept[i], valid[i] = committed[i] - len(p) + r * n, c, c
-        tokens[i * n : i * n + c] = torch.tensor([t for t, _ in chunk])
-        hidden[i * n : i * n + c] = torch.stack([h for _, h in chunk])
+        index[i * n : i * n + c] = torch.tensor(chunk)
         if (r + 1) * n >= len(p):
             last.append(i)
-    return starts, accept, valid, tokens, hidden, last
+    return starts, accept, valid, index, last
 
 
 def catch_up(worker: Any, batch: Any, ledger: DraftLedger) -> int:
     """Replay the ledger of the batch's requests through the drafter (see module doc); positions replayed."""
     rids = sw.rids(batch)
-    pend = [ledger.entries(rid) for rid in rids]
-    total = sum(len(p) for p in pend)
+    total = sum(len(ledger.pending.get(rid, ())) for rid in rids)
     if not total:
         return 0
+    flat_tokens, flat_hidden, pend = ledger.flat(rids)
     dw = sw.eagle_draft_worker(worker)
     n = sw.eagle_width(worker)
     device = batch.seq_lens.device
@@ -169,12 +174,17 @@ def catch_up(worker: Any, batch: Any, ledger: DraftLedger) -> int:
     rounds = max((len(p) + n - 1) // n for p in pend)
     with sw.batch_restored(batch):
         for r in range(rounds):
-            starts, accept, valid, tokens, hidden, last = _window(pend, committed, r, n)
+            starts, accept, valid, index, last = _window(pend, committed, r, n)
             seq_cpu = torch.tensor(starts, dtype=torch.int64)
             seq = seq_cpu.to(device=device, dtype=batch.seq_lens.dtype)
             counts = torch.tensor(accept, dtype=torch.int32).to(device)
+            index = index.to(device)
+            empty = index < 0
+            index = index.clamp(min=0)
+            tokens = flat_tokens[index].masked_fill(empty, 0)
+            hidden = flat_hidden[index].masked_fill(empty.unsqueeze(1), 0)
             sw.point_at_window(batch, seq, seq_cpu, torch.tensor(valid).to(device), n)
-            out = sw.replay_draft_extend(dw, batch, tokens.to(device), hidden.to(device), counts, seq)
+            out = sw.replay_draft_extend(dw, batch, tokens, hidden, counts, seq)
             sw.copy_rows(rows, out, last)
     sw.set_draft_state_rows(info, rows)
     ledger.pop(rids)

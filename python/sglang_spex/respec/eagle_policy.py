@@ -10,11 +10,12 @@ EMA; ours follows the profile's plan through the hysteresis FSM:
   whose candidate steps are the plan's chain configs (t = 1, n = s + 1: SGLang's adaptive states are chains),
   the server's own steps and 0;
 * R4 (AROUND ``EAGLEWorkerV2.forward_batch_generation``): per decode batch, decides the state (FSM, request
-  opt-out), catches the drafter up when speculation resumes, marks plain steps for R5, and times the step for
-  online re-profiling;
-* R5 (AROUND ``EagleDraftWorker._draft_extend_for_decode``): in a plain step, skips the draft extend and records
-  what it would have consumed (:mod:`.eagle_catchup`; ``--respec-eagle-off warm`` keeps SGLang's steps = 0 path,
-  whose draft extend keeps the drafter's KV current at every plain step).
+  opt-out), catches the drafter up when speculation resumes, runs "no speculation" as a true plain DECODE step
+  of the target (:func:`~.eagle_catchup.plain_decode_step`), and times the step for online re-profiling;
+* R5 (AROUND ``EagleDraftWorker._draft_extend_for_decode``): where an off step still runs SGLang's steps = 0
+  path (grammar / logprob batches, a target replaying graphs), skips the draft extend and records what it would
+  have consumed (:mod:`.eagle_catchup`; ``--respec-eagle-off warm`` keeps SGLang's steps = 0 path with its draft
+  extend, which keeps the drafter's KV current at every off step).
 
 The launcher adds ``--speculative-adaptive --speculative-adaptive-config`` (:func:`sglang_adaptive_args`) so
 SGLang sizes its buffers for every candidate.
@@ -37,7 +38,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 from sglang_spex.adapters import spec_workers as sw
 from sglang_spex.config import RespecConfig, flag_value
 from sglang_spex.respec.adaptive import Runtime, load_profile_and_plan, opted_out, runtime_of, switchable_configs
-from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up
+from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up, plain_decode_step
 from sglang_spex.respec.fsm import State
 from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
 
@@ -49,10 +50,26 @@ def candidate_steps(configs: Iterable[str], server_steps: int) -> List[int]:
     return sorted({0, server_steps} | {SpecConfig.parse(k).num_steps for k in configs})
 
 
+def running_cap_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
+    """``--max-running-requests`` = the plan's largest batch, unless given.
+
+    SGLang caps a speculative server at 48 running requests when none is given (its per-request draft buffers
+    and graphs are sized for always-on speculation); a server without speculation is capped only by its KV
+    pool. A ReSpec server runs large batches as plain decode steps, so it takes the largest batch its plan covers
+    (``RespecConfig.max_batch``) instead; its KV pool still bounds it, as a plain server's does.
+    """
+    return (
+        [] if flag_value(args, "--max-running-requests") is not None else ["--max-running-requests", str(cfg.max_batch)]
+    )
+
+
 def sglang_adaptive_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
-    """SGLang flags that make it build an ``AdaptiveController`` with states for every candidate step count."""
+    """SGLang flags that make it build an ``AdaptiveController`` with states for every candidate step count, and
+    lift SGLang's speculative cap on running requests (:func:`running_cap_args`)."""
+    out = [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
+    out += running_cap_args(cfg, args)
     if flag_value(args, "--speculative-adaptive-config") is not None:
-        return [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
+        return out
     server_steps = int(flag_value(args, "--speculative-num-steps") or 3)
     profile, plan = load_profile_and_plan(cfg, flag_value(args, "--model-path") or "")
     steps = candidate_steps(switchable_configs(cfg, plan, profile), server_steps)
@@ -60,7 +77,6 @@ def sglang_adaptive_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
     path = PROFILE_DIR / f"adaptive-{hashlib.sha1(body.encode()).hexdigest()[:12]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(body)
-    out = [] if "--speculative-adaptive" in args else ["--speculative-adaptive"]
     return out + ["--speculative-adaptive-config", str(path)]
 
 
@@ -118,18 +134,20 @@ def h_controller_init(result, controller, *args, **kwargs):
 
 
 def h_eagle_forward(original, worker, batch, *args, **kwargs):
-    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): state, catch-up and plain-step marking, step clock.
+    """AROUND EAGLEWorkerV2.forward_batch_generation (R4): state, catch-up, the plain step, step clock.
 
-    A plain step hands the ledger to R5 on the draft worker for the duration of the forward. Under overlap
-    scheduling nothing here waits for the device: the catch-up reads the ledger's host copies (waited for only
-    then), and the step's accept length is read later from SGLang's own host copy (:class:`Runtime`).
+    "No speculation" runs :func:`~.eagle_catchup.plain_decode_step` (a DECODE forward of the target) in
+    ``--respec-eagle-off plain`` mode; a batch that keeps SGLang's spec path, or a target that replays graphs,
+    runs SGLang's steps = 0 step with the ledger handed to R5 on the draft worker for the duration of the forward.
+    Under overlap scheduling nothing here waits for the device: the ledger keeps device tensors, and the step's
+    accept length is read later from SGLang's own host copy (:class:`Runtime`).
     """
     policy = sw.step_policy(worker)
     if not isinstance(policy, RespecStepPolicy):
         return original(worker, batch, *args, **kwargs)
     decode = sw.is_decode(batch)
     ledger, bs = policy.ledger, len(batch.reqs)
-    plain = False
+    off, own_step = False, False
     if decode:
         try:
             policy.rt.begin_step(True)
@@ -138,19 +156,24 @@ def h_eagle_forward(original, worker, batch, *args, **kwargs):
             if state is not None and ledger.pending:
                 sw.activate_state(worker, bs)  # the window of the state about to run
                 catch_up(worker, batch, ledger)
-            plain = state is None and policy.rt.cfg.eagle_off == "plain"
+            off = state is None and policy.rt.cfg.eagle_off == "plain"
+            own_step = off and not sw.keeps_spec_path(batch) and not sw.target_uses_graphs(worker)
         except Exception:
             logger.exception("respec: step bookkeeping failed")
     else:
         policy.rt.begin_step(False)
-    draft_worker = sw.eagle_draft_worker(worker)
-    sw.attach(draft_worker, sw.LEDGER_ATTR, ledger if plain else None)
-    try:
-        result = original(worker, batch, *args, **kwargs)
-    finally:
-        sw.attach(draft_worker, sw.LEDGER_ATTR, None)
+    if own_step:
+        on_publish = sw.hook_arg(original, "on_publish", worker, batch, *args, **kwargs)
+        result = plain_decode_step(worker, batch, ledger, on_publish)
+    else:
+        draft_worker = sw.eagle_draft_worker(worker)
+        sw.attach(draft_worker, sw.LEDGER_ATTR, ledger if off else None)
+        try:
+            result = original(worker, batch, *args, **kwargs)
+        finally:
+            sw.attach(draft_worker, sw.LEDGER_ATTR, None)
     if decode:
-        policy.rt.end_step(policy.state, bs, result)
+        policy.rt.end_step(policy.state, bs, result, sw.DECODE_MODE if own_step else sw.VERIFY_MODE)
     return result
 
 

@@ -68,5 +68,5 @@ def h_ngram_forward(original, worker, batch, *args, **kwargs):
     else:
         result = original(worker, batch, *args, **kwargs)
     if state is not UNDECIDED and rt is not None:
-        rt.end_step(state, len(batch.reqs), result)
+        rt.end_step(state, len(batch.reqs), result, sw.VERIFY_MODE if state is not None else sw.DECODE_MODE)
     return result
