@@ -42,6 +42,7 @@ class Cluster:
         router_args: Sequence[str] = (),
         bind: bool = True,
         startup_timeout: float = 600.0,
+        router_port: Optional[int] = None,
     ):
         self.server_args = list(server_args)
         self.n = n
@@ -50,6 +51,7 @@ class Cluster:
         self.router_args = list(router_args)
         self.bind = bind
         self.startup_timeout = startup_timeout
+        self.router_port = router_port
         self.servers: List[ServerProcess] = []
         self.router: Optional[RouterProcess] = None
 
@@ -78,7 +80,11 @@ class Cluster:
                 for fut in [pool.submit(s.start) for s in self.servers]:
                     fut.result()
             self.router = RouterProcess(
-                self.worker_urls, policy=self.policy, assignment_mode=self.assignment_mode, extra_args=self.router_args
+                self.worker_urls,
+                policy=self.policy,
+                assignment_mode=self.assignment_mode,
+                port=self.router_port,
+                extra_args=self.router_args,
             ).start()
         except BaseException:
             self.stop()

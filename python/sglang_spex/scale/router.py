@@ -65,8 +65,10 @@ class RouterProcess(ServerProcess):
     (``stop``, ``log_tail`` as :class:`ServerProcess`).
 
     ``start()`` returns once the router lists every worker healthy. Health checks run every
-    ``health_check_interval_s`` and mark a worker unhealthy after ``health_failure_threshold`` misses (the
-    manual policy then moves that worker's keys); ``extra_args`` pass through to the router unchanged.
+    ``health_check_interval_s`` and mark a worker unhealthy after ``health_failure_threshold`` misses in a row
+    (the manual policy then moves that worker's keys); a busy CPU worker can take seconds to answer SGLang's
+    ``/health`` (it may run a one-token generate), hence ``health_check_timeout_s`` well above the router's 5 s.
+    ``extra_args`` pass through to the router unchanged.
     """
 
     def __init__(
@@ -76,7 +78,8 @@ class RouterProcess(ServerProcess):
         assignment_mode: str = "min_load",
         port: Optional[int] = None,
         health_check_interval_s: int = 2,
-        health_failure_threshold: int = 2,
+        health_failure_threshold: int = 3,
+        health_check_timeout_s: int = 30,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 120.0,
         log_path: Optional[str] = None,
@@ -95,6 +98,7 @@ class RouterProcess(ServerProcess):
             "--policy", policy,
             "--health-check-interval-secs", str(health_check_interval_s),
             "--health-failure-threshold", str(health_failure_threshold),
+            "--health-check-timeout-secs", str(health_check_timeout_s),
             "--log-level", "warn",
         ]  # fmt: skip
         if policy == "manual":

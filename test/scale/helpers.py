@@ -1,0 +1,67 @@
+"""Reading the cluster's workers: their request logs, loads and KV pool reports."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from typing import Dict, List
+
+import requests
+
+from sglang_spex.scale.cluster import Cluster
+
+
+def log_events(log_path: str, event: str) -> List[dict]:
+    """The ``event`` entries ("request.received" / "request.finished") of one worker's request log."""
+    out = []
+    for line in open(log_path, errors="replace"):
+        if f'"event": "{event}"' not in line:
+            continue
+        try:
+            out.append(json.loads(line[line.index("{") :]))
+        except ValueError:
+            continue
+    return out
+
+
+def received_by_worker(c: Cluster) -> Dict[str, Dict[str, List[str]]]:
+    """search id -> worker url -> the rids of that search the worker received."""
+    out: Dict[str, Dict[str, List[str]]] = defaultdict(lambda: defaultdict(list))
+    for srv in c.servers:
+        for e in log_events(srv.log_path, "request.received"):
+            parts = e["rid"].split(":")
+            if len(parts) == 4 and parts[0] == "spex":
+                out[parts[1]][srv.url].append(e["rid"])
+    return out
+
+
+def finish_reasons(srv_log: str, prefix: str) -> Dict[str, str]:
+    """rid -> finish reason type of the finished requests whose rid starts with ``prefix``."""
+    out = {}
+    for e in log_events(srv_log, "request.finished"):
+        if e["rid"].startswith(prefix):
+            fr = ((e.get("out") or {}).get("meta_info") or {}).get("finish_reason") or {}
+            out[e["rid"]] = fr.get("type") if isinstance(fr, dict) else str(fr)
+    return out
+
+
+def load(url: str) -> int:
+    """Requests running or waiting on one worker."""
+    x = requests.get(url + "/v1/loads", params={"include": "core"}, timeout=30).json()["loads"][0]
+    return x["num_running_reqs"] + x["num_waiting_reqs"]
+
+
+def pool(url: str) -> dict:
+    """The worker scheduler's own KV pool report (``/spex/info``)."""
+    return requests.get(url + "/spex/info", timeout=30).json()["scheduler"]["sched"]["pool"]
+
+
+def idle_pool(url: str, timeout: float = 120) -> dict:
+    requests.post(url + "/spex/release", json={}, timeout=30)  # no prefix of a finished search stays protected
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if load(url) == 0:
+            return pool(url)
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not go idle")
