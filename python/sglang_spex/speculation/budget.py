@@ -21,7 +21,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 
@@ -237,6 +237,8 @@ class SpecBudget:
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
         self._starving = False  # the last split gave a query past the starvation bound its minimum
         self._round: Optional[_RoundSplit] = None  # this event-loop round's split
+        self._load: Optional[Tuple[Optional[int]]] = None  # this round's engine_primary() reading
+        self._clocks_started = False  # this round already started the clocks of a closed budget
         self._round_end_scheduled = False
 
     def register(self, ctx: BudgetClient) -> None:
@@ -252,9 +254,29 @@ class SpecBudget:
         """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
         primary = sum(len(c.inflight) for c in self.contexts)
         if self.engine_primary is not None:
-            live = self.engine_primary()
+            live = self._engine_load()
             primary = max(primary, live) if live is not None else primary
         return effective_k_total(self.k_total, primary, knee=self.k_total)
+
+    def _engine_load(self) -> Optional[int]:
+        """The engine's live primary load, read once per event-loop round (it changes once per scheduler step)."""
+        if self._load is not None:
+            return self._load[0]
+        live = self.engine_primary() if self.engine_primary is not None else None
+        if self._end_round_soon():
+            self._load = (live,)
+        return live
+
+    def _end_round_soon(self) -> bool:
+        """Schedule the end of this event-loop round (what was cached for it is dropped); False without a loop."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if not self._round_end_scheduled:
+            self._round_end_scheduled = True
+            loop.call_soon(self._end_round)
+        return True
 
     def shares(self, demands: List[QueryDemand], total: int) -> Dict[str, int]:
         """T2 split of ``total`` over ``demands``, with the starvation bound (updates the wait clocks)."""
@@ -286,9 +308,11 @@ class SpecBudget:
             return 0
         total = self.available()  # the speculative allowance below the knee, running speculation included
         if total <= 0:  # no room: every search waits (its starvation clock runs), no demand is asked for
-            now = self.clock()
-            for c in self.contexts:
-                self._starved_since.setdefault(c.search_id, now)
+            if not self._clocks_started:
+                now = self.clock()
+                for c in self.contexts:
+                    self._starved_since.setdefault(c.search_id, now)
+                self._clocks_started = self._end_round_soon()
             return 0
         key = _demand_key(ctx) if self.use_t2 else None
         r = self._round
@@ -312,19 +336,11 @@ class SpecBudget:
         """Reuse ``split`` until the running event loop's next round (no loop, or a query past the starvation
         bound: not reused). A search whose demand changed in the round still gets its share from it unless its
         share was held by its C_q (it may now be able to take more): then the round is split again."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        if self._starving:
-            return
-        self._round = split
-        if not self._round_end_scheduled:
-            self._round_end_scheduled = True
-            loop.call_soon(self._end_round)
+        if not self._starving and self._end_round_soon():
+            self._round = split
 
     def _end_round(self) -> None:
-        self._round, self._round_end_scheduled = None, False
+        self._round, self._load, self._clocks_started, self._round_end_scheduled = None, None, False, False
 
     def invalidate(self) -> None:
         """Drop this round's split (a search registered, finished or changed its demand sharply)."""
