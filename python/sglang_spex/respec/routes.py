@@ -152,35 +152,46 @@ def build_learner(
 
 
 class LocalServerPublisher:
-    """Hot-swap into the SGLang server this learner runs in. Its port is only known once SGLang's HTTP state
-    exists (after the routes are installed), so ``server_args`` is called at the first publish; if that fails
-    the publish raises and the learner rolls the update back (never a silent "published" that reached no
-    server)."""
+    """Hot-swap into the SGLang server this learner runs in (and, with ``replica_urls``, into those replicas too,
+    one :class:`ReplicaPublisher`). Its port is only known once SGLang's HTTP state exists (after the routes are
+    installed), so ``server_args`` is called at the first publish; if that fails the publish raises and the
+    learner rolls the update back (never a silent "published" that reached no server)."""
 
-    def __init__(self, server_args: Callable[[], Any]) -> None:
+    def __init__(self, server_args: Callable[[], Any], replica_urls: Sequence[str] = ()) -> None:
         self.server_args = server_args
-        self.client: Optional[HotSwapClient] = None
+        self.replica_urls = list(replica_urls)
+        self.client: Any = None  # HotSwapClient, or ReplicaPublisher with replicas
 
-    def __call__(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> None:
+    def __call__(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> Optional[dict]:
         if self.client is None:
             args = self.server_args()  # SGLang's ServerArgs: the port, and the key its weight-update routes take
             key = getattr(args, "admin_api_key", None) or getattr(args, "api_key", None)
-            self.client = HotSwapClient(f"http://127.0.0.1:{args.port}", begin_retries=240, api_key=key)
-        self.client.push(version, named)
+            local = HotSwapClient(f"http://127.0.0.1:{args.port}", begin_retries=240, api_key=key)
+            # the replicas take the same key (one deployment); a replica with another key fails and is reported
+            others = [HotSwapClient(u, begin_retries=240, api_key=key) for u in self.replica_urls]
+            self.client = ReplicaPublisher(clients=[local, *others]) if others else local
+        return self.client(version, named)
+
+    def status(self) -> Optional[list]:
+        """Each replica's drafter version (None without replicas)."""
+        return self.client.status() if isinstance(self.client, ReplicaPublisher) else None
 
 
-def install_from_env(app: FastAPI, server_args: Optional[Callable[[], Any]] = None) -> Optional[OnlineLearner]:
+def install_from_env(
+    app: FastAPI, server_args: Optional[Callable[[], Any]] = None, replica_urls: Sequence[str] = ()
+) -> Optional[OnlineLearner]:
     """Install the routes when this process's config (``SGLANG_SPEX_CONFIG``) has a learner spec (the launcher's
     ``--respec-learner``); called from ``sglang_spex.srt.routes.install``. ``server_args`` gives this server's
-    SGLang ``ServerArgs`` (port and keys) for a spec without ``server_url``."""
+    SGLang ``ServerArgs`` (port and keys) for a spec without ``server_url``; ``replica_urls``: more servers each
+    version goes to."""
     spec = load().learner
     if spec is None:
         return None
-    learner = build_learner(spec)
+    learner = build_learner(spec, replica_urls=replica_urls if spec.server_url else ())
     if learner.publish is None:  # no server_url: publish into this server
         if server_args is None:
             raise ValueError(f"{ENV_VAR}: the learner spec has no server_url and there is no server to publish into")
-        learner.publish = LocalServerPublisher(server_args)
+        learner.publish = LocalServerPublisher(server_args, replica_urls)
     install(app, learner)
     logger.info("respec: online learner installed (variant=%s)", learner.config.variant)
     return learner
