@@ -1,0 +1,122 @@
+"""HttpPort's routing logic against a recorded router stand-in (pure logic; the real router is in test_router.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import List, Tuple
+
+import httpx
+import pytest
+
+from sglang_spex.tot.engine import GenRequest, node_rid
+from sglang_spex.tot.http_port import HttpPort, WorkerLost
+
+ROUTER = "http://router:1"
+WORKERS = ["http://w0:1", "http://w1:1"]
+OK = {"text": "x", "output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}, "prompt_tokens": 3}}
+
+
+def _port(handler) -> Tuple[HttpPort, List[httpx.Request]]:
+    seen: List[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if str(request.url) == ROUTER + "/workers":
+            return httpx.Response(200, json={"workers": [{"url": u, "is_healthy": True} for u in WORKERS]})
+        return handler(request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(record))
+    return HttpPort(ROUTER, client=client), seen
+
+
+def _req(search: str, path: str = "r.0") -> GenRequest:
+    return GenRequest(prompt="q", rid=node_rid(search, path), search_id=search, node_path=path)
+
+
+async def test_every_request_of_a_search_carries_its_key():
+    port, seen = _port(lambda r: httpx.Response(200, json=OK))
+    await port.generate(_req("s1", "r.0"))
+    await port.generate(_req("s1", "r.0.1"))
+    await port.generate(GenRequest(prompt="q", rid=node_rid("s2", "r.0")))  # the key read from the rid
+    assert [r.headers["x-smg-routing-key"] for r in seen] == ["s1", "s1", "s2"]
+    off = HttpPort(ROUTER, client=httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200, json=OK))),
+                   affinity=False)  # fmt: skip
+    res = await off.generate(_req("s1"))
+    assert res.text == "x"
+
+
+async def test_aborts_and_control_go_to_every_worker_the_router_lists():
+    gate = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/generate":
+            await gate.wait()
+        return httpx.Response(200, json=OK)
+
+    seen: List[httpx.Request] = []
+
+    async def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if str(request.url) == ROUTER + "/workers":
+            return httpx.Response(200, json={"workers": [{"url": u} for u in WORKERS]})
+        return await slow(request)
+
+    port = HttpPort(ROUTER, client=httpx.AsyncClient(transport=httpx.MockTransport(record)))
+    task = asyncio.create_task(port.generate(_req("s1", "r.0")))
+    await asyncio.sleep(0.05)
+    await port.abort("spex:s1:")
+    await port.release("s1")
+    aborts = sorted(str(r.url) for r in seen if r.url.path == "/abort_request")
+    assert aborts == sorted(u + "/abort_request" for u in WORKERS)
+    assert all(json.loads(r.content) == {"rid": "spex:s1:r.0:"} for r in seen if r.url.path == "/abort_request")
+    assert sorted(str(r.url) for r in seen if r.url.path == "/spex/release") == [u + "/spex/release" for u in WORKERS]
+    assert not any(str(r.url).startswith(ROUTER + "/abort") for r in seen)  # the router does not proxy it
+    gate.set()
+    await task
+
+
+async def test_a_cancelled_generate_aborts_its_request():
+    async def never(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/generate":
+            await asyncio.Event().wait()
+        return httpx.Response(404)
+
+    seen: List[httpx.Request] = []
+
+    async def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return await never(request)
+
+    port = HttpPort(ROUTER, client=httpx.AsyncClient(transport=httpx.MockTransport(record)))
+    task = asyncio.create_task(port.generate(_req("s1")))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(50):
+        if not port.inflight:
+            break
+        await asyncio.sleep(0.02)
+    assert [json.loads(r.content) for r in seen if r.url.path == "/abort_request"] == [{"rid": "spex:s1:r.0:"}]
+    assert not port.inflight  # a plain server (no /workers): the abort went to base_url itself
+
+
+async def test_a_router_error_loses_the_search_and_later_requests_fail_at_once():
+    def dead(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("x-smg-routing-key") == "victim":
+            return httpx.Response(500, headers={"x-smg-error-code": "call_upstream_request_error"}, json={})
+        return httpx.Response(200, json=OK)
+
+    port, seen = _port(dead)
+    with pytest.raises(WorkerLost):
+        await port.generate(_req("victim", "r.0"))
+    n = len(seen)
+    with pytest.raises(WorkerLost):
+        await port.generate(_req("victim", "r.1"))
+    assert len(seen) == n  # not sent: it would land on a worker without the search's cache
+    assert (await port.generate(_req("other"))).text == "x"  # other searches are untouched
+    plain, _ = _port(lambda r: httpx.Response(500, json={"error": "boom"}))  # a worker's own 500 is not a loss
+    with pytest.raises(httpx.HTTPStatusError):
+        await plain.generate(_req("s"))
+    assert not plain.lost
