@@ -21,7 +21,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 from sglang_spex.config import SpexConfig
 
@@ -206,12 +206,27 @@ class BudgetClient(Protocol):
     def demand(self) -> QueryDemand: ...
 
 
-class SpecBudget:
-    """T2 across the live searches of one server (or one client-side batch).
+Rank = Optional[int]  # a search's DP rank (``SearchContext.dp_rank``); None without data parallelism
 
-    ``model``: S_w and KV bytes per token of the served model (:func:`model_bytes`; the server sets it from
-    SGLang's model config). ``max_wait_s``: the starvation bound: a query that has had speculative work but no
-    share for longer gets at least one slot, ahead of better-scored queries when slots are short.
+
+def _rank(ctx: BudgetClient) -> Rank:
+    return getattr(ctx, "dp_rank", None)
+
+
+class SpecBudget:
+    """T2 across the live searches of one server (or one client-side batch), per DP rank.
+
+    Under data parallelism every rank is its own engine with its own knee: the searches pinned to rank r
+    (``dp_rank``) split rank r's budget, against rank r's primary load; without DP (every rank None) there is one
+    budget. ``k_total`` is the knee of one rank. ``engine_primary(rank)``: the live primary load of a rank's
+    engine (other clients' traffic too), called without an argument for rank None. ``model``: S_w and KV bytes
+    per token of the served model (:func:`model_bytes`; the server sets it from SGLang's model config).
+    ``max_wait_s``: the starvation bound: a query that has had speculative work but no share for longer gets at
+    least one slot, ahead of better-scored queries when slots are short.
+
+    Cost: a refill asks :meth:`share`; nothing is split while a rank has no room below its knee, the engine's
+    load is read once per event-loop round, and a split is computed once per round and rank (again only for a
+    search whose demand changed while its share was held by its C_q).
     """
 
     def __init__(
@@ -220,13 +235,13 @@ class SpecBudget:
         temperature: float = 1.0,
         min_share: int = 1,
         use_t2: bool = True,
-        engine_primary: Optional[Callable[[], Optional[int]]] = None,
+        engine_primary: Optional[Callable[..., Optional[int]]] = None,
         model: ModelBytes = UNKNOWN_MODEL,
         max_wait_s: float = DEFAULT_MAX_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
-        self.engine_primary = engine_primary  # live primary load of the engine (other clients' traffic too)
+        self.engine_primary = engine_primary
         self.temperature = temperature
         self.min_share = min_share
         self.use_t2 = use_t2
@@ -236,35 +251,40 @@ class SpecBudget:
         self.contexts: Set[BudgetClient] = set()
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
         self._starving = False  # the last split gave a query past the starvation bound its minimum
-        self._round: Optional[_RoundSplit] = None  # this event-loop round's split
-        self._load: Optional[Tuple[Optional[int]]] = None  # this round's engine_primary() reading
-        self._clocks_started = False  # this round already started the clocks of a closed budget
+        # cached for the current event-loop round, per rank: the split, the engine load, clocks started
+        self._round: Dict[Rank, _RoundSplit] = {}
+        self._load: Dict[Rank, Optional[int]] = {}
+        self._clocks_started: Set[Rank] = set()
         self._round_end_scheduled = False
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
-        self._round = None
+        self._round.clear()
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
         self._starved_since.pop(ctx.search_id, None)
-        self._round = None
+        self._round.clear()
 
-    def available(self) -> int:
-        """k_total is the knee concurrency: speculation fills what primary work leaves below it."""
-        primary = sum(len(c.inflight) for c in self.contexts)
+    def on_rank(self, rank: Rank) -> List[BudgetClient]:
+        """The registered searches pinned to ``rank``."""
+        return [c for c in self.contexts if _rank(c) == rank]
+
+    def available(self, rank: Rank = None) -> int:
+        """k_total is the knee concurrency: speculation fills what primary work leaves below it (on ``rank``)."""
+        primary = sum(len(c.inflight) for c in self.contexts if _rank(c) == rank)
         if self.engine_primary is not None:
-            live = self._engine_load()
+            live = self._engine_load(rank)
             primary = max(primary, live) if live is not None else primary
         return effective_k_total(self.k_total, primary, knee=self.k_total)
 
-    def _engine_load(self) -> Optional[int]:
-        """The engine's live primary load, read once per event-loop round (it changes once per scheduler step)."""
-        if self._load is not None:
-            return self._load[0]
-        live = self.engine_primary() if self.engine_primary is not None else None
+    def _engine_load(self, rank: Rank) -> Optional[int]:
+        """A rank's live primary load, read once per event-loop round (it changes once per scheduler step)."""
+        if rank in self._load:
+            return self._load[rank]
+        live = self.engine_primary() if rank is None else self.engine_primary(rank)
         if self._end_round_soon():
-            self._load = (live,)
+            self._load[rank] = live
         return live
 
     def _end_round_soon(self) -> bool:
@@ -277,6 +297,12 @@ class SpecBudget:
             self._round_end_scheduled = True
             loop.call_soon(self._end_round)
         return True
+
+    def _end_round(self) -> None:
+        self._round.clear()
+        self._load.clear()
+        self._clocks_started.clear()
+        self._round_end_scheduled = False
 
     def shares(self, demands: List[QueryDemand], total: int) -> Dict[str, int]:
         """T2 split of ``total`` over ``demands``, with the starvation bound (updates the wait clocks)."""
@@ -301,50 +327,43 @@ class SpecBudget:
         return out
 
     def share(self, ctx: BudgetClient) -> int:
-        """``ctx``'s speculative share now. Nothing is split (no demand asked for) while the room below the knee
-        is 0; otherwise the split is computed once per event-loop round and shared by every refill of that
-        round (it is recomputed when the allowance or the set of live searches changes)."""
+        """``ctx``'s speculative share now, of its rank's budget."""
         if ctx not in self.contexts or ctx.should_stop():
             return 0
-        total = self.available()  # the speculative allowance below the knee, running speculation included
-        if total <= 0:  # no room: every search waits (its starvation clock runs), no demand is asked for
-            if not self._clocks_started:
+        rank = _rank(ctx)
+        total = self.available(rank)  # the speculative allowance below the knee, running speculation included
+        if total <= 0:  # no room: every search of the rank waits (its starvation clock runs), no demand asked
+            if rank not in self._clocks_started:
                 now = self.clock()
-                for c in self.contexts:
+                for c in self.on_rank(rank):
                     self._starved_since.setdefault(c.search_id, now)
-                self._clocks_started = self._end_round_soon()
+                if self._end_round_soon():
+                    self._clocks_started.add(rank)
             return 0
         key = _demand_key(ctx) if self.use_t2 else None
-        r = self._round
+        r = self._round.get(rank)
         if r is not None and r.total == total and ctx.search_id in r.shares:
             got = r.shares[ctx.search_id]
             if r.keys[ctx.search_id] == key or got < r.caps[ctx.search_id]:  # unchanged, or not held by its C_q
                 return got
-        live = [c for c in self.contexts if not c.should_stop()]
+        live = [c for c in self.on_rank(rank) if not c.should_stop()]
         if not self.use_t2:  # T1 only: an even split
             out = {c.search_id: total // len(live) + (1 if i < total % len(live) else 0) for i, c in enumerate(live)}
-            self._keep_for_round(_RoundSplit(total, out, {c.search_id: None for c in live}, {}))
+            self._keep_for_round(rank, _RoundSplit(total, out, {c.search_id: None for c in live}, {}))
             return out.get(ctx.search_id, 0)
         demands = [c.demand() for c in live]
         out = self.shares(demands, total)
         keys = {c.search_id: _demand_key(c) for c in live}
         if all(k is not None for k in keys.values()):
-            self._keep_for_round(_RoundSplit(total, out, keys, {d.query_id: d.candidates for d in demands}))
+            self._keep_for_round(rank, _RoundSplit(total, out, keys, {d.query_id: d.candidates for d in demands}))
         return out.get(ctx.search_id, 0)
 
-    def _keep_for_round(self, split: "_RoundSplit") -> None:
+    def _keep_for_round(self, rank: Rank, split: _RoundSplit) -> None:
         """Reuse ``split`` until the running event loop's next round (no loop, or a query past the starvation
         bound: not reused). A search whose demand changed in the round still gets its share from it unless its
         share was held by its C_q (it may now be able to take more): then the round is split again."""
         if not self._starving and self._end_round_soon():
-            self._round = split
-
-    def _end_round(self) -> None:
-        self._round, self._load, self._clocks_started, self._round_end_scheduled = None, None, False, False
-
-    def invalidate(self) -> None:
-        """Drop this round's split (a search registered, finished or changed its demand sharply)."""
-        self._round = None
+            self._round[rank] = split
 
 
 def _demand_key(ctx: BudgetClient) -> Any:

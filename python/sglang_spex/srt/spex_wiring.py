@@ -1,10 +1,10 @@
-"""SPEX for server-side searches: one T2 budget shared by every search of the server, fed with the engine's live
-primary load (the batch-stats ring written by hook H13) and the served model's byte sizes (S_w, KV bytes per
-token, from SGLang's model config), and ``--tot-k-total auto`` resolved from the roofline profile: once the
-knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the scheduler-side
-speculative admission cap (the ``budget`` control op). Under auto, decode step times go to the profile's drift
-monitor (a re-profile moves the knee); a numeric k_total never reads the profile, so it never re-profiles (the
-profiler's requests would run under live searches).
+"""SPEX for server-side searches: one T2 budget shared by every search of the server (split per DP rank), fed with
+each rank's live primary load (the batch-stats ring its scheduler writes, hook H13) and the served model's byte
+sizes (S_w, KV bytes per token, from SGLang's model config), and ``--tot-k-total auto`` resolved from the roofline
+profile: once the knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the
+scheduler-side speculative admission cap (the ``budget`` control op). Under auto, decode step times go to the
+profile's drift monitor (a re-profile moves the knee); a numeric k_total never reads the profile, so it never
+re-profiles (the profiler's requests would run under live searches).
 Used by :mod:`sglang_spex.srt.search_service`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile.cache import Profile
@@ -37,8 +37,8 @@ class SpexWiring:
         self.budget.engine_primary = self.engine_primary
         self._profile = profile
         self._factory = context_factory(cfg, self.budget, on_finish=self._on_finish)
-        self._reader: Optional[StatsReader] = None
-        self._last_row_time = 0.0
+        self._readers: Dict[Optional[int], StatsReader] = {}  # batch-stats ring per DP rank (None: no DP)
+        self._last_row_time: Dict[Optional[int], float] = {}
         self._k_total_pending = cfg.k_total is None  # --tot-k-total auto: resolved once, on the first search
         self.k_total_task: Optional[asyncio.Task] = None
         self._tm: Any = None  # SGLang's TokenizerManager (from the first search's port)
@@ -89,20 +89,22 @@ class SpexWiring:
     async def _on_finish(ctx: SpexContext) -> None:
         metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated)
 
-    def engine_primary(self) -> Optional[int]:
-        """Primary requests running or waiting in the scheduler (None while no decode step was recorded)."""
+    def engine_primary(self, rank: Optional[int] = None) -> Optional[int]:
+        """Primary requests running or waiting in the scheduler of DP rank ``rank`` (None: the server's only
+        scheduler, or rank 0's under DP); None while no decode step was recorded."""
         try:
-            if self._reader is None:
-                self._reader = StatsReader()
-            row = self._reader.latest()
+            reader = self._readers.get(rank)
+            if reader is None:
+                reader = self._readers[rank] = StatsReader(dp_rank=rank)
+            row = reader.latest()
         except (OSError, ValueError):  # no stats ring (yet)
             return None
         if not row or row.get("mode") != DECODE_MODE:
             return None
         step_s = row.get("step_s")
-        fresh = step_s is not None and step_s == step_s and row.get("time") != self._last_row_time
+        fresh = step_s is not None and step_s == step_s and row.get("time") != self._last_row_time.get(rank)
         if fresh and self.cfg.k_total is None:  # a fixed k_total never reads the profile: no re-profiling
-            self._last_row_time = row["time"]
+            self._last_row_time[rank] = row["time"]
             try:  # the drift monitor may re-profile in the background; it must never break the budget
                 self._profile().observe(int(row.get("batch_size", 0)), step_s)
             except Exception:
