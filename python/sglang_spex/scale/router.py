@@ -5,9 +5,9 @@ What 0.3.2 does, found by running it (see docs/scale.md):
   new key by ``--assignment-mode`` (``min_load``: fewest in-flight requests) and kept until that worker turns
   unhealthy. A request without the header goes to a random worker (the body's ``rid`` is not read as a key).
 - It proxies ``/generate`` (re-serialised: ``rid``, ``priority``, ``sampling_seed`` and the usual sampling fields
-  pass; ``sampling_params.custom_params`` and ``routed_dp_rank`` are dropped), ``/flush_cache`` (to every worker),
-  ``/get_loads`` and ``/workers``; **not** ``/abort_request``, ``/tot/*`` or ``/spex/*`` (404). A front therefore
-  sends aborts and SPEX control calls to the workers, which ``GET /workers`` lists.
+  pass; ``sampling_params.custom_params`` and ``routed_dp_rank`` are dropped) and ``/flush_cache`` (to every
+  worker), and answers ``/workers`` itself; **not** ``/abort_request``, ``/tot/*`` or ``/spex/*`` (404). A front
+  therefore sends aborts and SPEX control calls to the workers, which ``GET /workers`` lists.
 """
 
 from __future__ import annotations
