@@ -34,7 +34,6 @@ from typing import Any, Callable, Dict, List, Optional
 from bench_tot import MODES, build_spec, flush_cache
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.launch_server import THREAD_BIND_ENV
 from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
 from sglang_spex.scale.cluster import Cluster
 from sglang_spex.scale.router import RouterProcess
@@ -152,8 +151,8 @@ def main() -> None:
     p.add_argument("--task", default="toy_add")
     p.add_argument("--questions", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--max-depth", type=int, default=3)
-    p.add_argument("--step-tokens", type=int, default=16)
+    p.add_argument("--max-depth", type=int, default=2)
+    p.add_argument("--step-tokens", type=int, default=8)
     p.add_argument("--out", default="benchmark/results/bench_scale.json")
     args = p.parse_args()
     setups = [s for s in args.setups.split(",") if s]
@@ -168,8 +167,8 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     rows: List[Dict[str, Any]] = []
 
-    if "single" in setups:  # one rank on every core
-        env = {"OMP_NUM_THREADS": str(len(cores)), THREAD_BIND_ENV: ",".join(map(str, cores))}
+    if "single" in setups:  # one rank, one torch thread per core
+        env = {"OMP_NUM_THREADS": str(len(cores))}
         with ServerProcess(server_args, env=env) as srv:
             rows += run_setup(srv.url, "single", args, questions)
     if "dp2" in setups:
