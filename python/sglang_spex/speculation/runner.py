@@ -87,6 +87,7 @@ class SpexContext(SearchContext):
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
         self._bfs_epoch = 0  # bumped when a BFS frontier is decided
         self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
+        self._promotions: Set["asyncio.Future"] = set()  # promote control messages not yet acknowledged
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -105,7 +106,7 @@ class SpexContext(SearchContext):
         if entry is not None:
             in_flight = entry.state == RUNNING
             if entry.task is not None and not entry.task.done():
-                await self.port.promote(entry.node.rid)  # the search waits on it now: primary rank
+                self._promote(entry.node.rid)  # the search waits on it now: primary rank
                 await asyncio.shield(entry.task)
             if entry.node.status not in (CANCELLED, PENDING, GENERATING):
                 self._adopt(node, entry, in_flight)
@@ -115,6 +116,20 @@ class SpexContext(SearchContext):
         node = await super().generate_node(parent, index, kind)
         self._after(node)
         return node
+
+    def _promote(self, rid: str) -> None:
+        """Give the request ``rid`` primary rank without waiting for the scheduler's acknowledgement (a control
+        round trip, serialised with every other one, would delay the node by a scheduler step or more)."""
+
+        async def promote() -> None:
+            try:
+                await self.port.promote(rid)
+            except Exception:
+                logger.warning("spex: promoting %s failed", rid, exc_info=True)
+
+        task = asyncio.ensure_future(promote())
+        self._promotions.add(task)
+        task.add_done_callback(self._promotions.discard)
 
     def _adopt(self, node: Node, entry: SpecEntry, in_flight: bool) -> None:
         adopt(node, entry.node)
@@ -401,8 +416,8 @@ class SpexContext(SearchContext):
         for e in self.store:
             if e.state == RUNNING:
                 self._cancel(self.store.pop(e.path))
-        if self._cancels:
-            await asyncio.gather(*self._cancels, return_exceptions=True)
+        if self._cancels or self._promotions:
+            await asyncio.gather(*self._cancels, *self._promotions, return_exceptions=True)
         for e in self.store:
             self.acc.never_used += 1
             self.acc.wasted_tokens += e.node.num_tokens
