@@ -90,8 +90,9 @@ class SpexWiring:
         metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated)
 
     def engine_primary(self, rank: Optional[int] = None) -> Optional[int]:
-        """Primary requests running or waiting in the scheduler of DP rank ``rank`` (None: the server's only
-        scheduler, or rank 0's under DP); None while no decode step was recorded."""
+        """Primary requests running, chunked or waiting in the scheduler of DP rank ``rank`` (None: the server's
+        only scheduler, or rank 0's under DP), as its speculative gate counted them at the last step of any
+        kind; None before the first step."""
         try:
             reader = self._readers.get(rank)
             if reader is None:
@@ -99,16 +100,22 @@ class SpexWiring:
             row = reader.latest()
         except (OSError, ValueError):  # no stats ring (yet)
             return None
-        if not row or row.get("mode") != DECODE_MODE:
+        if not row:
             return None
         step_s = row.get("step_s")
-        fresh = step_s is not None and step_s == step_s and row.get("time") != self._last_row_time.get(rank)
+        decode = row.get("mode") == DECODE_MODE
+        fresh = decode and step_s is not None and step_s == step_s and row.get("time") != self._last_row_time.get(rank)
         if fresh and self.cfg.k_total is None:  # a fixed k_total never reads the profile: no re-profiling
             self._last_row_time[rank] = row["time"]
             try:  # the drift monitor may re-profile in the background; it must never break the budget
                 self._profile().observe(int(row.get("batch_size", 0)), step_s)
             except Exception:
                 logger.debug("spex: drift observation failed", exc_info=True)
+        live = row.get("primary_live")
+        if live is not None and live == live:
+            return int(live)
+        if not decode:  # an older ring without the gate's census: only a decode row holds the whole batch
+            return None
         return int((row.get("n_primary") or 0) + (row.get("waiting") or 0) - (row.get("waiting_spec") or 0))
 
 
