@@ -25,6 +25,9 @@ every repeat counts: medians with min-max. A server whose ``/get_server_info`` r
     python benchmark/bench_respec_server.py --together --modes nospec respec_eagle3 respec_eagle3_off \
         --eagle-profile P.json --batch-sizes 1 4 16 64 --overlap on --repeats 3
 
+``--alternate``: the same side-by-side comparison with one server alive at a time (a shared machine): every
+repeat starts each mode's server in turn (order alternating per repeat) and runs every batch size on it once.
+
 ``respec_eagle3_off`` is the ReSpec EAGLE3 server forced off (``--respec-force plain``): its every decode step is
 ReSpec's off step, so its ratio to ``nospec`` is the off state's cost. ``--max-running N`` passes
 ``--max-running-requests N`` to every server (default: not passed, so each server keeps its own default: SGLang's
@@ -160,6 +163,28 @@ def measure_together(
     return out
 
 
+def measure_alternating(
+    modes: Dict[str, List[str]], overlaps: List[str], a: argparse.Namespace, prompts: List[str]
+) -> Dict[str, dict]:
+    """One server at a time: each repeat runs every mode once (a fresh server, order reversed every other repeat)
+    and appends its runs, so run ``r`` of every mode comes from the same stretch of time."""
+    once = argparse.Namespace(**{**vars(a), "repeats": 1})
+    out: Dict[str, dict] = {}
+    names = list(modes)
+    for rep in range(a.repeats):
+        for mode in names if rep % 2 == 0 else names[::-1]:
+            r = measure_mode(mode, modes[mode], overlaps, once, prompts)
+            if mode not in out:
+                out[mode] = r
+                continue
+            for ov, runs in r["runs"].items():
+                for b, rs in runs.items():
+                    out[mode]["runs"].setdefault(ov, {}).setdefault(b, []).extend(rs)
+            out[mode].setdefault("state_per_repeat", [dict(out[mode]["state"])]).append(r["state"])
+            out[mode]["state"].update(r["state"])  # the last repeat's runtime report
+    return out
+
+
 def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Namespace, prompts: List[str]) -> dict:
     """This mode's servers, one per overlap setting, alive together; interleaved repeats (see module doc)."""
     servers: Dict[str, ServerProcess] = {}
@@ -174,6 +199,7 @@ def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Na
                 servers.pop(ov).stop()
                 continue
             out["runs"][ov] = {b: [] for b in a.batch_sizes}
+            out.setdefault("server", {})[ov] = _server_facts(srv.url, mode)
         for rep in range(a.repeats):
             for ov in list(servers) if rep % 2 == 0 else list(servers)[::-1]:
                 for b in a.batch_sizes:
@@ -230,6 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap", default="on,off", help="overlap scheduler settings, comma list of on/off")
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--together", action="store_true", help="all modes' servers at once, modes interleaved")
+    ap.add_argument("--alternate", action="store_true", help="modes interleaved, one server at a time")
     ap.add_argument("--max-running", type=int, default=0, help="--max-running-requests for every server (0: none)")
     ap.add_argument("--out", type=Path, default=Path("respec_server_bench.json"))
     a = ap.parse_args(argv)
@@ -270,10 +297,14 @@ def main(argv=None) -> int:
     run_args = {
         m: modes[m] + (["--respec-hysteresis", a.hysteresis] if m.startswith("respec") else []) for m in a.modes
     }
-    results: Dict[str, dict] = measure_together(run_args, overlaps, a, prompts) if a.together else {}
+    results: Dict[str, dict] = {}
+    if a.together:
+        results = measure_together(run_args, overlaps, a, prompts)
+    elif a.alternate:
+        results = measure_alternating(run_args, overlaps, a, prompts)
     summary: Dict[str, Dict[str, Any]] = {}
     for mode in a.modes:
-        if not a.together:
+        if mode not in results:
             results[mode] = measure_mode(mode, run_args[mode], overlaps, a, prompts)
         summary[mode] = {
             ov: (
@@ -298,7 +329,7 @@ def main(argv=None) -> int:
                 ratio = f" {per[b]['median'] / base[b]['median']:.2f}x" if base else ""
                 cells.append(f"B={b}: {fmt(per[b], 0)}{ratio}")
             print(f"{mode:13s} overlap {ov:3s} " + "  ".join(cells))
-    paired = paired_ratios(results, a.batch_sizes) if a.together else {}
+    paired = paired_ratios(results, a.batch_sizes) if a.together or a.alternate else {}
     if paired:
         print("\nratio to nospec per (repeat, batch size), paired runs: median (min-max)")
         for mode, per_ov in paired.items():
