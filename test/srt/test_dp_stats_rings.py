@@ -98,3 +98,14 @@ def test_internal_state_replies_are_ordered_by_dp_rank():
     assert [s["n"] for s in control.rank_order(replies)] == [0, 1, 2]
     plain = [{"n": 1}, {"n": 0}]  # no plugin report: arrival order kept
     assert [s["n"] for s in control.rank_order(plain)] == [1, 0]
+
+
+def test_a_command_for_another_rank_is_ignored(monkeypatch):
+    class Untouchable:  # the scheduler: any use of it means the command was applied
+        def __getattr__(self, name):
+            raise AssertionError(f"applied: {name}")
+
+    monkeypatch.setattr(control, "process_dp_rank", lambda: 1)
+    control.apply(Untouchable(), control.SpexControlReq(op="budget", value=2.0, dp_rank=0))
+    with pytest.raises(AssertionError, match="applied"):
+        control.apply(Untouchable(), control.SpexControlReq(op="budget", value=2.0, dp_rank=1))

@@ -15,8 +15,9 @@ Under ``--dp-size N`` the message goes to SGLang's DP controller, whose fallback
 any type it does not route itself to every rank's scheduler, on the same socket as that rank's generate requests;
 ``get_internal_state`` fans out to every rank too and returns once all of them answered, in arrival order. So a
 command reaches every rank (a cancel or release acts where the search's requests are, a no-op elsewhere; a budget
-or knob applies to each rank alike), and the acknowledgement waits for all of them. Each rank's report carries its
-``dp_rank``; :func:`scheduler_states` orders the replies by it.
+or knob applies to each rank alike), and the acknowledgement waits for all of them. A command with ``dp_rank`` set
+is applied by that rank only (the others still acknowledge it). Each rank's report carries its ``dp_rank``;
+:func:`scheduler_states` orders the replies by it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class SpexControlReq(BaseReq, kw_only=True):
     prefix: str = ""  # rid prefix (cancel) or node-path prefix (release)
     key: str = ""  # knob name for op="set"
     value: Optional[float] = None  # budget (None = unlimited) or knob value
+    dp_rank: Optional[int] = None  # --dp-size: only this rank applies it (None: every rank)
 
 
 def register_types() -> None:
@@ -57,7 +59,11 @@ def register_types() -> None:
 
 # ---------------------------------------------------------------- scheduler side
 def apply(scheduler: Any, req: SpexControlReq) -> None:
-    """Apply one command to this scheduler's plugin state (between two scheduling steps)."""
+    """Apply one command to this scheduler's plugin state (between two scheduling steps); a command for another
+    DP rank is ignored."""
+    rank = process_dp_rank()
+    if req.dp_rank is not None and rank is not None and req.dp_rank != rank:
+        return
     state = scheduling.state_of(scheduler)
     protection = state.protection
     if req.op == "budget":
