@@ -26,14 +26,15 @@ from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, instal
 def _dp_ranks(states: List[Dict[str, Any]], searches: Dict[int, int]) -> Optional[List[Dict[str, Any]]]:
     """``--dp-size`` > 1: one entry per rank, by rank: its scheduler's plugin report (``sched``: budget, gate,
     protection, KV pool of that rank), its ReSpec report, the server-side searches pinned to it and the latest row
-    of its batch-stats ring (``batch``); None with one rank."""
+    of its batch-stats ring (``batch``); None with one rank. ``dp_rank`` is null (and the entries in arrival
+    order) where the scheduler part of the report is off (no ``--tot-speculation``)."""
     if len(states) <= 1:
         return None
     rings = batch_stats.RankReaders().latest_by_rank()
     out = []
-    for i, s in enumerate(states):
+    for s in states:
         spex = s.get("spex") or {}
-        rank = (spex.get("sched") or {}).get("dp_rank", i)
+        rank = (spex.get("sched") or {}).get("dp_rank")
         out.append({**spex, "dp_rank": rank, "respec": s.get("respec"), "searches": searches.get(rank, 0),
                     "batch": rings.get(rank)})  # fmt: skip
     return out
