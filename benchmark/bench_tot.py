@@ -208,7 +208,46 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
         spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task)
         return asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total_client))
     spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, speculation=OVERRIDES[mode])
-    return _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
+    before = _spex_stats(url)
+    row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
+    row["trace"] = scheduler_trace(url, before)
+    return row
+
+
+# ---------------------------------------------------------------- scheduler trace (batch-stats rows of a run)
+TRACE_COUNTERS = ("spec_retracted_for_budget", "preempt_for_primary", "promoted", "spec_before_primary")
+
+
+def _spex_stats(url: str, since: Optional[int] = None) -> Dict[str, Any]:
+    params = {} if since is None else {"history_since": since}
+    return requests.get(url + "/spex/stats", params=params, timeout=120).json()
+
+
+def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
+    """What the scheduler did during a run, from the batch-stats rows written since ``before`` (a
+    ``/spex/stats`` answer): steps by kind, their time, batch sizes, speculative work, primaries left waiting,
+    and the gate's counters (deltas)."""
+    after = _spex_stats(url, before["batch"]["seq"])
+    hist = after["batch"]["history"]
+    rows = [r for r in hist["rows"] if r["step_s"] is not None and r["step_s"] == r["step_s"]]
+    decode = [r for r in rows if r["mode"] == 2]
+    prefill = [r for r in rows if r["mode"] in (1, 3)]
+    c0, c1 = before["scheduler"].get("counters", {}), after["scheduler"].get("counters", {})
+    return {
+        "steps": len(rows),
+        "rows_lost": hist["lost"],
+        "step_s": round(sum(r["step_s"] for r in rows), 3),
+        "decode_steps": len(decode),
+        "decode_s": round(sum(r["step_s"] for r in decode), 3),
+        "mean_decode_batch": round(statistics.mean(r["batch_size"] for r in decode), 2) if decode else 0.0,
+        "decode_spec_seqs": int(sum(r["n_spec"] for r in decode)),
+        "prefill_steps": len(prefill),
+        "prefill_s": round(sum(r["step_s"] for r in prefill), 3),
+        "spec_prefill_steps": sum(1 for r in prefill if r["n_spec"] > 0),
+        "decode_with_primary_waiting": sum(1 for r in decode if r["waiting"] - r["waiting_spec"] > 0),
+        "spec_held_steps": sum(1 for r in rows if r["spec_held"] > 0),
+        **{k: c1.get(k, 0) - c0.get(k, 0) for k in TRACE_COUNTERS},
+    }
 
 
 # ---------------------------------------------------------------- aggregation
@@ -314,7 +353,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    from overlap import stop_servers_on_sigterm  # a sibling script's helper (benchmark/ is on the path here)
+
     args = parse_args(argv)
+    stop_servers_on_sigterm()  # a killed run still stops the server it started
     if args.summarise:
         data = json.loads(Path(args.summarise).read_text())
         data["summary"] = summarise(data["rows"])
