@@ -154,6 +154,7 @@ def main() -> None:
     p.add_argument("--max-depth", type=int, default=2)
     p.add_argument("--step-tokens", type=int, default=8)
     p.add_argument("--out", default="benchmark/results/bench_scale.json")
+    p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds a server may take to start")
     args = p.parse_args()
     setups = [s for s in args.setups.split(",") if s]
     unknown = set(setups) - set(SETUPS)
@@ -164,19 +165,26 @@ def main() -> None:
     if args.model == "tiny":
         server_args += ["--dtype", "float32"]
     questions = get_task(args.task).questions(args.questions, split="test")
-    cores = sorted(os.sched_getaffinity(0))
     rows: List[Dict[str, Any]] = []
 
+    try:
+        run_all(setups, server_args, args, questions, rows, args.startup_timeout)
+    finally:  # a setup that failed to start still leaves the rows measured so far
+        report(rows, args)
+
+
+def run_all(setups, server_args, args, questions, rows: List[Dict[str, Any]], startup_timeout: float) -> None:
+    cores = sorted(os.sched_getaffinity(0))
     if "single" in setups:  # one rank, one torch thread per core
         env = {"OMP_NUM_THREADS": str(len(cores))}
-        with ServerProcess(server_args, env=env) as srv:
+        with ServerProcess(server_args, env=env, startup_timeout=startup_timeout) as srv:
             rows += run_setup(srv.url, "single", args, questions)
     if "dp2" in setups:
-        with ServerProcess([*server_args, "--dp-size", "2"]) as srv:
+        with ServerProcess([*server_args, "--dp-size", "2"], startup_timeout=startup_timeout) as srv:
             rows += run_setup(srv.url, "dp2", args, questions, dp_ranks=2)
     routed = [s for s in ("router", "round_robin") if s in setups]
     if routed:  # the same 2 workers behind one router per policy
-        cluster = Cluster(server_args, n=2, policy="manual")
+        cluster = Cluster(server_args, n=2, policy="manual", startup_timeout=startup_timeout)
         with cluster:
             if "router" in routed:
                 rows += run_setup(cluster.url, "router", args, questions)
@@ -184,6 +192,8 @@ def main() -> None:
                 with RouterProcess(cluster.worker_urls, policy="round_robin") as rr:
                     rows += run_setup(rr.url, "round_robin", args, questions)
 
+
+def report(rows: List[Dict[str, Any]], args) -> None:
     summary = summarize(rows)
     print(table(summary))
     out = Path(args.out)
