@@ -177,6 +177,17 @@ def chunked_req(scheduler: Any) -> Optional[Any]:
     return scheduler.chunked_req
 
 
+def nothing_to_admit(scheduler: Any) -> bool:
+    """SGLang's prefill step will return no batch before admitting anything: no waiting request, no chunked
+    prefill, no grammar request about to be queued (the first checks of ``_get_new_batch_prefill_raw``)."""
+    return not scheduler.waiting_queue and scheduler.chunked_req is None and not _waiting_grammars(scheduler)
+
+
+def _waiting_grammars(scheduler: Any) -> bool:
+    gm = getattr(scheduler, "grammar_manager", None)
+    return bool(gm is not None and gm.has_waiting_grammars())
+
+
 def inflight_reqs(scheduler: Any) -> Set[Any]:
     """Requests of the running batch and of the last launched batch (SGLang's own notion, used by its abort)."""
     return scheduler.collect_inflight_reqs()

@@ -290,12 +290,9 @@ class _Census:
 def _census(scheduler: Any, batch: Any) -> _Census:
     c = _Census()
     reqs = sa.batch_reqs(batch)
-    for r in reqs:
-        if not r.finished():
-            if is_spec(r):
-                c.spec_running += 1
-            else:
-                c.primary_decoding += 1
+    live = [r for r in reqs if not r.finished()]
+    c.spec_running = sum(1 for r in live if is_spec(r))
+    c.primary_decoding = len(live) - c.spec_running
     chunked = sa.chunked_req(scheduler)
     if chunked is not None and all(chunked is not r for r in reqs):
         if is_spec(chunked):
@@ -402,7 +399,7 @@ def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
     )
     hidden: List[Any] = []
     victims: List[Any] = []
-    if running_batch is not None:
+    if running_batch is not None and not sa.nothing_to_admit(scheduler):  # else the decode path's trim runs
         victims, hidden = G_CAP.run(_gate_prefill, scheduler, running_batch, default=([], [])) or ([], [])
     t1 = time.perf_counter()
     result = None
@@ -415,7 +412,8 @@ def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
             sa.waiting(scheduler).extend(hidden)
         if victims:
             G_CAP.run(sa.requeue, scheduler, victims)
-        G_CAP.run(_check_order, scheduler, result)
+        if isinstance(result, tuple) and result and result[0] is not None:
+            G_CAP.run(_check_order, scheduler, result)
         sa.charge_hook_time(scheduler, t0, "cap_prefill", exclude=t2 - t1)  # SGLang's own admission is not ours
 
 
