@@ -29,7 +29,8 @@ every repeat counts: medians with min-max. A server whose ``/get_server_info`` r
 repeat starts each mode's server in turn (order alternating per repeat) and runs every batch size on it once.
 
 ``respec_eagle3_off`` is the ReSpec EAGLE3 server forced off (``--respec-force plain``): its every decode step is
-ReSpec's off step, so its ratio to ``nospec`` is the off state's cost. ``--max-running N`` passes
+ReSpec's off step, so its ratio to ``nospec`` is the off state's cost; ``eagle3_steps0`` is the same server with
+``--respec-eagle-off warm``: SGLang's own steps = 0 step (a one-node TARGET_VERIFY forward + draft extend). ``--max-running N`` passes
 ``--max-running-requests N`` to every server (default: not passed, so each server keeps its own default: SGLang's
 48 for always-on speculation, the plan's largest batch for ReSpec EAGLE3, the KV pool's bound without
 speculation); each server's value is recorded.
@@ -234,7 +235,7 @@ def paired_ratios(results: Dict[str, dict], batch_sizes: List[int]) -> Dict[str,
     return out
 
 
-MODES = ("nospec", "ngram", "respec", "eagle3", "eagle3_sglang", "respec_eagle3", "respec_eagle3_off")
+MODES = ("nospec", "ngram", "respec", "eagle3", "eagle3_sglang", "respec_eagle3", "respec_eagle3_off", "eagle3_steps0")
 
 
 def main(argv=None) -> int:
@@ -257,6 +258,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--together", action="store_true", help="all modes' servers at once, modes interleaved")
     ap.add_argument("--alternate", action="store_true", help="modes interleaved, one server at a time")
+    ap.add_argument("--server-args", default="", help="more launcher flags for every server, one string")
     ap.add_argument("--max-running", type=int, default=0, help="--max-running-requests for every server (0: none)")
     ap.add_argument("--out", type=Path, default=Path("respec_server_bench.json"))
     a = ap.parse_args(argv)
@@ -285,6 +287,7 @@ def main(argv=None) -> int:
     spec = SpecConfig.parse(a.config).server_args()
     common = ["--model-path", model, "--attention-backend", "spex_cpu"]
     common += ["--max-running-requests", str(a.max_running)] if a.max_running else []
+    common += a.server_args.split()
     modes = {"nospec": common, "ngram": common + spec}
     modes["respec"] = modes["ngram"] + ["--respec-adaptive", "--respec-profile", str(a.profile)]
     if any(m.startswith(("eagle3", "respec_eagle3")) for m in a.modes):
@@ -294,6 +297,7 @@ def main(argv=None) -> int:
         modes["eagle3_sglang"] = eagle + ["--speculative-adaptive"]
         modes["respec_eagle3"] = eagle + ["--respec-adaptive", "--respec-profile", str(a.eagle_profile)]
         modes["respec_eagle3_off"] = eagle + ["--respec-adaptive", "--respec-force", "plain"]
+        modes["eagle3_steps0"] = modes["respec_eagle3_off"] + ["--respec-eagle-off", "warm"]
     run_args = {
         m: modes[m] + (["--respec-hysteresis", a.hysteresis] if m.startswith("respec") else []) for m in a.modes
     }
