@@ -250,29 +250,38 @@ class SpecBudget:
         self.clock = clock
         self.contexts: Set[BudgetClient] = set()
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
-        self._starving = False  # the last split gave a query past the starvation bound its minimum
         # cached for the current event-loop round, per rank: the split, the engine load, clocks started
         self._round: Dict[Rank, _RoundSplit] = {}
         self._load: Dict[Rank, Optional[int]] = {}
         self._clocks_started: Set[Rank] = set()
+        self._by_rank: Optional[Dict[Rank, List[BudgetClient]]] = None
         self._round_end_scheduled = False
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
         self._round.clear()
+        self._by_rank = None
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
         self._starved_since.pop(ctx.search_id, None)
         self._round.clear()
+        self._by_rank = None
 
     def on_rank(self, rank: Rank) -> List[BudgetClient]:
-        """The registered searches pinned to ``rank``."""
-        return [c for c in self.contexts if _rank(c) == rank]
+        """The registered searches pinned to ``rank`` (grouped once per event-loop round)."""
+        groups = self._by_rank
+        if groups is None:
+            groups = {}
+            for c in self.contexts:
+                groups.setdefault(_rank(c), []).append(c)
+            if self._end_round_soon():
+                self._by_rank = groups
+        return groups.get(rank, [])
 
     def available(self, rank: Rank = None) -> int:
         """k_total is the knee concurrency: speculation fills what primary work leaves below it (on ``rank``)."""
-        primary = sum(len(c.inflight) for c in self.contexts if _rank(c) == rank)
+        primary = sum(len(c.inflight) for c in self.on_rank(rank))
         if self.engine_primary is not None:
             live = self._engine_load(rank)
             primary = max(primary, live) if live is not None else primary
@@ -302,6 +311,7 @@ class SpecBudget:
         self._round.clear()
         self._load.clear()
         self._clocks_started.clear()
+        self._by_rank = None
         self._round_end_scheduled = False
 
     def shares(self, demands: List[QueryDemand], total: int) -> Dict[str, int]:
@@ -315,7 +325,6 @@ class SpecBudget:
             )
             for d in demands
         ]
-        self._starving = any(w > 0 for w in waited)
         out = split_budget(
             demands, total, self.temperature, self.min_share, weight_bytes=self.model.weight_bytes, waited=waited
         )
@@ -359,10 +368,11 @@ class SpecBudget:
         return out.get(ctx.search_id, 0)
 
     def _keep_for_round(self, rank: Rank, split: _RoundSplit) -> None:
-        """Reuse ``split`` until the running event loop's next round (no loop, or a query past the starvation
-        bound: not reused). A search whose demand changed in the round still gets its share from it unless its
-        share was held by its C_q (it may now be able to take more): then the round is split again."""
-        if not self._starving and self._end_round_soon():
+        """Reuse ``split`` until the running event loop's next round (no loop: not reused; a query past the
+        starvation bound that got its slot in it has its clock reset, so the next round splits without it). A
+        search whose demand changed in the round still gets its share from it unless its share was held by its
+        C_q (it may now be able to take more): then the round is split again."""
+        if self._end_round_soon():
             self._round[rank] = split
 
 
