@@ -177,12 +177,13 @@ def measure_alternating(
             r = measure_mode(mode, modes[mode], overlaps, once, prompts)
             if mode not in out:
                 out[mode] = r
-                continue
-            for ov, runs in r["runs"].items():
-                for b, rs in runs.items():
-                    out[mode]["runs"].setdefault(ov, {}).setdefault(b, []).extend(rs)
-            out[mode].setdefault("state_per_repeat", [dict(out[mode]["state"])]).append(r["state"])
-            out[mode]["state"].update(r["state"])  # the last repeat's runtime report
+            else:
+                for ov, runs in r["runs"].items():
+                    for b, rs in runs.items():
+                        out[mode]["runs"].setdefault(ov, {}).setdefault(b, []).extend(rs)
+                out[mode].setdefault("state_per_repeat", [dict(out[mode]["state"])]).append(r["state"])
+                out[mode]["state"].update(r["state"])  # the last repeat's runtime report
+            a.out.write_text(json.dumps({"partial": True, "results": out}, indent=1))  # kept if the run is cut short
     return out
 
 
@@ -206,7 +207,7 @@ def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Na
                 for b in a.batch_sizes:
                     r = run_batch(servers[ov].url, b, a.short, a.long, prompts)
                     out["runs"][ov][b].append(r)
-                line = " ".join(f"B={b}:{out['runs'][ov][b][-1]['tok_s']:.0f}" for b in a.batch_sizes)
+                line = " ".join(f"B={b}:{out['runs'][ov][b][-1]['tok_s']:.1f}" for b in a.batch_sizes)
                 print(f"{mode:13s} overlap {ov:3s} repeat {rep}: {line} tok/s", flush=True)
         for ov, srv in servers.items():
             if mode.startswith("respec"):
