@@ -18,14 +18,15 @@ EMA; ours follows the profile's plan through the hysteresis FSM:
   extend, which keeps the drafter's KV current at every off step).
 
 The launcher adds ``--speculative-adaptive --speculative-adaptive-config`` (:func:`sglang_adaptive_args`) so
-SGLang sizes its buffers for every candidate.
+SGLang sizes its buffers for every candidate, and ``--max-running-requests`` (:func:`running_cap_args`) unless
+given, in place of SGLang's speculative default of 48.
 
 State lives on SGLang's objects: the runtime on the ``EAGLEWorkerV2`` (:func:`~.adaptive.runtime_of`), the policy
 and its drafter ledger on the worker's ``AdaptiveController`` (its ``params``), and R4 hands the ledger to R5 on
-the ``EagleDraftWorker`` for the duration of a plain step. Under the overlap scheduler SGLang's own worker still
-does the overlap protocol (``on_publish`` after verify, ``FutureMap`` relay of the draft state, including R5's
-stand-ins and the rows a catch-up restores); R4 and R5 add no device sync to a plain or speculative step, and a
-catch-up waits only for the ledger's own host copies (see :mod:`.eagle_catchup`).
+the ``EagleDraftWorker`` for the duration of an off step that runs SGLang's steps = 0 path. Under the overlap
+scheduler SGLang's ``FutureMap`` relays the draft state (including the off step's stand-ins and the rows a
+catch-up restores); ReSpec's plain step calls ``on_publish`` itself, as SGLang's verify does. R4 and R5 add no
+device sync and no per-step copy to an off or speculative step (see :mod:`.eagle_catchup`).
 """
 
 from __future__ import annotations
