@@ -438,6 +438,9 @@ class LearnerSpec(_Section):
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     probe: Probe = _opt((), flag=None, help="[[prompt_ids, response_ids], ...] for the acceptance probe")
     server_url: Optional[str] = _opt(None, flag=None, help="server to hot-swap into (default: this one)")
+    replica_urls: Tuple[str, ...] = _opt(
+        (), flag=None, help="more servers that take every drafter version too (replicas of the same policy)"
+    )
 
 
 @dataclass(frozen=True)
@@ -452,7 +455,8 @@ class PluginConfig(_Section):
         None,
         flag="--respec-learner",
         parse=_json_object,
-        help="online learner spec: a JSON object or the path of one (drafter, target, learner, probe, server_url)",
+        help="online learner spec: a JSON object or the path of one (drafter, target, learner, probe, server_url, "
+        "replica_urls)",
     )
     stats_path: str = _opt("", flag=None, help="batch-stats shared-memory file (picked by the launcher)")
     profile_max_age_s: float = _opt(

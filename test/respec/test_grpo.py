@@ -168,8 +168,10 @@ def test_grpo_step_push_changes_what_the_server_computes(healthy, tiny_model):
         time.sleep(0.2)
     assert state["policy_version"] == 1 and state["rollouts_received"] == 6  # the loop posted its rollouts
     assert state["version"] == 1 and state["updates"][-1]["outcome"] == "published", state["updates"]
-    # the learner's push reached this very server (the drafter changed under the served policy)
-    assert requests.get(live.url + "/model_info", timeout=60).json()["weight_version"] == "respec-1"
+    # the learner's push reached this very server (the drafter changed under the served policy), and the drafter's
+    # version is kept apart from the policy's (SGLang's weight_version)
+    assert requests.get(live.url + "/model_info", timeout=60).json()["weight_version"] == "policy-1"
+    assert requests.get(live.url + "/respec/drafter", timeout=60).json()["drafter_version"] == 1
 
 
 def test_fit_drafter_keeps_a_given_vocabulary(tiny_target):

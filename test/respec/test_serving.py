@@ -98,7 +98,7 @@ def test_hot_swap_under_load(eagle3_server, eagle3_outputs, respec_reference, ti
         assert e.wait(120), "a streamed request produced no tokens"
     in_flight = sum(t.is_alive() for t in threads)
     new = _drafter(tiny_target, seed=1)
-    HotSwapClient(url).push(7, new.hot_swap_tensors(torch.float32))
+    HotSwapClient(url, tag_weight_version=True).push(7, new.hot_swap_tensors(torch.float32))
     for t in threads:
         t.join(300)
     assert not any(t.is_alive() for t in threads)

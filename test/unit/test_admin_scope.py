@@ -20,6 +20,7 @@ def _app() -> FastAPI:
     control_routes.install(app)
     profile_routes.install(app, SimpleNamespace(cfg=SpexConfig()))
     respec_routes.install(app, learner=object())
+    respec_routes.install_drafter(app)
     return app
 
 
@@ -41,7 +42,7 @@ def test_every_admin_route_is_marked_and_no_other():
         want = AuthLevel.ADMIN_OPTIONAL if key in admin_scope.ADMIN_ROUTES else AuthLevel.NORMAL
         assert level == want, key
     for key in [("POST", "/tot/search"), ("GET", "/tot/search/{search_id}"), ("DELETE", "/tot/search/{search_id}"),
-                ("GET", "/spex/stats"), ("GET", "/spex/profile"), ("GET", "/respec/state")]:  # fmt: skip
+                ("GET", "/spex/stats"), ("GET", "/spex/profile"), ("GET", "/respec/state"), ("GET", "/respec/drafter")]:  # fmt: skip
         assert levels[key] == AuthLevel.NORMAL, key
 
 

@@ -177,16 +177,15 @@ class LocalServerPublisher:
         return self.client.status() if isinstance(self.client, ReplicaPublisher) else None
 
 
-def install_from_env(
-    app: FastAPI, server_args: Optional[Callable[[], Any]] = None, replica_urls: Sequence[str] = ()
-) -> Optional[OnlineLearner]:
+def install_from_env(app: FastAPI, server_args: Optional[Callable[[], Any]] = None) -> Optional[OnlineLearner]:
     """Install the routes when this process's config (``SGLANG_SPEX_CONFIG``) has a learner spec (the launcher's
     ``--respec-learner``); called from ``sglang_spex.srt.routes.install``. ``server_args`` gives this server's
-    SGLang ``ServerArgs`` (port and keys) for a spec without ``server_url``; ``replica_urls``: more servers each
-    version goes to."""
+    SGLang ``ServerArgs`` (port and keys) for a spec without ``server_url``; the spec's ``replica_urls``: more
+    servers each version goes to."""
     spec = load().learner
     if spec is None:
         return None
+    replica_urls = spec.replica_urls
     learner = build_learner(spec, replica_urls=replica_urls if spec.server_url else ())
     if learner.publish is None:  # no server_url: publish into this server
         if server_args is None:

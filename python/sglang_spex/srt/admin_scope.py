@@ -25,6 +25,7 @@ ADMIN_ROUTES: Tuple[Tuple[str, str], ...] = (
     ("POST", "/spex/profile"),
     ("POST", "/respec/rollouts"),
     ("POST", "/respec/policy"),
+    ("POST", "/respec/drafter"),
     ("GET", "/tot/searches"),
 )
 

@@ -270,6 +270,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "call", "scheduler", "H10 streams the abort of an immediately finished request", by=SCHED_ADAPTER),
     _T("P16", f"{RADIX}.supports_mamba", "call", "scheduler",
        "immediate cancel falls back to SGLang's abort path for mamba state", by=SCHED_ADAPTER),
+    _T("P20", "sglang.srt.runtime_context.get_parallel", "call", "scheduler",
+       "the DP rank of a scheduler process: names its stats ring, labels its report and gauges",
+       by="sglang_spex.srt.batch_stats"),
 )
 # fmt: on
 
