@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 import httpx
 
-from sglang_spex.serve import ServerProcess
+from sglang_spex.serve import ServerProcess, free_port
 from sglang_spex.tot.engine import parse_rid
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # the manual policy's key (SGLang also logs it with --log-requests)
@@ -100,6 +100,7 @@ class RouterProcess(ServerProcess):
             "--health-failure-threshold", str(health_failure_threshold),
             "--health-check-timeout-secs", str(health_check_timeout_s),
             "--log-level", "warn",
+            "--prometheus-port", str(free_port()),  # its default (29000) is one per machine: a 2nd router panics
         ]  # fmt: skip
         if policy == "manual":
             self.args += ["--assignment-mode", assignment_mode]
