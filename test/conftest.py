@@ -47,7 +47,7 @@ def _starts_server(fn: object, depth: int = 3) -> bool:
     if code is None:
         return False
     names = _code_names(code)
-    if names & {"ServerProcess", "start_server"}:  # start_server (server_modes.py) makes a ServerProcess
+    if names & {"ServerProcess", "start_server", "Cluster"}:  # start_server (server_modes.py), Cluster (scale/)
         return True
     module_globals = getattr(fn, "__globals__", {})
     return depth > 0 and any(

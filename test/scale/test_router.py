@@ -117,7 +117,8 @@ def test_killed_worker_fails_its_search_and_the_router_serves_others(cluster):
 
     victim_worker, res, after = asyncio.run(main())
     victim, bystander = res["victim"], res["bystander"]
-    assert victim.failures and victim.answers == []  # every node left of it failed, nothing was answered
+    assert victim.status == "failed" and "WorkerLost" in victim.error, (victim.status, victim.error)
+    assert victim.failures and victim.answers == []  # its failed nodes are reported, nothing was answered
     assert all("WorkerLost" in f["error"] for f in victim.failures), victim.failures
     seen = received_by_worker(cluster)
     assert set(seen["victim"]) == {victim_worker}  # nothing of it moved to the other worker's cold cache

@@ -19,7 +19,15 @@ from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.tot.answers import aggregate, candidates, extract_answer
-from sglang_spex.tot.engine import ROLE_PRIMARY, EnginePort, GenRequest, GenResult, node_rid, search_rid_prefix
+from sglang_spex.tot.engine import (
+    ROLE_PRIMARY,
+    EngineLost,
+    EnginePort,
+    GenRequest,
+    GenResult,
+    node_rid,
+    search_rid_prefix,
+)
 from sglang_spex.tot.limits import SearchLimits
 from sglang_spex.tot.policies.base import Policy, Stat, Stats
 from sglang_spex.tot.result import SearchResult, judge
@@ -136,6 +144,9 @@ class SearchContext:
             res = await self.port.generate(self.request_for(node))
         except asyncio.CancelledError:
             node.status = CANCELLED
+            raise
+        except EngineLost as e:  # the whole search fails (run() reports it and aborts what is left)
+            self._fail(node, f"generate: {e!r}")
             raise
         except Exception as e:
             self._fail(node, f"generate: {e!r}")

@@ -111,6 +111,10 @@ class GenResult:
         )
 
 
+class EngineLost(RuntimeError):
+    """The engine holding a search's requests is gone: the search fails (its other requests cannot go on there)."""
+
+
 class EnginePort(abc.ABC):
     """What a search needs from an engine."""
 

@@ -24,14 +24,14 @@ from typing import Any, Dict, List, Optional, Set
 import httpx
 
 from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
-from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
+from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
 
 WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts and control calls
 LOST_STATUS = (502, 503, 504)  # no worker reached (any proxy)
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
 
 
-class WorkerLost(RuntimeError):
+class WorkerLost(EngineLost):
     """The worker holding a search's requests went away; the search cannot go on where its cache is."""
 
 
