@@ -87,7 +87,7 @@ class SpexWiring:
 
     @staticmethod
     async def _on_finish(ctx: SpexContext) -> None:
-        metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated)
+        metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated, dp_rank=ctx.dp_rank)
 
     def engine_primary(self, rank: Optional[int] = None) -> Optional[int]:
         """Primary requests running, chunked or waiting in the scheduler of DP rank ``rank`` (None: the server's
