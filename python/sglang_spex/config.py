@@ -377,7 +377,9 @@ class RespecConfig(_Section):
     algorithm: str = _opt("", flag=None, help="SGLang's --speculative-algorithm (set by the launcher)")
     server_key: str = _opt("", flag=None, help="the (s,t,n) key of SGLang's speculative flags (set by the launcher)")
     eagle_off: Literal["plain", "warm"] = _opt(
-        "plain", help="EAGLE off-state: plain (no drafter work, KV catch-up on resume) or warm (SGLang's steps=0)"
+        "plain",
+        help="EAGLE off-state: plain (a DECODE step of the target, no drafter work, KV catch-up on resume) or warm "
+        "(SGLang's steps=0)",
     )
 
     @property

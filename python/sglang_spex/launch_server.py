@@ -168,10 +168,11 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     cfg, rest = parse_args(argv)
     gpu = has_gpu() if gpu is None else gpu
     args = build_sglang_args(cfg, rest, gpu)
-    if cfg.respec.enabled and cfg.respec.eagle:
-        from sglang_spex.respec.eagle_policy import sglang_adaptive_args
+    if cfg.respec.enabled:
+        from sglang_spex.respec.eagle_policy import running_cap_args, sglang_adaptive_args
 
-        args += sglang_adaptive_args(cfg.respec, args)
+        # EAGLE: SGLang's adaptive flags (they lift the cap too); NGRAM: only SGLang's speculative cap of 48 lifted
+        args += sglang_adaptive_args(cfg.respec, args) if cfg.respec.eagle else running_cap_args(cfg.respec, args)
     cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
     export(cfg)
     if not gpu:
