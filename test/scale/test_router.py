@@ -12,7 +12,10 @@ import asyncio
 import time
 
 import pytest
+import requests
 
+from sglang_spex.config import SpexConfig
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec
@@ -59,6 +62,28 @@ def test_each_search_stays_on_one_worker(cluster, policy):
     assert holders == set(cluster.worker_urls)  # concurrent searches spread over both workers
 
 
+def test_speculative_requests_stay_speculative_through_the_router(cluster):
+    """sglang-router drops ``custom_params``: the worker reads the role from the rid (``...:s``), so its scheduler
+    still ranks, caps and counts the search's speculative requests as speculative (its batch-stats rows)."""
+    since = {u: requests.get(u + "/spex/stats", timeout=60).json()["batch"]["seq"] for u in cluster.worker_urls}
+
+    async def main():
+        port = HttpPort(cluster.url)
+        try:
+            factory = context_factory(SpexConfig(enabled=True, k_total=8))
+            return await run_search(_spec(RSTAR, seed=11), QUESTIONS[0], port, context_factory=factory)
+        finally:
+            await port.close()
+
+    res = asyncio.run(main())
+    assert res.status == "done" and res.speculation["issued"] > 0, res.speculation
+    (holder, rids), = received_by_worker(cluster)[res.search_id].items()  # fmt: skip
+    assert any(r.endswith(":s") for r in rids) and any(r.endswith(":") for r in rids)
+    hist = requests.get(holder + "/spex/stats", params={"history_since": since[holder]}, timeout=60).json()
+    rows = hist["batch"]["history"]["rows"]
+    assert rows and max(row["n_spec"] for row in rows) > 0  # the holder's scheduler saw them as speculative
+
+
 def test_cancel_frees_kv_on_the_holding_worker(cluster):
     start = {u: idle_pool(u) for u in cluster.worker_urls}
     spec = _spec({"name": "rebase", "width": 3, "max_depth": 2}, LONG_STEP, seed=7)
@@ -72,17 +97,18 @@ def test_cancel_frees_kv_on_the_holding_worker(cluster):
             await asyncio.sleep(0.1)
             busy = [u for u in cluster.worker_urls if await asyncio.to_thread(load, u) > 0]
         assert len(busy) == 1, busy
+        running = set(port.inflight)  # a step may end on EOS before the cancel (temperature 1, random weights)
         task.cancel()  # the front cancels the search: its requests are aborted where they run
         with pytest.raises(asyncio.CancelledError):
             await task
         await port.close()
-        return busy[0]
+        return busy[0], running
 
-    holder = asyncio.run(main())
+    holder, running = asyncio.run(main())
     seen = received_by_worker(cluster)["cancelme"]
     assert set(seen) == {holder}
     reasons = finish_reasons(next(s.log_path for s in cluster.servers if s.url == holder), "spex:cancelme:")
-    assert reasons and set(reasons.values()) == {"abort"}, reasons  # 1200-token steps stopped by the abort
+    assert running and {reasons.get(rid) for rid in running} == {"abort"}, (running, reasons)  # stopped by it
     for url in cluster.worker_urls:
         a, b = start[url], idle_pool(url)
         assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"], (url, a, b)

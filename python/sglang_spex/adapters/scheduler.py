@@ -79,9 +79,10 @@ def _classify(req: Any) -> ReqClass:
     if isinstance(params, dict):
         role, search, node = params.get("spex_role"), params.get("spex_search"), params.get("spex_node")
     parsed = parse_rid(getattr(req, "rid", None) or "")
-    if parsed is not None:
+    if parsed is not None:  # the rid carries all three (custom_params can be lost on the way: sglang-router)
         search = search or parsed[0]
         node = node or parsed[1]
+        role = role or parsed[2]
     return (ROLE_SPEC if role == ROLE_SPEC else ROLE_PRIMARY), (str(search) if search else None), str(node or "")
 
 

@@ -340,7 +340,7 @@ class SpexContext(SearchContext):
             self._version += 1
 
     async def _generate_spec(self, node: Node) -> None:
-        node.status, node.rid = GENERATING, node_rid(self.search_id, node.path)
+        node.status, node.rid = GENERATING, node_rid(self.search_id, node.path, ROLE_SPEC)
         req = self.request_for(node)
         req.role, req.priority = ROLE_SPEC, self.settings.spec_priority
         try:
@@ -388,7 +388,7 @@ class SpexContext(SearchContext):
             entry.cancel_requested_at = t0
 
             async def _abort() -> None:
-                await self.port.abort(entry.node.rid or node_rid(self.search_id, entry.path))
+                await self.port.abort(entry.node.rid or node_rid(self.search_id, entry.path, ROLE_SPEC))
                 await asyncio.wait([entry.task], timeout=30)
                 self.acc.on_cancel(entry.node.num_tokens, (time.monotonic() - t0) * 1000.0)
 

@@ -1,7 +1,7 @@
 """Scheduler-side ranking, speculative admission cap and immediate cancel (hook logic; registered in hooks.py).
 
 Request roles come from ``SamplingParams.custom_params["spex_role"]`` (see :mod:`sglang_spex.tot.engine`),
-falling back to the rid convention ``spex:{search}:{path}:``. A request without a role is treated as
+falling back to the rid convention ``spex:{search}:{path}:[s]``. A request without a role is treated as
 primary: only work marked speculative is ever ranked down, capped or retracted first.
 
 Everything here runs in SGLang's scheduler process, between forward steps, on the scheduler thread. The

@@ -7,17 +7,19 @@ Three implementations share it, so no search code is duplicated:
 - the simulator's port (``sglang_spex.sim``).
 
 Request identity conventions (read by the scheduler hooks in ``srt/``):
-- ``rid = f"spex:{search_id}:{path}:"`` where ``path`` is the node path as dot-separated child indices
-  (root = ``"r"``, e.g. ``"r.0.2"``). SGLang aborts by rid *prefix*, so ``spex:{search_id}:`` names a
-  whole search and ``spex:{search_id}:r.0.`` a subtree.
-- ``custom_params = {"spex_role": "primary"|"spec", "spex_search": search_id, "spex_node": path}``.
+- ``rid = f"spex:{search_id}:{path}:"`` for a primary request, ``f"spex:{search_id}:{path}:s"`` for a
+  speculative one, where ``path`` is the node path as dot-separated child indices (root = ``"r"``, e.g.
+  ``"r.0.2"``). SGLang aborts by rid *prefix*, so ``spex:{search_id}:`` names a whole search,
+  ``spex:{search_id}:r.0:`` one node (either role) and ``spex:{search_id}:r.0.`` a subtree.
+- ``custom_params = {"spex_role": "primary"|"spec", "spex_search": search_id, "spex_node": path}``; where a proxy
+  drops ``custom_params`` (sglang-router rebuilds the body), the scheduler reads the role from the rid.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROLE_PRIMARY = "primary"
 ROLE_SPEC = "spec"
@@ -28,16 +30,19 @@ def search_rid_prefix(search_id: str) -> str:
     return f"{RID_PREFIX}:{search_id}:"
 
 
-def node_rid(search_id: str, path: str) -> str:
-    return f"{RID_PREFIX}:{search_id}:{path}:"
+SPEC_RID_SUFFIX = "s"
 
 
-def parse_rid(rid: str) -> Optional[tuple]:
-    """(search_id, path) for a sglang-spex rid, else None."""
+def node_rid(search_id: str, path: str, role: str = ROLE_PRIMARY) -> str:
+    return f"{RID_PREFIX}:{search_id}:{path}:{SPEC_RID_SUFFIX if role == ROLE_SPEC else ''}"
+
+
+def parse_rid(rid: str) -> Optional[Tuple[str, str, str]]:
+    """(search_id, path, role) for a sglang-spex rid, else None."""
     parts = rid.split(":")
-    if len(parts) != 4 or parts[0] != RID_PREFIX or parts[3] != "":
+    if len(parts) != 4 or parts[0] != RID_PREFIX or parts[3] not in ("", SPEC_RID_SUFFIX):
         return None
-    return parts[1], parts[2]
+    return parts[1], parts[2], ROLE_SPEC if parts[3] == SPEC_RID_SUFFIX else ROLE_PRIMARY
 
 
 @dataclass
