@@ -111,12 +111,8 @@ class SpexWiring:
                 self._profile().observe(int(row.get("batch_size", 0)), step_s)
             except Exception:
                 logger.debug("spex: drift observation failed", exc_info=True)
-        live = row.get("primary_live")
-        if live is not None and live == live:
-            return int(live)
-        if not decode:  # an older ring without the gate's census: only a decode row holds the whole batch
-            return None
-        return int((row.get("n_primary") or 0) + (row.get("waiting") or 0) - (row.get("waiting_spec") or 0))
+        live = row.get("primary_live")  # every row carries the gate's census (a ring of another version is refused)
+        return None if live is None else int(live)
 
 
 def served_model_bytes(tokenizer_manager: Any) -> Optional[ModelBytes]:
