@@ -97,7 +97,7 @@ def test_cancel_frees_kv_on_the_holding_worker(cluster):
             await asyncio.sleep(0.1)
             busy = [u for u in cluster.worker_urls if await asyncio.to_thread(load, u) > 0]
         assert len(busy) == 1, busy
-        running = set(port.inflight)  # a step may end on EOS before the cancel (temperature 1, random weights)
+        running = set(port.inflight)
         task.cancel()  # the front cancels the search: its requests are aborted where they run
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -108,7 +108,10 @@ def test_cancel_frees_kv_on_the_holding_worker(cluster):
     seen = received_by_worker(cluster)["cancelme"]
     assert set(seen) == {holder}
     reasons = finish_reasons(next(s.log_path for s in cluster.servers if s.url == holder), "spex:cancelme:")
-    assert running and {reasons.get(rid) for rid in running} == {"abort"}, (running, reasons)  # stopped by it
+    ended = [reasons.get(rid) for rid in running]
+    # Stopped by the cancel: none ran on to its 1200-token limit. A step may still end on EOS between the snapshot
+    # and the abort reaching the scheduler (temperature 1, random weights), so one natural stop is not a failure.
+    assert "abort" in ended and set(ended) <= {"abort", "stop"}, (running, reasons)
     for url in cluster.worker_urls:
         a, b = start[url], idle_pool(url)
         assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"], (url, a, b)
