@@ -19,9 +19,10 @@ Sequence (``sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
    plugin answers 404 there: the push still counts, the version is just not readable on it.
 
 Replicas: SGLang 0.5.23 refuses ``update_weights_from_tensor`` under ``--dp-size`` > 1 (an assertion in
-``TokenizerManager.update_weights_from_tensor``), so a DP server is one replica that cannot take a drafter push
-(it fails, is reported, and keeps its drafter); several servers are several replicas: :class:`ReplicaPublisher`
-pushes each version to every URL of a list and reports per replica.
+``TokenizerManager.update_weights_from_tensor``); for a drafter push to such a server (``dp_size`` read once from
+``GET /get_server_info``) step 2 goes to the plugin's ``POST /respec/drafter/update_weights_from_tensor`` instead,
+which sends the same message to every rank (``srt/dp_drafter_update.py``, touch point W6). Several servers are
+several replicas: :class:`ReplicaPublisher` pushes each version to every URL of a list and reports per replica.
 
 The payload is what ``MultiprocessingSerializer.deserialize`` (SGLang's ``SafeUnpickler``) reads, but pickled
 *by value* with the standard pickler (storages as ``torch.storage._load_from_bytes``, which SGLang maps to its
@@ -44,6 +45,7 @@ import httpx
 import torch
 
 WEIGHT_VERSION_PREFIX = "respec-"
+DP_DRAFTER_PATH = "/respec/drafter/update_weights_from_tensor"  # the plugin's drafter push to every DP rank
 
 
 class HotSwapError(RuntimeError):
@@ -73,13 +75,22 @@ def deserialize_named_tensors(data: str) -> List[Tuple[str, torch.Tensor]]:
     return named
 
 
-def _default_post(timeout: float, api_key: Optional[str] = None) -> Callable[..., Any]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+def _auth(api_key: Optional[str]) -> Optional[Dict[str, str]]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
 
+
+def _default_post(timeout: float, api_key: Optional[str] = None) -> Callable[..., Any]:
     def post(url: str, json: dict) -> httpx.Response:
-        return httpx.post(url, json=json, timeout=timeout, headers=headers)
+        return httpx.post(url, json=json, timeout=timeout, headers=_auth(api_key))
 
     return post
+
+
+def _default_get(timeout: float, api_key: Optional[str] = None) -> Callable[..., Any]:
+    def get(url: str) -> httpx.Response:
+        return httpx.get(url, timeout=timeout, headers=_auth(api_key))
+
+    return get
 
 
 class HotSwapClient:
@@ -102,11 +113,13 @@ class HotSwapClient:
         retry_sleep: float = 0.25,
         api_key: Optional[str] = None,
         tag_weight_version: Optional[bool] = None,
+        get: Optional[Callable[..., Any]] = None,
     ):
         """``api_key``: the server's admin key (or its API key without one): SGLang's weight-update routes are
         admin-scoped. ``tag_weight_version``: send ``<version_prefix><version>`` as SGLang's ``weight_version``
         (default: for the policy, ``selector`` target/all, not for the drafter, whose version goes to
-        ``/respec/drafter`` instead)."""
+        ``/respec/drafter`` instead). ``post``/``get``: the HTTP calls (httpx by default); with ``post`` given and no
+        ``get``, the server is taken to run one DP rank."""
         if selector not in ("draft", "target", "all"):
             raise ValueError(f"selector must be draft, target or all, got {selector!r}")
         self.base_url = base_url.rstrip("/")
@@ -119,8 +132,10 @@ class HotSwapClient:
         self.retry_sleep = retry_sleep
         self.tag_weight_version = selector != "draft" if tag_weight_version is None else tag_weight_version
         self._post = post or _default_post(timeout, api_key)
+        self._get = get or (None if post else _default_get(timeout, api_key))
         self.pushed_versions: List[int] = []
         self.version_recorded: Optional[bool] = None  # the last drafter push's version reached /respec/drafter
+        self.dp_size: Optional[int] = None  # the server's --dp-size, read on the first drafter push
 
     def _call(self, step: str, path: str, body: dict) -> dict:
         resp = self._post(f"{self.base_url}{path}", json=body)
@@ -175,10 +190,24 @@ class HotSwapClient:
                     raise
                 time.sleep(self.retry_sleep)
 
+    def _server_dp_size(self) -> int:
+        """The server's ``dp_size`` (``GET /get_server_info``; 1 when it does not say)."""
+        if self.dp_size is None:
+            if self._get is None:
+                self.dp_size = 1
+            else:
+                resp = self._get(f"{self.base_url}/get_server_info")
+                self.dp_size = int(resp.json().get("dp_size") or 1) if resp.status_code == 200 else 1
+        return self.dp_size
+
     def _session(self, body: dict) -> None:
+        path = "/update_weights_from_tensor"
+        if self.selector == "draft" and self._server_dp_size() > 1:  # SGLang's route asserts dp_size == 1
+            path = DP_DRAFTER_PATH
+            body = {k: body[k] for k in ("serialized_named_tensors", "load_format")}
         self._begin()
         try:
-            self._call("update_weights_from_tensor", "/update_weights_from_tensor", body)
+            self._call("update_weights_from_tensor", path, body)
         finally:
             self._call("end_weight_update", "/end_weight_update", {})
 

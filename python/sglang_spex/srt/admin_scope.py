@@ -26,6 +26,7 @@ ADMIN_ROUTES: Tuple[Tuple[str, str], ...] = (
     ("POST", "/respec/rollouts"),
     ("POST", "/respec/policy"),
     ("POST", "/respec/drafter"),
+    ("POST", "/respec/drafter/update_weights_from_tensor"),
     ("GET", "/tot/searches"),
 )
 

@@ -146,6 +146,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("W5", "sglang.srt.utils.auth.auth_level", "call", "routes",
        "marks the routes that change server-wide state ADMIN_OPTIONAL, read by SGLang's API-key middleware",
        by="sglang_spex.srt.admin_scope"),
+    _T("W6", "sglang.srt.managers.tokenizer_control_mixin._COMMUNICATOR_SPECS", "call", "routes",
+       "(private) a drafter push to every --dp-size rank through the tokenizer manager's update_weights_from_tensor "
+       "communicator (SGLang's method asserts dp_size == 1)", by="sglang_spex.srt.dp_drafter_update"),
     # ---- cpu_attention (sgl-kernel-ext installed): the spex_cpu attention backend, selectable with any flags
     _T("A1", "sglang.srt.layers.attention.attention_registry.register_attention_backend", "registry",
        "cpu_attention", "the spex_cpu batched CPU attention backend in SGLang's backend registry",

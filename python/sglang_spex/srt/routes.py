@@ -19,7 +19,15 @@ from sglang.srt.entrypoints.http_server import get_global_state
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile import routes as profile_routes
 from sglang_spex.respec import routes as respec_routes
-from sglang_spex.srt import admin_scope, batch_stats, control, control_routes, search_service, ui_routes
+from sglang_spex.srt import (
+    admin_scope,
+    batch_stats,
+    control,
+    control_routes,
+    dp_drafter_update,
+    search_service,
+    ui_routes,
+)
 from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, installed
 
 
@@ -77,6 +85,7 @@ def install(app: FastAPI, cfg: SpexConfig) -> None:
     ui_routes.install(app)  # /tot/ui (live tree view)
     app.add_api_route("/spex/info", get_info, methods=["GET"])
     respec_routes.install_drafter(app)  # /respec/drafter: this replica's drafter version (every server)
+    dp_drafter_update.install(app)  # /respec/drafter/update_weights_from_tensor: a drafter push to every DP rank
     # ReSpec online learner (/respec/*) when the launcher's --respec-learner set its spec
     respec_routes.install_from_env(app, server_args=lambda: state.tokenizer_manager.server_args)
     admin_scope.apply(app)  # SGLang's ADMIN_OPTIONAL level on the routes that change server-wide state (W5)

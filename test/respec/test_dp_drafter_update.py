@@ -1,0 +1,141 @@
+"""The drafter push to every DP rank (``/respec/drafter/update_weights_from_tensor``, touch point W6), as logic.
+
+The route against a stand-in tokenizer manager (what it sends through SGLang's fan-out communicator, what it refuses
+before any scheduler sees it), and ``HotSwapClient``'s choice of route by the server's ``dp_size``. The acceptance
+test on a real ``--dp-size 2`` EAGLE3 server is ``test_replicas.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import pickle
+from types import SimpleNamespace
+from typing import List
+
+import pytest
+import torch
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+
+from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, HotSwapClient, serialize_named_tensors
+from sglang_spex.srt import dp_drafter_update
+from sglang_spex.srt.http_state import attach
+
+
+class _Lock:
+    def __init__(self, log: List[str]):
+        self.log = log
+
+    @property
+    @contextlib.asynccontextmanager
+    async def writer_lock(self):
+        self.log.append("writer_lock")
+        yield
+
+
+def _app(rank_ok=(True, True), paused: bool = False):
+    """The route on an app whose tokenizer manager records what reaches its communicator (one reply per rank)."""
+    sent, log = [], []
+
+    async def communicator(obj):
+        sent.append(obj)
+        return [SimpleNamespace(success=ok, message=f"rank{i} {'ok' if ok else 'failed'}") for i, ok in
+                enumerate(rank_ok)]  # fmt: skip
+
+    tm = SimpleNamespace(server_args=SimpleNamespace(tp_size=1), is_pause=paused, model_update_lock=_Lock(log),
+                         is_pause_cond=asyncio.Condition(),  # (binds to the loop of its first use)
+                         update_weights_from_tensor_communicator=communicator)  # fmt: skip
+    app = FastAPI()
+    attach(app, SimpleNamespace(tokenizer_manager=tm))
+    assert dp_drafter_update.install(app)
+    return app, sent, log
+
+
+def _payload() -> List[str]:
+    return serialize_named_tensors([("fc.weight", torch.ones(2, 2))])
+
+
+def test_the_update_reaches_every_rank_as_a_draft_update_without_flush():
+    app, sent, log = _app()
+    payload = _payload()
+    with TestClient(app) as c:
+        r = c.post(dp_drafter_update.PATH, json={"serialized_named_tensors": payload})
+    assert r.status_code == 200, r.text
+    assert r.json()["success"] and [x["success"] for x in r.json()["ranks"]] == [True, True]
+    (obj,) = sent
+    assert obj.selector == "draft" and obj.flush_cache is False and obj.weight_version is None
+    assert obj.serialized_named_tensors == [base64.b64decode(payload[0])]  # raw bytes, as SGLang's IPC wants
+    assert log == ["writer_lock"]  # not paused: under the model-update writer lock, as SGLang's method
+
+
+def test_paused_in_place_sends_at_once_and_a_failed_rank_is_a_400():
+    app, sent, log = _app(rank_ok=(True, False), paused=True)
+    with TestClient(app) as c:
+        r = c.post(dp_drafter_update.PATH, json={"serialized_named_tensors": _payload()})
+    assert r.status_code == 400 and not r.json()["success"]
+    assert [x["success"] for x in r.json()["ranks"]] == [True, False] and "rank1 failed" in r.json()["message"]
+    assert len(sent) == 1 and log == []
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"serialized_named_tensors": ["not base64!"]}, "serialized_named_tensors[0]"),
+        ({"serialized_named_tensors": [base64.b64encode(pickle.dumps(_Evil())).decode()]},
+         "serialized_named_tensors[0]"),  # fmt: skip
+        ({"serialized_named_tensors": [base64.b64encode(pickle.dumps([1, 2])).decode()]},
+         "serialized_named_tensors[0]"),  # fmt: skip
+        ({"serialized_named_tensors": _payload() * 2}, "serialized_named_tensors"),  # 2 payloads, tp 1
+        ({"serialized_named_tensors": []}, "serialized_named_tensors"),
+        ({"serialized_named_tensors": _payload(), "selector": "target"}, "selector"),  # the drafter only
+    ],
+    ids=["base64", "unsafe_pickle", "not_pairs", "tp_count", "empty", "selector"],
+)
+def test_a_bad_body_is_a_400_naming_the_field_and_reaches_no_scheduler(body, field):
+    app, sent, _ = _app()
+    with TestClient(app) as c:
+        r = c.post(dp_drafter_update.PATH, json=body)
+    assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
+    assert sent == []
+
+
+def _replica(dp_size: int):
+    app, calls = FastAPI(), []
+    ok = {"success": True, "message": "Success"}
+
+    @app.get("/get_server_info")
+    async def info():
+        return {"dp_size": dp_size}
+
+    async def record(req: Request):
+        calls.append((req.url.path, await req.json()))
+        return {"status": "ok", **ok}
+
+    for path in ("/pause_generation", "/continue_generation", "/begin_weight_update", "/end_weight_update",
+                 "/update_weights_from_tensor", DP_DRAFTER_PATH, "/respec/drafter"):  # fmt: skip
+        app.add_api_route(path, record, methods=["POST"])
+    return app, calls
+
+
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_the_client_sends_a_dp_servers_drafter_update_to_the_plugin_route(dp_size):
+    app, calls = _replica(dp_size)
+    c = TestClient(app)
+    HotSwapClient("http://testserver", post=c.post, get=c.get).push(3, [("fc.weight", torch.ones(1))])
+    paths = [p for p, _ in calls]
+    update = DP_DRAFTER_PATH if dp_size > 1 else "/update_weights_from_tensor"
+    assert paths == ["/pause_generation", "/begin_weight_update", update, "/end_weight_update",
+                     "/continue_generation", "/respec/drafter"]  # fmt: skip
+    body = calls[2][1]
+    if dp_size > 1:  # only the fields the plugin route takes; it is always a draft update without flush
+        assert set(body) == {"serialized_named_tensors", "load_format"}
+    else:
+        assert body["selector"] == "draft" and body["flush_cache"] is False
