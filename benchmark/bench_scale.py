@@ -1,6 +1,7 @@
 """Scale-out on the same cores: 1 server vs ``--dp-size 2`` vs 2 servers + sglang-router, in one run.
 
-Setups (each gets all the machine's cores; started one at a time, the radix cache flushed before every batch):
+Setups (each gets all the machine's cores; started one at a time, every worker's radix cache flushed before every
+batch, on each worker itself, each flush retried until that worker is idle):
 
 - ``single``: one server, one rank running as many torch threads as there are cores;
 - ``dp2``: one server with ``--dp-size 2`` (the launcher binds one core range per rank); each client-side search
@@ -62,9 +63,12 @@ def rank_pinned(factory: Callable[..., SearchContext], ranks: int) -> Callable[.
     return make
 
 
-async def one_batch(url: str, spec, questions, mode: Optional[dict], dp_ranks: int) -> Dict[str, Any]:
-    """One measured batch, all questions at once (cache flushed first): q/min and cache figures."""
-    flush_cache(url)
+async def one_batch(
+    url: str, spec, questions, mode: Optional[dict], dp_ranks: int, flush_urls: List[str]
+) -> Dict[str, Any]:
+    """One measured batch, all questions at once (every worker's cache flushed first): q/min and cache figures."""
+    for u in flush_urls:  # each worker itself: no cell inherits the prefixes of the one before (same seeds)
+        flush_cache(u)
     factory: Callable[..., SearchContext] = SearchContext
     if mode is not None:
         cfg = SpexConfig(enabled=True, k_total=K_TOTAL, **mode)
@@ -95,14 +99,16 @@ async def one_batch(url: str, spec, questions, mode: Optional[dict], dp_ranks: i
     }
 
 
-def run_setup(url: str, name: str, args, questions, dp_ranks: int = 1) -> List[Dict[str, Any]]:
+def run_setup(
+    url: str, name: str, args, questions, dp_ranks: int = 1, workers: Optional[List[str]] = None
+) -> List[Dict[str, Any]]:
     rows = []
     cells = [(p, m) for p in POLICIES for m in BENCH_MODES]
     for rep in range(args.repeats):
         order = cells if rep % 2 == 0 else cells[::-1]
         for policy, mode in order:
             spec = build_spec(POLICIES[policy], args.max_depth, args.step_tokens, seed=rep, task=args.task)
-            row = asyncio.run(one_batch(url, spec, questions, BENCH_MODES[mode], dp_ranks))
+            row = asyncio.run(one_batch(url, spec, questions, BENCH_MODES[mode], dp_ranks, workers or [url]))
             row.update(setup=name, policy=policy, mode=mode, repeat=rep)
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -187,10 +193,10 @@ def run_all(setups, server_args, args, questions, rows: List[Dict[str, Any]], st
         cluster = Cluster(server_args, n=2, policy="manual", startup_timeout=startup_timeout)
         with cluster:
             if "router" in routed:
-                rows += run_setup(cluster.url, "router", args, questions)
+                rows += run_setup(cluster.url, "router", args, questions, workers=cluster.worker_urls)
             if "round_robin" in routed:
                 with RouterProcess(cluster.worker_urls, policy="round_robin") as rr:
-                    rows += run_setup(rr.url, "round_robin", args, questions)
+                    rows += run_setup(rr.url, "round_robin", args, questions, workers=cluster.worker_urls)
 
 
 def report(rows: List[Dict[str, Any]], args) -> None:

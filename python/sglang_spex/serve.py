@@ -21,6 +21,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# SGLang's crash diagnostics (py-spy dump, CUDA coredump) run when a scheduler exits on a signal, after a 5 s sleep;
+# a server this class stops on purpose is not a crash, so they are off unless the caller's environment sets them.
+QUIET_STOP_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+
+
 class ServerProcess:
     """``python -m sglang_spex.launch_server ARGS`` in its own process group; a context manager."""
 
@@ -35,7 +40,7 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args: List[str] = list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**QUIET_STOP_ENV, **os.environ, **(env or {})}
         self.startup_timeout = startup_timeout
         self.log_path = log_path or tempfile.mkstemp(prefix="spex-server-", suffix=".log")[1]
         self.proc: Optional[subprocess.Popen] = None
