@@ -11,8 +11,10 @@ between true plain steps (no drafter work) and speculation mid-generation, so th
 (replayed from the ledger) at every resume. Greedy output must still equal plain SGLang's and the KV pool return
 to its start. Every off step must have run the target in ``ForwardMode.DECODE`` (every speculative one in
 ``TARGET_VERIFY``), timed by the runtime's step clock under that mode, with no per-step copy of its outputs; a
-batch of opted-out requests then runs only DECODE steps and no drafter work, with greedy output = plain. Both servers run once per scheduler mode (``EAGLE_MODES``: overlap and non-overlap; on CPU the overlap loop's
-draft-state relay runs through hook V2 and the launcher keeps overlap, L1).
+batch of opted-out requests then runs only DECODE steps and no drafter work, with greedy output = plain. This
+second server runs once per scheduler mode (``EAGLE_MODES``: overlap and non-overlap; on CPU the overlap loop's
+draft-state relay runs through hook V2 and the launcher keeps overlap, L1), so R4/R5 and the catch-up are tested in
+both loops; the first (the planned switching) runs in SGLang's default loop, overlap.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import requests
 from conftest import make_drafter
 from respec_servers import EAGLE_MODES, RespecServer
+from server_modes import DEFAULT_MODE
 from workloads import BATCHES, COMMON, N, collect, generate, idle_state
 
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
@@ -41,7 +44,7 @@ def _profile() -> Profile:
     return prof
 
 
-@pytest.fixture(scope="module", params=EAGLE_MODES)
+@pytest.fixture(scope="module", params=[DEFAULT_MODE])
 def run(request, tiny_model, tiny_target, tiny_seqs, respec_reference, tmp_path_factory):  # one server at a time
     tmp = tmp_path_factory.mktemp("respec-eagle")
     drafter = make_drafter(tiny_target, tiny_seqs).save_pretrained(tmp / "drafter")

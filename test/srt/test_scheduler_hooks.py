@@ -29,14 +29,18 @@ import json
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt import hooks
-hooks.register_all(SpexConfig(enabled={enabled}))
-print(json.dumps(sorted(HookRegistry._hooks)))
+out = {}
+for enabled in (False, True):  # one interpreter (one SGLang import), the registry emptied between the two
+    HookRegistry._hooks.clear()
+    hooks.register_all(SpexConfig(enabled=enabled))
+    out[str(enabled)] = sorted(HookRegistry._hooks)
+print(json.dumps(out))
 """
 
 
-def _registered_targets(enabled: bool) -> list:
-    code = _TARGETS.format(enabled=enabled)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+def _registered_targets() -> dict:
+    """The hook targets ``register_all`` registers without and with ``--tot-speculation`` ("False", "True")."""
+    out = subprocess.run([sys.executable, "-c", _TARGETS], capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -57,11 +61,12 @@ SPEX_TARGETS = (
 
 
 def test_hooks_registered_only_with_speculation(spex_server):
-    off = _registered_targets(False)
+    targets = _registered_targets()
+    off = targets["False"]
     # without --tot-speculation: H1 (report) and hooks of other features (CPU attention, ReSpec, verify), no SPEX hook
     assert "sglang.srt.managers.scheduler.Scheduler.get_internal_state" in off
     assert not [t for t in off if t.endswith(SPEX_TARGETS)], off
-    on = _registered_targets(True)
+    on = targets["True"]
     for name in SPEX_TARGETS:
         assert any(t.endswith(name) for t in on), name
     hooks = sched(spex_server.url)["hooks"]  # and on the live server every hook is still enabled
