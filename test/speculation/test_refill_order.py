@@ -38,7 +38,7 @@ def finished(ctx, index, prompt_tokens=0, num_tokens=5, text="1 + 1 = 2.\n\n"):
 def plan(ctx, targets):
     ctx._bfs_targets = targets
     ctx._version += 1
-    return [(p.path, i) for p, i, _ in ctx._candidates(limit=16)]
+    return [(c.parent.path, c.index) for c in ctx._candidates(limit=16)]
 
 
 def test_refill_key_orders_expected_use_then_cache_then_recency():

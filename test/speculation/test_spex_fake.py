@@ -147,3 +147,19 @@ def test_speculation_follows_the_policy_objects_own_rollout_stream():
     assert signature(spx) == signature(base)
     acc = spx.speculation
     assert acc["issued"] > 0 and acc["hits"] == acc["issued"]
+
+
+def test_rest_partial_rollouts_are_speculated_and_adopted():
+    """REST-MCTS: while an expansion's children finish, the next rollout samples of the best child so far are
+    generated speculatively; the search adopts them (same tree as the baseline)."""
+    policy = {"name": "rest", "iterations": 12, "max_depth": 5, "branch": 3, "roll_forward_steps": 2,
+              "end_gate": 2.0, "target_answers": 6}  # fmt: skip
+    spec, q = make_spec(policy), "What is 2 + 3?"
+    base = asyncio.run(run_search(spec, q, JitterPort()))
+    cfg = SpexConfig(enabled=True, k_total=6, components=("t1", "t2"))
+    spx = asyncio.run(run_search(spec, q, JitterPort(), context_factory=context_factory(cfg)))
+    assert signature(spx) == signature(base)
+    rollouts = [n for n in spx.nodes if n["kind"] == "rollout"]
+    assert rollouts and any(n["speculative"] for n in rollouts), rollouts
+    acc = spx.speculation
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]

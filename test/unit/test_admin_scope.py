@@ -11,7 +11,7 @@ from sglang.srt.utils.auth import AuthLevel, decide_request_auth
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile import routes as profile_routes
 from sglang_spex.respec import routes as respec_routes
-from sglang_spex.srt import admin_scope, control_routes, search_service
+from sglang_spex.srt import admin_scope, control_routes, dp_drafter_update, search_service
 
 
 def _app() -> FastAPI:
@@ -21,6 +21,7 @@ def _app() -> FastAPI:
     profile_routes.install(app, SimpleNamespace(cfg=SpexConfig()))
     respec_routes.install(app, learner=object())
     respec_routes.install_drafter(app)
+    dp_drafter_update.install(app)
     return app
 
 

@@ -7,7 +7,9 @@ time a node finishes it refills the idle speculative slots its T2 share allows, 
 child's chance to stay inside its parent's real width; DFS: the running hit rate at its prediction distance)
 and, among equals, work whose prefix the radix cache holds: a child of a finished node (its prompt and step
 were inserted into the cache when it finished, and the scheduler protects a live search's finished nodes),
-the most recently finished parent first (the last to be evicted).
+the most recently finished parent first (the last to be evicted). REST-MCTS's partial rollouts are speculated
+too: while the children of an expansion finish, the next rollout samples of the best child so far (and of the
+best sample so far, step by step), with the finished share of the siblings as their expected use.
 
 With T3 off, speculation only computes earlier what the baseline computes anyway: a node's prompt, seed and
 rid are functions of its tree path, so the search returns exactly the baseline's tree.
@@ -19,7 +21,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead
@@ -34,7 +36,17 @@ from sglang_spex.tot.engine import ROLE_SPEC, node_rid
 from sglang_spex.tot.policies.base import Stat
 from sglang_spex.tot.policies.mcts import MCTSPolicy
 from sglang_spex.tot.policies.rebase import Rebase
-from sglang_spex.tot.tree import CANCELLED, DONE, GENERATING, KIND_STEP, PENDING, Node, child_path, node_seed
+from sglang_spex.tot.tree import (
+    CANCELLED,
+    DONE,
+    GENERATING,
+    KIND_ROLLOUT,
+    KIND_STEP,
+    PENDING,
+    Node,
+    child_path,
+    node_seed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +55,20 @@ __all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
 CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
 T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
+
+
+class Candidate(NamedTuple):
+    """A node to generate speculatively: the ``index``-th child (or rollout sample) of ``parent``."""
+
+    parent: Node
+    index: int
+    distance: int  # prediction distance (DFS: rollouts ahead; BFS and partial rollouts: steps ahead)
+    kind: str = KIND_STEP
+    use: Optional[float] = None  # its expected use when known at planning time (partial rollouts)
+
+    @property
+    def path(self) -> str:
+        return child_path(self.parent.path, self.index, self.kind)
 
 
 def refill_key(expected_use: float, cached_tokens: int, recency: int) -> Tuple[float, int, int]:
@@ -81,13 +107,14 @@ class SpexContext(SearchContext):
         self._cancels: List["asyncio.Future"] = []
         self._finalized = False
         self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
-        self._cand: Tuple[int, List[Tuple[Node, int, int]]] = (-1, [])
+        self._cand: Tuple[int, List[Candidate]] = (-1, [])
         self._demand: Optional[Tuple[Tuple[Any, ...], QueryDemand]] = None  # (state key, T2 demand)
         self._finish_order: Dict[str, int] = {}  # node path -> finish sequence number (radix-cache recency)
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
         self._bfs_epoch = 0  # bumped when a BFS frontier is decided
         self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
         self._promotions: Set["asyncio.Future"] = set()  # promote control messages not yet acknowledged
+        self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -96,11 +123,8 @@ class SpexContext(SearchContext):
         if not self.t1:
             return await super().generate_node(parent, index, kind)
         self._version += 1  # the policy moved on (backups, a new rollout): plan again
-        if kind != KIND_STEP:  # partial-rollout samples: never speculated, but the engine waits on them
-            self.pump()
-            node = await super().generate_node(parent, index, kind)
-            self.pump()
-            return node
+        if kind == KIND_STEP:
+            self._expanding = parent.path
         node = self.tree.child(parent, index, kind)
         entry = self.store.pop(node.path) if node.status == PENDING and node.path not in self._running else None
         if entry is not None:
@@ -135,10 +159,11 @@ class SpexContext(SearchContext):
         adopt(node, entry.node)
         self.acc.on_hit(entry.distance, in_flight, depth=node.depth)
         self.tokens_generated += node.num_tokens
-        self.stats.setdefault(node.path, Stat(node.path, node.parent.path, node.depth))
-        self._update_stat(node)
+        if node.kind == KIND_STEP:  # rollout samples are no tree children: no MCTS statistic, no answer
+            self.stats.setdefault(node.path, Stat(node.path, node.parent.path, node.depth))
+            self._update_stat(node)
         self._emit_node(node)
-        if node.ok and node.answer is not None:
+        if node.ok and node.answer is not None and node.kind == KIND_STEP:
             self.on_answer(node)
 
     def _after(self, node: Node) -> None:
@@ -162,7 +187,7 @@ class SpexContext(SearchContext):
         if self._demand is not None and self._demand[0] == key:
             return self._demand[1]
         cands = self._t2_candidates()
-        sample = [self.child_prefix(p) for p, _, _ in cands[:T2_SAMPLE]]
+        sample = [self.child_prefix(c.parent) for c in cands[:T2_SAMPLE]]
         n = max(1, len(sample))
         kv = self.budget.model.kv_bytes_per_token
         step = self.spec.step.max_tokens
@@ -176,14 +201,14 @@ class SpexContext(SearchContext):
         self._demand = (key, demand)
         return demand
 
-    def _t2_candidates(self) -> List[Tuple[Node, int, int]]:
+    def _t2_candidates(self) -> List[Candidate]:
         """The candidates T2 sees: a DFS search's last plan, less what was issued since, so that splitting the
         budget never re-plans every live search (its own refill plans afresh). Planned here only when nothing
         is left of that plan (a search that never gets a share would otherwise never plan again); BFS plans are cheap.
         """
         version, last = self._cand
         if self.mcts is not None and version != self._version and not self.should_stop():
-            left = [c for c in last if not self._taken(child_path(c[0].path, c[1]))]
+            left = [c for c in last if not self._taken(c.path)]
             if left:
                 return left
         return self._candidates(limit=CANDIDATE_LIMIT)
@@ -211,21 +236,21 @@ class SpexContext(SearchContext):
             return total, total
         return len(self.prompt_for(parent)) // CHARS_PER_TOKEN, 0
 
-    def _expected_use(self, parent: Node, index: int, distance: int) -> float:
+    def _expected_use(self, cand: Candidate) -> float:
         """How likely the primary search adopts this candidate (see the module docstring)."""
+        parent, index, distance = cand.parent, cand.index, cand.distance
+        if cand.use is not None:
+            return cand.use
         if self.bfs is not None:
             width = self._bfs_targets.get(parent.path, 0)
             return (width - index) / width if width > 0 else 0.0
         hits, issued = self.acc.hit_distance.get(distance, (0, 0))
         return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
 
-    def _refill_order(self, cands: List[Tuple[Node, int, int]]) -> List[Tuple[Node, int, int]]:
-        def key(c: Tuple[Node, int, int]) -> Tuple[float, int, int]:
-            parent, index, distance = c
+    def _refill_order(self, cands: List[Candidate]) -> List[Candidate]:
+        def key(c: Candidate) -> Tuple[float, int, int]:
             return refill_key(
-                self._expected_use(parent, index, distance),
-                self.child_prefix(parent)[1],
-                self._finish_order.get(parent.path, 0),
+                self._expected_use(c), self.child_prefix(c.parent)[1], self._finish_order.get(c.parent.path, 0)
             )
 
         return sorted(cands, key=key)
@@ -236,11 +261,13 @@ class SpexContext(SearchContext):
     def _taken(self, path: str) -> bool:
         return path in self.tree.nodes or path in self.store
 
-    def _expansion(self, parent: Node, width: int, distance: int) -> List[Tuple[Node, int, int]]:
+    def _expansion(self, parent: Node, width: int, distance: int) -> List[Candidate]:
         start = len(parent.children) if parent.path in self.tree.nodes else 0
-        return [(parent, i, distance) for i in range(start, width) if not self._taken(child_path(parent.path, i))]
+        return [
+            Candidate(parent, i, distance) for i in range(start, width) if not self._taken(child_path(parent.path, i))
+        ]
 
-    def _candidates(self, limit: int) -> List[Tuple[Node, int, int]]:
+    def _candidates(self, limit: int) -> List[Candidate]:
         """(parent, child index, distance) to generate speculatively, best first (cached until something changes:
         T2 asks every live search for its demand on each refill)."""
         if not self.t1 or self.should_stop():
@@ -249,8 +276,8 @@ class SpexContext(SearchContext):
             self._cand = (self._version, self._refill_order(self._plan(CANDIDATE_LIMIT)))
         return self._cand[1][:limit]
 
-    def _plan(self, limit: int) -> List[Tuple[Node, int, int]]:
-        out: List[Tuple[Node, int, int]] = []
+    def _plan(self, limit: int) -> List[Candidate]:
+        out: List[Candidate] = []
         if self.bfs is not None:
             for parent, width in self._bfs_targets.items():
                 out += self._expansion(self.tree.get(parent), width, 1)
@@ -258,6 +285,7 @@ class SpexContext(SearchContext):
         policy = self.mcts
         if policy is None:
             return out
+        out += self._rollout_candidates()
         busy = {  # parents of the primary steps being generated (the running futures, not a scan of the tree)
             n.parent.path
             for p in self._running
@@ -276,6 +304,40 @@ class SpexContext(SearchContext):
             if len(out) >= limit:
                 break
         return out[:limit]
+
+    def _rollout_candidates(self) -> List[Candidate]:
+        """REST-MCTS: the partial rollout that follows the running expansion. It starts from the best new child
+        (UCT of an unvisited child: its value + inf, so the highest reward) and goes ``roll_forward_steps`` steps
+        from the best of ``roll_branch`` samples each: speculate the samples below the best finished node of each
+        step so far; expected use = the share of that step's siblings already finished."""
+        params = self.mcts.params
+        steps, branch = getattr(params, "roll_forward_steps", 0), getattr(params, "roll_branch", 0)
+        leaf = self.tree.nodes.get(self._expanding or "")
+        if not steps or not branch or leaf is None:
+            return []
+        group = [c.path for c in leaf.children if (st := self.stats.get(c.path)) is not None and st.visits == 0]
+        gate, out = getattr(params, "end_gate", float("inf")), []
+        for step in range(steps):
+            done = [n for n in map(self._scored, group) if n is not None]
+            if not done:
+                break
+            best = max(done, key=lambda n: n.reward)  # the first of equals, as the policy's max()
+            if best.is_terminal or (step == 0 and best.reward >= gate):  # REST ends the rollout there
+                break
+            start = len(best.rollouts)
+            use = len(done) / len(group)
+            out += [Candidate(best, start + j, step + 1, KIND_ROLLOUT, use) for j in range(branch)
+                    if not self._taken(child_path(best.path, start + j, KIND_ROLLOUT))]  # fmt: skip
+            group = [child_path(best.path, start + j, KIND_ROLLOUT) for j in range(branch)]
+        return out
+
+    def _scored(self, path: str) -> Optional[Node]:
+        """The node at ``path`` (primary tree or a ready speculative one) if it finished with a reward."""
+        node = self.tree.nodes.get(path)
+        if node is None:
+            e = self.store.get(path)
+            node = e.node if e is not None and e.state == READY else None
+        return node if node is not None and node.status == DONE and node.reward is not None else None
 
     def _facts(self, path: str) -> Optional[dfs_lookahead.NodeFacts]:
         e = self.store.get(path)
@@ -330,13 +392,13 @@ class SpexContext(SearchContext):
         room = share - len(self.store.running())
         if room <= 0:
             return
-        for parent, index, distance in self._candidates(limit=room):
-            path = child_path(parent.path, index)
+        for cand in self._candidates(limit=room):
+            path = cand.path
             if self._taken(path):
                 continue
-            node = Node(path=path, parent=parent, kind=KIND_STEP, seed=node_seed(self.tree.search_seed, path))
-            self.store.issue(node, distance, self._generate_spec)
-            self.acc.on_issue(distance, depth=node.depth)
+            node = Node(path=path, parent=cand.parent, kind=cand.kind, seed=node_seed(self.tree.search_seed, path))
+            self.store.issue(node, cand.distance, self._generate_spec)
+            self.acc.on_issue(cand.distance, depth=node.depth)
             self._version += 1
 
     async def _generate_spec(self, node: Node) -> None:
