@@ -5,11 +5,19 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import requests
 
 
-def test_promote_running_speculative_request(spex_server_in_mode):
-    url, rid = spex_server_in_mode.url, "spex:promo1:r.0:"
+def _promoted(url: str) -> int:
+    return requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]["counters"].get("promoted", 0)
+
+
+@pytest.mark.parametrize("ack", [True, False], ids=["ack", "queued"])
+def test_promote_running_speculative_request(spex_server_in_mode, ack):
+    """``ack`` (default): the answer carries the scheduler state after the promote; ``ack`` false (what the
+    search ports send): answered once queued, and the scheduler applies it in order all the same."""
+    url, rid = spex_server_in_mode.url, f"spex:promo{int(ack)}:r.0:"
     body = {
         "text": "Step 1: add the numbers.",
         "rid": rid,
@@ -23,14 +31,20 @@ def test_promote_running_speculative_request(spex_server_in_mode):
     out = {}
     t = threading.Thread(target=lambda: out.update(requests.post(url + "/generate", json=body, timeout=300).json()))
     t.start()
-    before = requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]["counters"].get("promoted", 0)
+    before = _promoted(url)
     deadline = time.monotonic() + 60
     while requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]["pool"]["running"] == 0:
         assert time.monotonic() < deadline, "the speculative request never started"
         time.sleep(0.05)
-    r = requests.post(url + "/spex/promote", json={"rid": rid}, timeout=30)
+    r = requests.post(url + "/spex/promote", json={"rid": rid, "ack": ack}, timeout=30)
     assert r.status_code == 200, r.text
-    after = r.json()["scheduler"]["counters"].get("promoted", 0)
+    if ack:
+        after = r.json()["scheduler"]["counters"].get("promoted", 0)
+    else:
+        assert r.json()["scheduler"] is None
+        deadline = time.monotonic() + 30
+        while (after := _promoted(url)) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
     requests.post(url + "/abort_request", json={"rid": rid}, timeout=30)
     t.join(timeout=120)
     assert after == before + 1

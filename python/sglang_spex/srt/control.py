@@ -136,6 +136,14 @@ def validate(req: SpexControlReq) -> Optional[str]:
     return None
 
 
+def post(tokenizer_manager: Any, req: SpexControlReq) -> None:
+    """Queue ``req`` to every rank's scheduler without waiting for it to be applied (no ``get_internal_state``
+    round trip: each one costs the scheduler a full report); it still reaches the scheduler in order with the
+    requests this process sends."""
+    tokenizer_manager.auto_create_handle_loop()
+    tokenizer_manager._dispatch_to_scheduler(req)
+
+
 async def send(tokenizer_manager: Any, req: SpexControlReq) -> Dict[str, Any]:
     """Send ``req`` to the scheduler and return the scheduler-side spex state once it has been applied (rank 0's
     under DP; :func:`send_all` returns every rank's)."""
@@ -144,8 +152,7 @@ async def send(tokenizer_manager: Any, req: SpexControlReq) -> Dict[str, Any]:
 
 async def send_all(tokenizer_manager: Any, req: SpexControlReq) -> List[Dict[str, Any]]:
     """Send ``req`` to every rank's scheduler; their states once all of them applied it, ordered by DP rank."""
-    tokenizer_manager.auto_create_handle_loop()
-    tokenizer_manager._dispatch_to_scheduler(req)
+    post(tokenizer_manager, req)
     return await scheduler_states(tokenizer_manager)
 
 

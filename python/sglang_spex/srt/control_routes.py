@@ -6,7 +6,8 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
 - ``POST /spex/budget {"k": N | null}``: speculative admission cap (null = unlimited).
 - ``POST /spex/cancel {"search_id": S} | {"rid_prefix": P}``: cancel a whole search (or any rid prefix) in
   one call; cancelling a search also releases its prefix protection.
-- ``POST /spex/promote {"rid": R}``: a speculative request the search now waits on becomes primary.
+- ``POST /spex/promote {"rid": R, "ack": true}``: a speculative request the search now waits on becomes primary
+  (``ack`` false: answered once queued to the scheduler, without the scheduler-state round trip).
 - ``POST /spex/protect {"search_id": S}``: register a live search / renew its protection lease.
 - ``POST /spex/release {"search_id": S, "node_prefix": "r.0"?}``: release a search's protection (or a
   subtree's); without ``search_id`` releases every protection.
@@ -75,7 +76,14 @@ async def post_cancel(request: Request, body: CancelBody) -> Response:
 
 @json_body(PromoteBody)
 async def post_promote(request: Request, body: PromoteBody) -> Response:
-    return await _run(request, [control.SpexControlReq(op="promote", prefix=body.rid)])
+    req = control.SpexControlReq(op="promote", prefix=body.rid)
+    if body.ack:
+        return await _run(request, [req])
+    state = http_state(request)
+    if not state.cfg.enabled:
+        return error_response(*SPECULATION_OFF, status_code=409)
+    control.post(state.tokenizer_manager, req)  # queued in order; the search does not wait for the scheduler
+    return JSONResponse({"ok": True, "scheduler": None, "dp_ranks": None})
 
 
 @json_body(ProtectBody)

@@ -73,7 +73,10 @@ class TokenizerManagerPort(EnginePort):
             await control.send(self.tm, control.SpexControlReq(**fields))
 
     async def promote(self, rid: str) -> None:
-        await self._control(op="promote", prefix=rid)
+        """Queued to the scheduler in order with this process's requests; not waited for (a round trip per
+        adopted node would cost the scheduler a full state report each)."""
+        if self.spex_control:
+            control.post(self.tm, control.SpexControlReq(op="promote", prefix=rid))
 
     async def release(self, search_id: str) -> None:
         await self._control(op="release", search_id=search_id)

@@ -180,9 +180,11 @@ class CancelBody(Body):
 
 
 class PromoteBody(Body):
-    """``POST /spex/promote``: the request (rid) a search now waits on."""
+    """``POST /spex/promote``: the request (rid) a search now waits on; ``ack`` false: answer once the command is
+    queued to the scheduler (in order with this process's generate requests) instead of after it was applied."""
 
     rid: str = Field(min_length=1)
+    ack: bool = True
 
 
 class ProtectBody(Body):

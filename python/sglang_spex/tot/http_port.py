@@ -54,6 +54,8 @@ class HttpPort(EnginePort):
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
         self._targets: Optional[List[str]] = None
         self._targets_at = 0.0
+        self._router = False  # base_url may be sglang-router (its worker list expires; a plain server's does not)
+        self._targets_lock = asyncio.Lock()
         self._background: Set["asyncio.Future[None]"] = set()
 
     async def generate(self, req: GenRequest) -> GenResult:
@@ -98,17 +100,26 @@ class HttpPort(EnginePort):
             self.lost.setdefault(key, msg)
         return WorkerLost(msg)
 
+    def _targets_fresh(self) -> bool:
+        if self._targets is None:
+            return False
+        return not self._router or time.monotonic() - self._targets_at <= WORKERS_TTL_S
+
     async def targets(self) -> List[str]:
         """Where aborts and control calls go: the workers of an sglang-router at ``base_url`` (it does not proxy
-        them), else ``base_url`` itself; the router's list is reused for ``WORKERS_TTL_S``."""
-        now = time.monotonic()
-        if self._targets is None or now - self._targets_at > WORKERS_TTL_S:
-            try:
-                workers = parse_workers(await self.client.get(self.base_url + "/workers"))
-            except httpx.HTTPError:
-                workers = None
-            self._targets = [w["url"].rstrip("/") for w in workers] if workers is not None else [self.base_url]
-            self._targets_at = now
+        them), else ``base_url`` itself. One lookup at a time (concurrent callers share it); a router's list is
+        reused for ``WORKERS_TTL_S``, a plain server is asked once."""
+        if self._targets_fresh():
+            return self._targets
+        async with self._targets_lock:
+            if not self._targets_fresh():
+                try:
+                    workers = parse_workers(await self.client.get(self.base_url + "/workers"))
+                    self._router = workers is not None
+                except httpx.HTTPError:  # not known yet: ask again after the TTL
+                    workers, self._router = None, True
+                self._targets = [w["url"].rstrip("/") for w in workers] if workers is not None else [self.base_url]
+                self._targets_at = time.monotonic()
         return self._targets
 
     async def _post_all(self, route: str, bodies: List[Dict[str, Any]]) -> None:
@@ -140,7 +151,7 @@ class HttpPort(EnginePort):
         await self._post_all(route, [body])
 
     async def promote(self, rid: str) -> None:
-        await self._spex_control("/spex/promote", {"rid": rid})
+        await self._spex_control("/spex/promote", {"rid": rid, "ack": False})  # queued, not waited for
 
     async def release(self, search_id: str) -> None:
         await self._spex_control("/spex/release", {"search_id": search_id})
