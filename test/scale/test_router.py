@@ -20,7 +20,7 @@ from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec
 
-from .helpers import finish_reasons, idle_pool, load, received_by_worker
+from .helpers import finish_reasons, idle_pool, load, received_by_worker, settled_pool
 
 pytestmark = pytest.mark.server  # the cluster fixture starts real servers
 
@@ -113,7 +113,7 @@ def test_cancel_frees_kv_on_the_holding_worker(cluster):
     # and the abort reaching the scheduler (temperature 1, random weights), so one natural stop is not a failure.
     assert "abort" in ended and set(ended) <= {"abort", "stop"}, (running, reasons)
     for url in cluster.worker_urls:
-        a, b = start[url], idle_pool(url)
+        a, b = start[url], settled_pool(url, start[url])
         assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"], (url, a, b)
         assert a["req_slots_free"] == b["req_slots_free"] and b["kv_protected"] == 0, (url, a, b)
 
