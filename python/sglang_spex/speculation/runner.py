@@ -113,7 +113,7 @@ class SpexContext(SearchContext):
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
         self._bfs_epoch = 0  # bumped when a BFS frontier is decided
         self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
-        self._promotions: Set["asyncio.Future"] = set()  # promote control messages not yet acknowledged
+        self._promotions: Set["asyncio.Future"] = set()  # promote messages still being sent
         self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
         budget.register(self)
 
@@ -238,9 +238,9 @@ class SpexContext(SearchContext):
 
     def _expected_use(self, cand: Candidate) -> float:
         """How likely the primary search adopts this candidate (see the module docstring)."""
-        parent, index, distance = cand.parent, cand.index, cand.distance
         if cand.use is not None:
             return cand.use
+        parent, index, distance = cand.parent, cand.index, cand.distance
         if self.bfs is not None:
             width = self._bfs_targets.get(parent.path, 0)
             return (width - index) / width if width > 0 else 0.0
@@ -331,13 +331,18 @@ class SpexContext(SearchContext):
             group = [child_path(best.path, start + j, KIND_ROLLOUT) for j in range(branch)]
         return out
 
-    def _scored(self, path: str) -> Optional[Node]:
-        """The node at ``path`` (primary tree or a ready speculative one) if it finished with a reward."""
+    def _finished(self, path: str) -> Optional[Node]:
+        """The finished node at ``path``: in the primary tree or a ready speculative one."""
         node = self.tree.nodes.get(path)
         if node is None:
             e = self.store.get(path)
             node = e.node if e is not None and e.state == READY else None
-        return node if node is not None and node.status == DONE and node.reward is not None else None
+        return node if node is not None and node.status == DONE else None
+
+    def _scored(self, path: str) -> Optional[Node]:
+        """The finished node at ``path`` if it has a reward."""
+        node = self._finished(path)
+        return node if node is not None and node.reward is not None else None
 
     def _facts(self, path: str) -> Optional[dfs_lookahead.NodeFacts]:
         e = self.store.get(path)
@@ -349,13 +354,8 @@ class SpexContext(SearchContext):
 
     def _available(self, path: str) -> Optional[Node]:
         """The finished, non-terminal node at ``path`` (primary tree or a ready speculative one), if any."""
-        node = self.tree.nodes.get(path)
-        if node is None:
-            e = self.store.get(path)
-            node = e.node if e is not None and e.state == READY else None
-        if node is None or node.status != DONE or node.is_terminal:
-            return None
-        return node
+        node = self._finished(path)
+        return None if node is None or node.is_terminal else node
 
     def _bfs_early(self, policy: Rebase, node: Node) -> None:
         """A node of the current depth is scored: predict its width from the scores known so far (a solver-based

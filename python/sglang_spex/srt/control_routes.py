@@ -49,7 +49,8 @@ from sglang_spex.srt.http_state import http_state
 SPECULATION_OFF = ("speculation", "off: start the server with --tot-speculation")
 
 
-async def _run(request: Request, reqs: List[control.SpexControlReq]) -> Response:
+async def _run(request: Request, reqs: List[control.SpexControlReq], ack: bool = True) -> Response:
+    """Send ``reqs`` in order; ``ack``: answer with the scheduler state once applied, else once queued."""
     state = http_state(request)
     if not state.cfg.enabled:
         return error_response(*SPECULATION_OFF, status_code=409)
@@ -57,6 +58,10 @@ async def _run(request: Request, reqs: List[control.SpexControlReq]) -> Response
         err = control.validate(req)
         if err:
             return error_response("body", err)
+    if not ack:
+        for req in reqs:
+            control.post(state.tokenizer_manager, req)
+        return JSONResponse({"ok": True, "scheduler": None, "dp_ranks": None})
     states: List[dict] = [{}]
     for req in reqs:
         states = await control.send_all(state.tokenizer_manager, req)
@@ -76,14 +81,7 @@ async def post_cancel(request: Request, body: CancelBody) -> Response:
 
 @json_body(PromoteBody)
 async def post_promote(request: Request, body: PromoteBody) -> Response:
-    req = control.SpexControlReq(op="promote", prefix=body.rid)
-    if body.ack:
-        return await _run(request, [req])
-    state = http_state(request)
-    if not state.cfg.enabled:
-        return error_response(*SPECULATION_OFF, status_code=409)
-    control.post(state.tokenizer_manager, req)  # queued in order; the search does not wait for the scheduler
-    return JSONResponse({"ok": True, "scheduler": None, "dp_ranks": None})
+    return await _run(request, [control.SpexControlReq(op="promote", prefix=body.rid)], ack=body.ack)
 
 
 @json_body(ProtectBody)

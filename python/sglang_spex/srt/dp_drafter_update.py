@@ -28,11 +28,11 @@ from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
 from starlette.concurrency import run_in_threadpool
 
-from sglang_spex.respec.hotswap import deserialize_named_tensors
+from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, deserialize_named_tensors
 from sglang_spex.srt.http_api import Body, BodyError, error_response, parse_body, read_json
 from sglang_spex.srt.http_state import http_state
 
-PATH = "/respec/drafter/update_weights_from_tensor"
+PATH = DP_DRAFTER_PATH  # the path HotSwapClient sends a DP server's drafter update to
 
 
 class DrafterWeightsBody(Body):

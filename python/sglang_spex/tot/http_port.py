@@ -54,7 +54,7 @@ class HttpPort(EnginePort):
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
         self._targets: Optional[List[str]] = None
         self._targets_at = 0.0
-        self._router = False  # base_url may be sglang-router (its worker list expires; a plain server's does not)
+        self._targets_expire = False  # a router's worker list expires (so does an unanswered lookup); a server's not
         self._targets_lock = asyncio.Lock()
         self._background: Set["asyncio.Future[None]"] = set()
 
@@ -103,7 +103,7 @@ class HttpPort(EnginePort):
     def _targets_fresh(self) -> bool:
         if self._targets is None:
             return False
-        return not self._router or time.monotonic() - self._targets_at <= WORKERS_TTL_S
+        return not self._targets_expire or time.monotonic() - self._targets_at <= WORKERS_TTL_S
 
     async def targets(self) -> List[str]:
         """Where aborts and control calls go: the workers of an sglang-router at ``base_url`` (it does not proxy
@@ -115,9 +115,9 @@ class HttpPort(EnginePort):
             if not self._targets_fresh():
                 try:
                     workers = parse_workers(await self.client.get(self.base_url + "/workers"))
-                    self._router = workers is not None
+                    self._targets_expire = workers is not None
                 except httpx.HTTPError:  # not known yet: ask again after the TTL
-                    workers, self._router = None, True
+                    workers, self._targets_expire = None, True
                 self._targets = [w["url"].rstrip("/") for w in workers] if workers is not None else [self.base_url]
                 self._targets_at = time.monotonic()
         return self._targets
