@@ -46,6 +46,9 @@ def sim_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
             seed=args.seed,
             k_total=args.k_total,
             lookahead=args.lookahead,
+            bfs_lookahead=args.bfs_lookahead,
+            gate=not args.no_gate,
+            mixed=not args.no_mixed,
             reward_latency_s=args.reward_latency_ms / 1000.0,
         )
         rows.append({"source": "sim", "policy": preset, "concurrency": bs, "mode": mode, "questions": n, **row})
@@ -194,6 +197,9 @@ def main() -> None:
     ap.add_argument("--model", default="Llemma-7B")
     ap.add_argument("--k-total", type=int, default=None, help="default: the simulated roofline knee")
     ap.add_argument("--lookahead", type=int, default=None, help="DFS lookahead k (default: SpexConfig's)")
+    ap.add_argument("--no-gate", action="store_true", help="simulate the engine without the scheduler's gate")
+    ap.add_argument("--no-mixed", action="store_true", help="prefill passes replace decode steps (no mixed chunk)")
+    ap.add_argument("--bfs-lookahead", type=int, default=None, help="BFS depths ahead (default: SpexConfig's)")
     ap.add_argument("--reward-latency-ms", type=float, default=0.0, help="virtual PRM latency per scored node")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", action="store_true", help="also run a subset on the real CPU server (SmolLM2)")

@@ -110,22 +110,33 @@ def run_mode(
     seed: int = 0,
     k_total: Optional[int] = None,
     lookahead: Optional[int] = None,
+    bfs_lookahead: Optional[int] = None,
     reward_latency_s: float = 0.0,
     workload: Optional[Workload] = None,
     spec: Optional[SearchSpec] = None,
     keep_results: bool = False,
+    gate: bool = True,
+    mixed: bool = True,
     **sim_kwargs: Any,
 ) -> Dict[str, Any]:
     """Simulate ``questions`` searches of ``preset`` in one mode (None = baseline) and return its row
-    (``keep_results``: the SearchResults too, under ``"_results"``; ``sim_kwargs`` go to ``simulate``)."""
+    (``keep_results``: the SearchResults too, under ``"_results"``; ``gate``: the engine runs the scheduler's
+    speculative gate at SPEX's knee; ``mixed``: prefill passes also run the decode step, as the launcher's
+    ``--tot-mixed-prefill``; ``sim_kwargs`` go to ``simulate``)."""
     cost_model = resolve_cost(cost)
     spec = spec or sim_spec(preset, seed)
-    kw: Dict[str, Any] = {}
+    engine = dict(sim_kwargs.pop("engine_kwargs", None) or {})
+    engine.setdefault("mixed_chunk", mixed)  # both modes: one server's flags (--tot-mixed-prefill)
+    kw: Dict[str, Any] = {"engine_kwargs": engine}
     if mode is not None:
         cfg = SpexConfig(enabled=True, k_total=k_total, **mode)
         if lookahead is not None:
             cfg = replace(cfg, lookahead=lookahead)
+        if bfs_lookahead is not None:
+            cfg = replace(cfg, bfs_lookahead=bfs_lookahead)
         kw["context_factory"] = spex_factory(cfg, cost_model)
+        if gate:  # the scheduler's gate keeps speculation below the knee SPEX was given, as on a real server
+            engine.setdefault("spec_knee", cfg.k_total if cfg.k_total is not None else cost_model.k_total())
     run = simulate(
         spec,
         cost=cost_model,

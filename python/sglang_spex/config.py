@@ -268,8 +268,19 @@ class SpexConfig(_Section):
         help="which SPEX techniques run (comma list of t1,t2,t3)",
     )
     lookahead: int = _opt(4, check=(lambda v: v >= 1, "must be >= 1"), help="DFS: UCB simulation steps (k)")
+    bfs_lookahead: int = _opt(
+        2,
+        check=(lambda v: v >= 1, "must be >= 1"),
+        help="BFS: depths expanded early ahead of the undecided one (1: the next depth only)",
+    )
     live_knee: bool = _opt(
         True, parse=on_off, help="scheduler: also keep speculation below the knee of live decode step times (on/off)"
+    )
+    mixed_prefill: bool = _opt(
+        True,
+        parse=on_off,
+        help="launcher: turn on SGLang's --enable-mixed-chunk (without a speculative algorithm), so speculative "
+        "prefill runs in the primaries' decode step instead of waiting for a free step (on/off)",
     )
     budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
     budget_max_wait_s: float = _opt(

@@ -63,6 +63,7 @@ TOT_DEFAULTS: Dict[str, Optional[str]] = {
 }
 
 
+MIXED_CHUNK = "--enable-mixed-chunk"  # SGLang's: prefill and the running batch's decode in one forward
 THREAD_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"  # SGLang's: the CPU cores of each rank, "a-b|c-d|..."
 PARALLEL_FLAGS = {
     "dp": ("--dp-size", "--dp", "--data-parallel-size"),
@@ -157,6 +158,8 @@ def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List
         args = _apply(args, CPU_DEFAULTS)
     if cfg.spex.enabled:
         args = _apply(args, TOT_DEFAULTS)
+        if cfg.spex.mixed_prefill and not _given(args, "--speculative-algorithm"):
+            args = _apply(args, {MIXED_CHUNK: None})  # speculative prefill rides the primaries' decode step
     return args
 
 

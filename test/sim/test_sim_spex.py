@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sglang_spex.config import SpexConfig
@@ -22,3 +24,24 @@ def test_spex_equals_baseline_with_t3_off(policy, bs):
     assert _done_nodes(spex) == _done_nodes(base)
     assert spex.engine["mean_batch"] > base.engine["mean_batch"]  # speculation filled the batch
     assert spex.virtual_time < base.virtual_time  # and, memory-bound at batch 1-2, that paid off
+
+
+def _distance_counts(run):
+    """{prediction distance: (hits, issued)} summed over the run's searches (JSON keys may be strings)."""
+    out = {}
+    for r in run.results:
+        for d, c in (r.speculation or {}).get("hit_distance", {}).items():
+            hits, issued = out.get(int(d), (0, 0))
+            out[int(d)] = (hits + c["hits"], issued + c["issued"])
+    return out
+
+
+def test_bfs_speculates_below_the_undecided_depth_and_keeps_the_baseline_tree():
+    spec = SearchSpec(policy=PolicyConfig("rebase-8"), seed=5)
+    one_level = SpexConfig(enabled=True, k_total=None, early_stop=False, bfs_lookahead=1)
+    base, shallow = compare(spec, one_level, cost=("A100-80G", "Llemma-7B"), questions=4, concurrency=1)
+    _, deep = compare(spec, replace(one_level, bfs_lookahead=2), cost=("A100-80G", "Llemma-7B"), questions=4)
+    assert set(_distance_counts(shallow)) == {1}
+    hits, issued = _distance_counts(deep)[2]  # children of speculative nodes, before their depth was decided
+    assert issued > 0 and hits > 0
+    assert _done_nodes(deep) == _done_nodes(base) and deep.answers == base.answers

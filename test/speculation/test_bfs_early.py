@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sglang_spex.speculation.bfs_early import predicted_widths, split_on_frontier
+from sglang_spex.speculation.bfs_early import predicted_levels, predicted_widths, split_on_frontier
 from sglang_spex.tot.policies.rebase import Rebase, RebaseParams
-from sglang_spex.tot.tree import DONE, GENERATING, Tree
+from sglang_spex.tot.tree import DONE, GENERATING, Node, Tree
 
 
 def level(*rewards):
@@ -39,3 +39,20 @@ def test_a_subclass_predict_widths_changes_the_early_expansion():
 def test_frontier_keeps_children_within_the_real_width():
     spec_children = [("r.0.0", "r.0", 0), ("r.0.1", "r.0", 1), ("r.1.0", "r.1", 0)]
     assert split_on_frontier(spec_children, {"r.0": 1}) == (["r.0.0"], ["r.0.1", "r.1.0"])
+
+
+def test_levels_below_predict_from_the_speculative_children_inside_their_parents_widths():
+    policy = Rebase(RebaseParams(width=8, softmax_temperature=1.0))
+    r0, r1 = level(0.9, 0.5)  # e = 1, 0.67 -> widths 5 and 3
+
+    def child(parent, index, status, reward=None, terminal=False):
+        return Node(path=f"{parent.path}.{index}", parent=parent, status=status, reward=reward, is_terminal=terminal)
+
+    below = {
+        "r.0": [child(r0, 0, DONE, 0.8), child(r0, 1, GENERATING), child(r0, 5, DONE, 0.99)],  # r.0.5: outside 5
+        "r.1": [child(r1, 0, DONE, 0.7, terminal=True)],
+    }
+    assert predicted_levels(policy, [r0, r1], below, 8, levels=1) == {"r.0": 5, "r.1": 3}
+    # depth 2: r.1.0 is an answer (width 8 - 1 = 7); r.0.0 known, r.0.1 and 8 - 3 = 5 unseen nodes pending:
+    # 7 equal scores share 7 -> 1 each
+    assert predicted_levels(policy, [r0, r1], below, 8, levels=2) == {"r.0": 5, "r.1": 3, "r.0.0": 1}

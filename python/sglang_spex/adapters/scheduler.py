@@ -158,6 +158,14 @@ def overlap(scheduler: Any) -> bool:
     return bool(scheduler.enable_overlap)
 
 
+def mixes_prefill_with_decode(scheduler: Any, batch: Optional[Any], admitting: Sequence[Any]) -> bool:
+    """Whether a prefill of ``admitting`` would run in one forward with ``batch``'s decode step (SGLang's
+    mixed chunked prefill, ``--enable-mixed-chunk``; ``get_new_batch_prefill`` mixes only without logprobs)."""
+    if not getattr(scheduler, "is_mixed_chunk", False) or batch is None or batch.is_empty():
+        return False
+    return not batch.return_logprob and not any(r.return_logprob for r in admitting)
+
+
 def waiting(scheduler: Any) -> List[Any]:
     return scheduler.waiting_queue
 

@@ -21,6 +21,14 @@ One engine task plays SGLang's scheduler loop on the event loop's clock (virtual
   tokens it had (mostly from the cache) and continues to the same output;
 - ``cache_on_prefill``: a prompt enters the prefix cache once prefilled (SGLang's ``cache_unfinished_req``),
   not only when its request finishes; off by default (the GPU figures were made without it);
+- ``spec_knee``: the product's speculative gate (:mod:`sglang_spex.srt.scheduling`): speculative requests (priority
+  below ``default_priority``) run only in the room the primary work (running + waiting primaries) leaves below
+  this batch size; running ones above it are retracted at a step boundary (lowest ranked, least advanced first),
+  and a prefill of speculative requests alone never replaces a step in which primaries decode (they wait for a
+  prefill that runs anyway, or for the primaries to finish). None (default): no gate;
+- ``mixed_chunk``: SGLang's ``--enable-mixed-chunk``: a prefill pass also runs the running requests' decode step
+  (one forward over the new prompt tokens plus one token per running request), and the gate then admits
+  speculative requests within the room while primaries decode;
 - client overhead: ``cost.client`` (:mod:`sglang_spex.sim.client`) passes each request through the serial
   request path (``request_s`` each), delays its result by ``response_s``, then queues ``cpu_s`` on the one
   client thread.
@@ -150,10 +158,13 @@ class SimPort(EnginePort):
         preempt: bool = True,
         default_priority: int = 0,
         cache_on_prefill: bool = False,
+        spec_knee: Optional[int] = None,
+        mixed_chunk: bool = False,
     ):
         self.cost, self.workload = cost, workload
         self.max_running, self.kv_capacity, self.prefill_chunk = max_running, kv_capacity, prefill_chunk
         self.preempt, self.default_priority, self.cache_on_prefill = preempt, default_priority, cache_on_prefill
+        self.spec_knee, self.mixed_chunk = spec_knee, mixed_chunk
         self.cache = PrefixCache(cache_block, cache_capacity)
         self.waiting: List[_Req] = []
         self.running: List[_Req] = []
@@ -292,6 +303,36 @@ class SimPort(EnginePort):
     def _kv_used(self) -> int:
         return sum(r.ctx - r.cached for r in self.running)
 
+    def _is_spec(self, r: _Req) -> bool:
+        return r.priority < self.default_priority
+
+    def _spec_room(self) -> Optional[int]:
+        """Speculative requests the gate allows in the running batch now (None: no gate)."""
+        if self.spec_knee is None:
+            return None
+        primary = sum(1 for r in self.running + self.waiting if not self._is_spec(r))
+        return max(self.spec_knee - primary, 0)
+
+    def _trim_spec(self) -> None:
+        """Retract the running speculative requests above the gate's room (they re-prefill from the cache later)."""
+        room = self._spec_room()
+        spec = [r for r in self.running if self._is_spec(r)]
+        if room is None or len(spec) <= room:
+            return
+        spec.sort(key=lambda r: (r.priority, r.done))
+        for victim in spec[: len(spec) - room]:
+            self._retract(victim)
+
+    def _spec_allowed(self) -> Optional[int]:
+        """Speculative requests this prefill may admit (None: any)."""
+        room = self._spec_room()
+        if room is None:
+            return None
+        primaries_decode = any(not self._is_spec(r) for r in self.running)
+        if primaries_decode and not self.mixed_chunk and all(self._is_spec(r) for r in self.waiting):
+            return 0  # a speculative-only prefill would replace the primaries' decode step
+        return max(room - sum(1 for r in self.running if self._is_spec(r)), 0)
+
     def _admit(self) -> List[_Req]:
         if not self.waiting:
             return []
@@ -299,7 +340,12 @@ class SimPort(EnginePort):
         batch: List[_Req] = []
         budget = self.prefill_chunk
         kv = self._kv_used()
+        spec_left = self._spec_allowed()
         for r in list(self.waiting):
+            if spec_left is not None and self._is_spec(r):
+                if spec_left <= 0:
+                    break  # primaries come first in the queue: nothing after this may be admitted
+                spec_left -= 1
             if len(self.running) + len(batch) >= self.max_running and not self._preempt_for(r):
                 break
             words = r.prefill_words
@@ -322,22 +368,35 @@ class SimPort(EnginePort):
         victim = min(self.running, key=lambda x: (x.priority, -x.seq))
         if victim.priority >= r.priority:
             return False
+        self._retract(victim)
+        return True
+
+    def _retract(self, victim: _Req) -> None:
         self.running.remove(victim)  # retracted: re-prefills its prompt + tokens so far from the cache later
         self.cache.insert(victim.prefill_words)
         self.waiting.append(victim)
         self.metrics.preempted += 1
-        return True
 
     async def _prefill(self, batch: List[_Req]) -> None:
         lens = [len(r.prompt_words) + r.done for r in batch]
         new = sum(n - r.cached for n, r in zip(lens, batch))
         cached = sum(r.cached for r in batch)
         pairs = sum(default_attn_pairs(n - r.cached, r.cached) for n, r in zip(lens, batch))
-        dt = self.cost.prefill_time(new, cached, pairs)
+        decoding = list(self.running) if self.mixed_chunk else []
+        ctx = sum(r.ctx for r in decoding)  # a mixed pass: one more token per running request, reading its context
+        dt = self.cost.prefill_time(new + len(decoding), cached + ctx, pairs + ctx)
         await asyncio.sleep(dt)
         m = self.metrics
         m.prefill_passes += 1
         m.prefill_time += dt
+        for r in decoding:
+            if r not in self.running:  # retracted or finished while the pass ran
+                continue
+            r.done += 1
+            m.generated_tokens += 1
+            if r.done >= r.target:
+                self.running.remove(r)
+                self._finish(r)
         m.prefill_tokens += new
         m.cached_tokens += cached
         for r in batch:
@@ -356,6 +415,9 @@ class SimPort(EnginePort):
 
     async def _decode(self) -> None:
         loop = asyncio.get_running_loop()
+        self._trim_spec()
+        if not self.running:
+            return
         batch = len(self.running)
         n = min(r.target - r.done for r in self.running)
         ctx0 = sum(r.ctx for r in self.running)

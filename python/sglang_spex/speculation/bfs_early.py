@@ -6,7 +6,11 @@ softmax over rewards) over the scores known so far gives that node's predicted w
 rule of its own (ETS: ``predict_keep``, its ILP) first drops the scored nodes that rule would drop. Its children
 up to that width are generated at once. When the real frontier is decided,
 speculative children with index < the real width are kept (hits when the policy asks for them) and every
-other one is cancelled immediately.
+other one is cancelled immediately, with everything speculated below it.
+
+Deeper levels (``bfs_lookahead`` > 1): a speculative child that finished and was scored is itself a node of the
+next depth, so the same prediction runs there (:func:`predicted_levels`): the next depth's known nodes are the
+speculative children inside their parents' predicted widths, and the ones not generated yet count as pending.
 """
 
 from __future__ import annotations
@@ -21,14 +25,19 @@ def remaining_width(width: int, finished_before: int) -> int:
     return max(0, width - finished_before)
 
 
-def predicted_widths(policy: Rebase, level: Sequence[Node], width_left: int) -> Dict[str, int]:
+def child_index(path: str) -> int:
+    """A step node's index among its siblings (the last component of its path)."""
+    return int(path.rsplit(".", 1)[1])
+
+
+def predicted_widths(policy: Rebase, level: Sequence[Node], width_left: int, unseen: int = 0) -> Dict[str, int]:
     """Width per scored, unfinished node of the current depth, from the scores known so far.
 
-    Siblings still generating are counted with the mean known score (they will compete for the same width),
-    so an early finisher is not handed the whole width.
+    Siblings still generating (and ``unseen`` ones not generated yet) are counted with the mean known score (they
+    will compete for the same width), so an early finisher is not handed the whole width.
     """
     cands = [n for n in level if n.status == DONE and not n.is_terminal]
-    pending = sum(1 for n in level if n.status not in (DONE, FAILED, CANCELLED))
+    pending = unseen + sum(1 for n in level if n.status not in (DONE, FAILED, CANCELLED))
     if not cands:
         return {}
     scores = [policy.score(n) for n in cands]
@@ -40,6 +49,27 @@ def predicted_widths(policy: Rebase, level: Sequence[Node], width_left: int) -> 
     out = {n.path: 0 for n in cands}
     for i, w in zip(kept, widths):
         out[cands[i].path] = w
+    return out
+
+
+def predicted_levels(
+    policy: Rebase, level: Sequence[Node], below: Dict[str, List[Node]], width: int, levels: int
+) -> Dict[str, int]:
+    """Predicted widths over ``levels`` depths, the undecided one (``level``, all its nodes) first.
+
+    ``width``: the search's width left above that depth; each depth's terminal nodes take one unit each.
+    ``below``: the speculative children known per parent path. The next depth holds the children inside their
+    parent's predicted width; the rest of its ``width`` nodes are not generated yet (pending)."""
+    out: Dict[str, int] = {}
+    unseen = 0
+    for _ in range(levels):
+        width -= sum(1 for n in level if n.status == DONE and n.is_terminal)
+        if width <= 0 or not level:
+            break
+        widths = predicted_widths(policy, level, width, unseen)
+        out.update({p: w for p, w in widths.items() if w > 0})
+        level = [c for n in level for c in below.get(n.path, ()) if child_index(c.path) < widths.get(n.path, 0)]
+        unseen = max(0, width - len(level))
     return out
 
 

@@ -55,6 +55,7 @@ __all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
 CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
 T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
+MIN_DEEP_HIT_RATE = 0.25  # BFS: a depth below the next one is speculated while its running hit rate is above this
 
 
 class Candidate(NamedTuple):
@@ -103,7 +104,8 @@ class SpexContext(SearchContext):
         self.bfs: Optional[Rebase] = self.policy if isinstance(self.policy, Rebase) else None
         self.mcts: Optional[MCTSPolicy] = self.policy if isinstance(self.policy, MCTSPolicy) else None
         self.next_rollout = 0
-        self._bfs_targets: Dict[str, int] = {}  # BFS: node of the current depth -> predicted width
+        self._bfs_targets: Dict[str, int] = {}  # BFS: node of the undecided depth (or below) -> predicted width
+        self._bfs_depth = 1  # BFS: the depth being generated (its frontier is not decided yet)
         self._cancels: List["asyncio.Future"] = []
         self._finalized = False
         self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
@@ -170,7 +172,7 @@ class SpexContext(SearchContext):
         self._version += 1
         self._note_finished(node)
         if node.status == DONE and not node.is_terminal and self.bfs is not None and self.t1:
-            self._bfs_early(self.bfs, node)
+            self._bfs_early(self.bfs)
         self.pump()
 
     # ---- producers: what to speculate ---------------------------------------------------------------
@@ -242,8 +244,7 @@ class SpexContext(SearchContext):
             return cand.use
         parent, index, distance = cand.parent, cand.index, cand.distance
         if self.bfs is not None:
-            width = self._bfs_targets.get(parent.path, 0)
-            return (width - index) / width if width > 0 else 0.0
+            return self._bfs_use(parent) * self._within_width(parent.path, index)
         hits, issued = self.acc.hit_distance.get(distance, (0, 0))
         return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
 
@@ -279,8 +280,10 @@ class SpexContext(SearchContext):
     def _plan(self, limit: int) -> List[Candidate]:
         out: List[Candidate] = []
         if self.bfs is not None:
-            for parent, width in self._bfs_targets.items():
-                out += self._expansion(self.tree.get(parent), width, 1)
+            for path, width in self._bfs_targets.items():
+                parent = self._finished(path)
+                if parent is not None:
+                    out += self._expansion(parent, width, parent.depth - self._bfs_depth + 1)
             return out[:limit]
         policy = self.mcts
         if policy is None:
@@ -357,20 +360,49 @@ class SpexContext(SearchContext):
         node = self._finished(path)
         return None if node is None or node.is_terminal else node
 
-    def _bfs_early(self, policy: Rebase, node: Node) -> None:
-        """A node of the current depth is scored: predict its width from the scores known so far (a solver-based
-        prediction, ETS's ILP, runs in a thread and applies only if the frontier is still undecided)."""
-        depth = node.depth
-        finished = sum(1 for n in self.tree if 0 < n.depth <= depth and n.status == DONE and n.is_terminal)
-        width_left = bfs_early.remaining_width(policy.width, finished)
+    def _within_width(self, parent: str, index: int) -> float:
+        """BFS: the chance that child ``index`` of ``parent`` falls inside the parent's predicted width."""
+        width = self._bfs_targets.get(parent, 0)
+        return (width - index) / width if width > 0 else 0.0
+
+    def _bfs_use(self, node: Node) -> float:
+        """BFS: the chance that ``node`` is in the baseline's tree (1 for a primary node; a speculative one inside
+        its parent's predicted width, and its parent in the tree)."""
+        if node.path in self.tree.nodes or node.parent is None:
+            return 1.0
+        return self._bfs_use(node.parent) * self._within_width(node.parent.path, bfs_early.child_index(node.path))
+
+    def _bfs_levels(self) -> int:
+        """Depths to predict: the undecided one, plus each next one while its measured hit rate (prior 0.5) says
+        speculating there pays, up to ``bfs_lookahead``."""
+        levels = 1
+        while levels < self.settings.bfs_lookahead:
+            hits, issued = self.acc.hit_distance.get(levels + 1, (0, 0))
+            if running_hit_rate(hits, issued) < MIN_DEEP_HIT_RATE:
+                break
+            levels += 1
+        return levels
+
+    def _bfs_early(self, policy: Rebase) -> None:
+        """A node of the undecided depth (or a speculative one below it) is scored: predict the widths from the
+        scores known so far (a solver-based prediction, ETS's ILP, runs in a thread and applies only if the
+        frontier is still undecided)."""
+        depth = self._bfs_depth
+        finished = sum(1 for n in self.tree if 0 < n.depth < depth and n.status == DONE and n.is_terminal)
+        width = bfs_early.remaining_width(policy.width, finished)
         level = list(self.tree.at_depth(depth))
+        below: Dict[str, List[Node]] = {}
+        for e in self.store:
+            if e.node.kind == KIND_STEP and e.node.depth > depth and e.state != SPEC_CANCELLED:
+                below.setdefault(e.node.parent.path, []).append(e.node)
+        args = (policy, level, below, width, self._bfs_levels())
         if not bfs_early.predict_is_costly(policy):
-            self._set_bfs_targets(bfs_early.predicted_widths(policy, level, width_left))
+            self._set_bfs_targets(bfs_early.predicted_levels(*args))
             return
         epoch = self._bfs_epoch
 
         async def predict() -> None:
-            predicted = await asyncio.to_thread(bfs_early.predicted_widths, policy, level, width_left)
+            predicted = await asyncio.to_thread(bfs_early.predicted_levels, *args)
             if epoch == self._bfs_epoch and not self._finalized:
                 self._set_bfs_targets(predicted)
                 self.pump()
@@ -422,6 +454,8 @@ class SpexContext(SearchContext):
         await self.score_node(node)
         self._version += 1
         self._note_finished(node)
+        if self.bfs is not None and node.kind == KIND_STEP and node.status == DONE and not node.is_terminal:
+            self._bfs_early(self.bfs)  # a node below the undecided depth: predict its width too
         if self.t1:
             asyncio.get_running_loop().call_soon(self.pump)
 
@@ -434,13 +468,15 @@ class SpexContext(SearchContext):
         widths = {n.path: w for n, w in chosen}
         level = [e for e in self.store if e.node.parent is not None and e.node.parent.depth == depth]
         keep, cancel = bfs_early.split_on_frontier(
-            [(e.path, e.node.parent.path, int(e.path.rsplit(".", 1)[1])) for e in level], widths
+            [(e.path, e.node.parent.path, bfs_early.child_index(e.path)) for e in level], widths
         )
         self._bfs_targets = {}
+        self._bfs_depth = depth + 1
         self._bfs_epoch += 1  # predictions still running for the decided depth are stale
         self._version += 1
-        for path in cancel:
-            self._cancel(self.store.pop(path))
+        dropped = tuple(p + "." for p in cancel)
+        for path in cancel + [e.path for e in self.store if e.path.startswith(dropped)]:
+            self._cancel(self.store.pop(path))  # a cancelled child and everything speculated below it
 
     def _cancel(self, entry: Optional[SpecEntry]) -> None:
         if entry is None:

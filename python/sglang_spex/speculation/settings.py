@@ -9,7 +9,15 @@ from sglang_spex.config import COMPONENTS, ConfigError, SpexConfig
 from sglang_spex.tot.search_spec import SearchSpecError
 
 # Fields a search may override (server-wide limits such as k_total and max searches stay the server's).
-OVERRIDABLE = ("enabled", "components", "lookahead", "early_stop", "early_stop_alpha", "early_stop_min_answers")
+OVERRIDABLE = (
+    "enabled",
+    "components",
+    "lookahead",
+    "bfs_lookahead",
+    "early_stop",
+    "early_stop_alpha",
+    "early_stop_min_answers",
+)
 
 
 def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConfig:

@@ -26,8 +26,10 @@ Never slower (the speculative gate, measured here every step, not only by the cl
   requests are retracted and none is admitted (auto-off); it opens again as soon as the primary load drops
   or the live curve stops saying compute-bound.
 - *Spec prefill never delays a primary decode step.* SGLang runs a prefill batch *instead of* the decode
-  step of the running batch. A step that would prefill only speculative requests while primary requests are
-  decoding is therefore turned into that decode step: the waiting speculative requests are held back. They
+  step of the running batch, unless it mixes the two into one forward (``--enable-mixed-chunk``, which the
+  launcher turns on under ``--tot-mixed-prefill``): then the primaries decode in the same step and speculative
+  requests are admitted within the room. Otherwise a step that would prefill only speculative requests while
+  primary requests are decoding is turned into that decode step: the waiting speculative requests are held back. They
   may join a prefill that runs anyway for a primary, after every waiting primary (the waiting queue is put
   primaries first; SGLang's adder stops at the first request that does not fit, so nothing speculative is
   admitted past a primary that waits). A step that admits speculative work while a primary stays waiting is
@@ -279,6 +281,7 @@ class _Census:
     spec_running: int = 0  # live speculative requests of the running batch (+ a speculative chunked request)
     primary_decoding: int = 0  # live primary requests of the running batch
     primary_chunked: bool = False  # a primary is being prefilled in chunks (a prefill runs anyway)
+    mixed: bool = False  # a prefill now would run in one forward with the running batch's decode step
     waiting_spec: List[Any] = field(default_factory=list)
     waiting_primary: List[Any] = field(default_factory=list)
 
@@ -301,6 +304,7 @@ def _census(scheduler: Any, batch: Any) -> _Census:
             c.primary_chunked = True
     for r in sa.waiting(scheduler):
         (c.waiting_spec if is_spec(r) else c.waiting_primary).append(r)
+    c.mixed = bool(c.waiting_spec) and sa.mixes_prefill_with_decode(scheduler, batch, c.waiting_spec)
     return c
 
 
@@ -353,7 +357,8 @@ def _hold_waiting(scheduler: Any, census: _Census, room: Optional[int], running:
     if not spec:
         return []
     prefill_anyway = bool(primary) or census.primary_chunked
-    protect = census.primary_decoding > 0 and not prefill_anyway  # a spec-only prefill would replace their decode
+    # a spec-only prefill would replace their decode step (unless SGLang mixes it into that step)
+    protect = census.primary_decoding > 0 and not prefill_anyway and not census.mixed
     if protect:
         allowed = 0
     elif room is None:
