@@ -4,7 +4,8 @@ Every scheduling step is read back from the batch-stats ring (hook H13) and chec
 
 - a step that prefills speculative work leaves no primary waiting (primaries are admitted first);
 - a step that prefills only speculative work runs while no primary is decoding (it would replace their
-  decode step);
+  decode step), unless SGLang mixes it into their decode step (``--enable-mixed-chunk``, the launcher's default
+  under ``--tot-mixed-prefill``): then it is a mixed step with the decoding primaries in it;
 - a decode step never leaves a primary waiting (nothing speculative delays a primary's admission);
 - the speculative requests in the running batch never exceed the step's room (budget, and the knee minus
   the primary work);
@@ -20,12 +21,22 @@ from typing import Dict, List
 
 import pytest
 import requests
+from server_modes import DEFAULT_MODE, spex_args, start_server
 from srt_hook_util import body, post, sched, wait_idle, wait_running, words
 
 pytestmark = pytest.mark.server
 
 KNEE = 8  # spex_args: --tot-k-total 8 (the scheduler's knee and initial budget)
 PREFILL_MODES = (1, 3)
+MIXED = 3  # the "mode" of a mixed prefill + decode step
+
+
+@pytest.fixture(scope="module")
+def unmixed_server(tiny_model):
+    """The --tot-speculation tiny server with SGLang's prefill replacing decode steps (no mixed chunk)."""
+    srv = start_server([*spex_args(tiny_model), "--tot-mixed-prefill", "off"], DEFAULT_MODE)
+    yield srv
+    srv.stop()
 
 
 def _history(url: str, since: int) -> List[Dict[str, float]]:
@@ -61,7 +72,17 @@ def _waiting_primary(r: Dict[str, float]) -> float:
 
 
 def test_speculation_never_delays_a_primary(spex_server_in_mode):
-    url = spex_server_in_mode.url
+    """Both scheduler loops, with the launcher's default mixed prefill: speculation rides the primaries' steps."""
+    _check_gate(spex_server_in_mode.url)
+
+
+def test_speculation_never_replaces_a_primary_decode_step(unmixed_server):
+    """Without mixed prefill, speculative-only prefill waits for a step that does not decode primaries."""
+    _check_gate(unmixed_server.url)
+
+
+def _check_gate(url: str) -> None:
+    mixed = bool(requests.get(url + "/get_server_info", timeout=60).json()["enable_mixed_chunk"])
     post(url, "/spex/release", {})
     assert post(url, "/spex/budget", {"k": KNEE})["scheduler"]["budget"] == KNEE
     wait_idle(url)
@@ -100,6 +121,7 @@ def test_speculation_never_delays_a_primary(spex_server_in_mode):
     assert not left_waiting, left_waiting[:3]
     replaced_decode = [r for r in prefill_spec if r["n_primary"] == 0 and r["primary_running"] > 0]
     assert not replaced_decode, replaced_decode[:3]
+    beside = [r for r in prefill_spec if r["mode"] == MIXED and r["n_primary"] > 0]
     delayed = [r for r in rows if r["mode"] == 2 and _waiting_primary(r) > 0]
     assert not delayed, delayed[:3]
     over_room = [r for r in rows if r["spec_room"] >= 0 and r["spec_total"] > r["spec_room"]]
@@ -112,7 +134,10 @@ def test_speculation_never_delays_a_primary(spex_server_in_mode):
     at_knee = [r for r in rows if r["knee"] > 0 and r["primary_live"] >= r["knee"]]
     assert at_knee and all(r["spec_total"] == 0 for r in at_knee), at_knee[:3]
     assert after.get("spec_retracted_for_budget", 0) > before.get("spec_retracted_for_budget", 0)
-    assert any(r["decode_protected"] == 1 and r["spec_held"] > 0 for r in rows)
+    if mixed:  # phase 2's speculation was prefilled inside the primaries' decode step, nothing was held for it
+        assert beside and not any(r["decode_protected"] == 1 for r in rows), beside[:3]
+    else:
+        assert not beside and any(r["decode_protected"] == 1 and r["spec_held"] > 0 for r in rows)
     # and back on: speculative requests decoded again after the primaries of phase 1 were gone
     last_at_knee = max(r["step"] for r in at_knee)
     assert any(r["step"] > last_at_knee and r["n_spec"] > 0 for r in rows)

@@ -229,7 +229,7 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        f"{SCHED}:h_preempt_on_kv_short"),
     _T("H7", f"{SCHEDULER}._get_new_batch_prefill_raw", "AROUND", "scheduler",
        "the speculative gate: room = min(budget, knee - primary work), no speculative-only prefill while primaries "
-       "decode, primaries first; a lowered room retracts",
+       "decode unless SGLang mixes it into their decode step, primaries first; a lowered room retracts",
        f"{SCHED}:h_cap_prefill"),
     _T("H8", f"{SCHEDULER}.update_running_batch", "BEFORE", "scheduler",
        "the same budget trim on the decode-only path", f"{SCHED}:h_cap_decode"),
