@@ -68,8 +68,21 @@ DEFAULTS = dict(
 SEARCH_TIMEOUT_S = 1800.0
 
 
+def reward_section(reward: str) -> Dict[str, Any]:
+    """``logprob`` (intrinsic: every node request asks SGLang for its logprobs) or ``verifier:NAME``."""
+    if reward.startswith("verifier:"):
+        return {"type": "verifier", "name": reward.split(":", 1)[1]}
+    return {"type": reward}
+
+
 def build_spec(
-    preset: str, max_depth: int, step_tokens: int, seed: int, task: str = "toy_add", speculation: Optional[dict] = None
+    preset: str,
+    max_depth: int,
+    step_tokens: int,
+    seed: int,
+    task: str = "toy_add",
+    speculation: Optional[dict] = None,
+    reward: str = "logprob",
 ) -> SearchSpec:
     name, knobs = PRESETS[preset]
     policy = {"name": name, **knobs, "max_depth": max_depth}
@@ -86,7 +99,7 @@ def build_spec(
             "prompt_template": PROMPT,
             "max_total_tokens": max_depth * step_tokens,
         },
-        "reward": {"type": "logprob"},
+        "reward": reward_section(reward),
         "answer": {"aggregate": "weighted"},
         "task": task,
         "seed": seed,
@@ -205,9 +218,11 @@ async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode
 def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: int) -> Dict[str, Any]:
     """One run of (policy, concurrency, mode) on the chosen path."""
     if args.client_side:
-        spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task)
+        spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, reward=args.reward)
         return asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total_client))
-    spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, speculation=OVERRIDES[mode])
+    spec = build_spec(
+        policy, args.max_depth, args.step_tokens, seed, args.task, speculation=OVERRIDES[mode], reward=args.reward
+    )
     before = _spex_stats(url)
     row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
     row["trace"] = scheduler_trace(url, before)
@@ -332,6 +347,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--step-tokens", type=int, help="max tokens per step (default 48)")
     ap.add_argument("--repeats", type=int, help="repeats of every cell, modes interleaved (default 3)")
     ap.add_argument("--task", default="rg:chain_sum", help="toy_add or any rg:<reasoning_gym dataset>")
+    ap.add_argument(
+        "--reward",
+        default="logprob",
+        help="logprob (every node asks SGLang for logprobs, which SGLang never mixes into a decode step) "
+        "or verifier:NAME (e.g. verifier:arith, a rule checker: no logprobs)",
+    )
     ap.add_argument("--k-total", default="8", help="the server's --tot-k-total (a number or auto)")
     ap.add_argument("--t3", action="store_true", help="also run SPEX with T3 early stop (changes the search)")
     ap.add_argument("--client-side", action="store_true", help="drive searches over HTTP (HttpPort), not /tot/search")

@@ -86,3 +86,21 @@ def test_overlap_schedule_stays_sglangs_default(tiny_model):
     cfg, rest = parse_args([*model, "--enable-overlap-schedule"])
     with pytest.raises(ConfigError, match="contradict"):
         build_sglang_args(cfg, [*rest, "--disable-overlap-schedule", "--enable-overlap-schedule"], gpu=False)
+
+
+def test_mixed_prefill_is_on_under_tot_speculation_unless_off_or_speculative(tiny_model):
+    """--tot-mixed-prefill (default on) adds SGLang's --enable-mixed-chunk once, on CPU and GPU, but not with
+    --tot-mixed-prefill off, without --tot-speculation, or with a speculative algorithm (SGLang refuses the mix)."""
+    model = ["--model-path", tiny_model]
+
+    def args_for(*flags):
+        cfg, rest = parse_args([*model, *flags])
+        return build_sglang_args(cfg, rest, gpu=False)
+
+    for gpu in (False, True):
+        cfg, rest = parse_args([*model, "--tot-speculation"])
+        assert build_sglang_args(cfg, rest, gpu=gpu).count("--enable-mixed-chunk") == 1
+    assert args_for("--tot-speculation", "--enable-mixed-chunk").count("--enable-mixed-chunk") == 1
+    assert "--enable-mixed-chunk" not in args_for("--tot-speculation", "--tot-mixed-prefill", "off")
+    assert "--enable-mixed-chunk" not in args_for()
+    assert "--enable-mixed-chunk" not in args_for("--tot-speculation", "--speculative-algorithm", "NGRAM")
