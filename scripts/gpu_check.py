@@ -59,6 +59,7 @@ STAGES = (
     "search",
     "cancel_kv",
     "top_p",
+    "mixed",
     "respec_ngram",
     "drafter",
     "respec_eagle3",
@@ -103,6 +104,7 @@ GPU = Sizes(
         "search": 120,
         "cancel_kv": 60,
         "top_p": 60,
+        "mixed": 90,
         "drafter": 240,
         "respec_ngram": 180,
         "respec_eagle3": 180,
@@ -260,7 +262,8 @@ class GpuCheck:
     def stage_server_spex(self) -> Dict[str, Any]:
         srv = self.serve([*self.model_args(), "--tot-speculation", "--enable-metrics"], "spex")
         info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
-        flags = {k: info.get(k) for k in ("disable_overlap_schedule", "disable_cuda_graph", "sampling_backend")}
+        keys = ("disable_overlap_schedule", "disable_cuda_graph", "sampling_backend", "enable_mixed_chunk")
+        flags = {k: info.get(k) for k in keys}
         self.state["server_flags"] = flags
         detail = (
             f"overlap {'off' if flags['disable_overlap_schedule'] else 'on'}, "
@@ -285,7 +288,9 @@ class GpuCheck:
         detail = ", ".join(f"B={b}: {rates[b]:.0f} tok/s" for b in rates)
         return {"_detail": "decode " + detail, "tok_s": rates}
 
-    def _search_body(self, policy: Dict[str, Any], q, speculation: Dict[str, Any], **step: Any) -> Dict[str, Any]:
+    def _search_body(
+        self, policy: Dict[str, Any], q, speculation: Dict[str, Any], reward: str = "logprob", **step: Any
+    ) -> Dict[str, Any]:
         spec = {
             "policy": policy,
             "step": {
@@ -296,7 +301,7 @@ class GpuCheck:
                 "max_total_tokens": 8 * self.sizes.step_tokens,
                 **step,
             },
-            "reward": {"type": "logprob"},
+            "reward": {"type": "verifier", "name": reward.split(":", 1)[1]} if ":" in reward else {"type": reward},
             "answer": {"aggregate": "weighted"},
             "seed": 0,
             "speculation": speculation,
@@ -364,6 +369,27 @@ class GpuCheck:
             detail += "; log mentions a sampling_seed error"
         ok = res.get("status") == "done" and not res.get("failures") and alive
         return {"_fail": not ok, "_detail": detail}
+
+    def stage_mixed(self) -> Dict[str, Any]:
+        """REBASE with a reward that needs no logprobs: speculative prefill runs in SGLang's mixed step (extend, not
+        the decode graph) beside the primaries' decode, and SPEX still returns the baseline's tree."""
+        url = self.need_server("spex")
+        q = get_task("toy_add").questions(1, split="test", seed=3)[0]
+        policy = {"name": "rebase", "width": self.sizes.rebase_width, "max_depth": 3}
+        seq0 = httpx.get(url + "/spex/stats", timeout=60).json()["batch"]["seq"]
+        out = {}
+        for mode, spx in (("baseline", {"enabled": False}), ("spex", {"enabled": True, "components": ["t1", "t2"]})):
+            httpx.post(url + "/flush_cache", timeout=60)
+            body = self._search_body(policy, q, spx, reward="verifier:arith")
+            out[mode] = httpx.post(url + "/tot/search", json=body, timeout=0.8 * self.sizes.timeouts["mixed"]).json()
+        rows = httpx.get(url + "/spex/stats", params={"history_since": seq0}, timeout=60).json()["batch"]["history"]
+        mixed = sum(1 for r in rows["rows"] if r["mode"] == 3 and r["n_spec"] > 0 and r["n_primary"] > 0)
+        same = _tree(out["baseline"]) == _tree(out["spex"])
+        done = all(r.get("status") == "done" for r in out.values())
+        flags = self.state.get("server_flags", {})
+        detail = f"enable_mixed_chunk={flags.get('enable_mixed_chunk')}; REBASE-{policy['width']} verifier reward: "
+        detail += f"same tree {same}, {mixed} mixed steps with speculative prefill, server {'up' if _healthy(url) else 'DOWN'}"
+        return {"_fail": not (same and done and _healthy(url)), "_detail": detail, "mixed_spec_steps": mixed}
 
     def stage_drafter(self) -> Dict[str, Any]:
         if self.dry:
