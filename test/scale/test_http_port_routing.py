@@ -120,3 +120,15 @@ async def test_a_router_error_loses_the_search_and_later_requests_fail_at_once()
     with pytest.raises(httpx.HTTPStatusError):
         await plain.generate(_req("s"))
     assert not plain.lost
+
+
+def test_pooled_connections_expire_before_sglang_closes_them():
+    """An idle connection SGLang's uvicorn is closing (its keep-alive timeout) must never be reused: a request sent
+    on it fails with a read error and the search would be taken for lost (64 concurrent client-side searches lost
+    2-3 that way before the pool's expiry was set below the server's)."""
+    from sglang.srt.environ import envs
+
+    port = HttpPort("http://server:1")
+    pool = port.client._transport._pool
+    assert pool._keepalive_expiry < envs.SGLANG_TIMEOUT_KEEP_ALIVE.get() - 1.0
+    asyncio.run(port.client.aclose())

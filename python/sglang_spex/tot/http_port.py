@@ -26,9 +26,18 @@ import httpx
 from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
 from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
 
+# An idle pooled connection is dropped before the server closes it (SGLang's uvicorn: SGLANG_TIMEOUT_KEEP_ALIVE,
+# 5 s; httpx's own default is also 5 s): otherwise a request sent on a connection the server is closing fails with
+# a read error although the server is fine, and the search would be taken for lost.
+KEEPALIVE_EXPIRY_S = 2.0
 WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts and control calls
 LOST_STATUS = (502, 503, 504)  # no worker reached (any proxy)
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
+
+
+def pool_limits(max_connections: Optional[int] = None) -> httpx.Limits:
+    """Connection-pool limits for a long-lived client of an SGLang server (idle connections expire first)."""
+    return httpx.Limits(max_connections=max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S)
 
 
 class WorkerLost(EngineLost):
@@ -46,9 +55,7 @@ class HttpPort(EnginePort):
     ):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self.client = client or httpx.AsyncClient(
-            timeout=timeout, limits=httpx.Limits(max_connections=256), headers=headers
-        )
+        self.client = client or httpx.AsyncClient(timeout=timeout, limits=pool_limits(256), headers=headers)
         self.inflight: Set[str] = set()
         self.affinity = affinity
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import httpx
 
+from sglang_spex.tot.http_port import pool_limits
 from sglang_spex.tot.tree import Node
 from sglang_spex.tot.validation import check
 
@@ -143,7 +144,7 @@ class _HttpReward(Reward):
     def __init__(self, url: str, client: Optional[httpx.AsyncClient] = None):
         self.url = url.rstrip("/")
         self._own = client is None
-        self.client = client or httpx.AsyncClient(timeout=None)
+        self.client = client or httpx.AsyncClient(timeout=None, limits=pool_limits())
 
     async def close(self) -> None:
         if self._own:
