@@ -395,8 +395,9 @@ class SpexContext(SearchContext):
         for e in self.store:
             if e.node.kind == KIND_STEP and e.node.depth > depth and e.state != SPEC_CANCELLED:
                 below.setdefault(e.node.parent.path, []).append(e.node)
-        args = (policy, level, below, width, self._bfs_levels())
-        if not bfs_early.predict_is_costly(policy):
+        costly = bfs_early.predict_is_costly(policy)  # a solver per depth: only the undecided one (in a thread)
+        args = (policy, level, below, width, 1 if costly else self._bfs_levels())
+        if not costly:
             self._set_bfs_targets(bfs_early.predicted_levels(*args))
             return
         epoch = self._bfs_epoch
@@ -454,8 +455,10 @@ class SpexContext(SearchContext):
         await self.score_node(node)
         self._version += 1
         self._note_finished(node)
-        if self.bfs is not None and node.kind == KIND_STEP and node.status == DONE and not node.is_terminal:
-            self._bfs_early(self.bfs)  # a node below the undecided depth: predict its width too
+        bfs = self.bfs
+        if bfs is not None and not bfs_early.predict_is_costly(bfs) and node.status == DONE and not node.is_terminal:
+            if node.kind == KIND_STEP:
+                self._bfs_early(bfs)  # a node below the undecided depth: predict its width too
         if self.t1:
             asyncio.get_running_loop().call_soon(self.pump)
 
