@@ -41,6 +41,7 @@ from sglang_spex.speculation.runner import SpecBudget, context_factory
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.policies import PRESETS
 from sglang_spex.tot.result import SearchResult
+from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import run_batch
 from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tasks import get_task
@@ -66,13 +67,6 @@ DEFAULTS = dict(
     policies="rebase-8,rebase-16,rstar-10", concurrency="1,2,4", questions=4, max_depth=4, step_tokens=48, repeats=3
 )
 SEARCH_TIMEOUT_S = 1800.0
-
-
-def reward_section(reward: str) -> Dict[str, Any]:
-    """``logprob`` (intrinsic: every node request asks SGLang for its logprobs) or ``verifier:NAME``."""
-    if reward.startswith("verifier:"):
-        return {"type": "verifier", "name": reward.split(":", 1)[1]}
-    return {"type": reward}
 
 
 def build_spec(

@@ -30,6 +30,7 @@ import httpx
 from sglang_spex.profile.cache import PLAIN, Point, Profile
 from sglang_spex.respec.profiler import SpecConfig
 from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,7 +302,7 @@ class GpuCheck:
                 "max_total_tokens": 8 * self.sizes.step_tokens,
                 **step,
             },
-            "reward": {"type": "verifier", "name": reward.split(":", 1)[1]} if ":" in reward else {"type": reward},
+            "reward": reward_section(reward),
             "answer": {"aggregate": "weighted"},
             "seed": 0,
             "speculation": speculation,

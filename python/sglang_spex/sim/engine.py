@@ -316,8 +316,10 @@ class SimPort(EnginePort):
     def _trim_spec(self) -> None:
         """Retract the running speculative requests above the gate's room (they re-prefill from the cache later)."""
         room = self._spec_room()
+        if room is None:
+            return
         spec = [r for r in self.running if self._is_spec(r)]
-        if room is None or len(spec) <= room:
+        if len(spec) <= room:
             return
         spec.sort(key=lambda r: (r.priority, r.done))
         for victim in spec[: len(spec) - room]:
@@ -389,14 +391,9 @@ class SimPort(EnginePort):
         m = self.metrics
         m.prefill_passes += 1
         m.prefill_time += dt
-        for r in decoding:
-            if r not in self.running:  # retracted or finished while the pass ran
-                continue
-            r.done += 1
-            m.generated_tokens += 1
-            if r.done >= r.target:
-                self.running.remove(r)
-                self._finish(r)
+        decoded = [r for r in decoding if r in self.running]  # not retracted or finished while the pass ran
+        m.generated_tokens += len(decoded)
+        self._advance(decoded, 1)
         m.prefill_tokens += new
         m.cached_tokens += cached
         for r in batch:
@@ -435,7 +432,11 @@ class SimPort(EnginePort):
             await asyncio.sleep(max(float(cum[k]) - (loop.time() - t0), 0.0))
             k += 1
         self._account(batch, cum[:k])
-        for r in list(self.running):
+        self._advance(list(self.running), k)
+
+    def _advance(self, reqs: List[_Req], k: int) -> None:
+        """``k`` more tokens for each running request of ``reqs``; those done leave the batch."""
+        for r in reqs:
             r.done += k
             if r.done >= r.target:
                 self.running.remove(r)

@@ -456,9 +456,9 @@ class SpexContext(SearchContext):
         self._version += 1
         self._note_finished(node)
         bfs = self.bfs
-        if bfs is not None and not bfs_early.predict_is_costly(bfs) and node.status == DONE and not node.is_terminal:
-            if node.kind == KIND_STEP:
-                self._bfs_early(bfs)  # a node below the undecided depth: predict its width too
+        if bfs is not None and node.kind == KIND_STEP and node.status == DONE and not node.is_terminal:
+            if not bfs_early.predict_is_costly(bfs):  # a node below the undecided depth: predict its width too
+                self._bfs_early(bfs)
         if self.t1:
             asyncio.get_running_loop().call_soon(self.pump)
 

@@ -281,7 +281,6 @@ class _Census:
     spec_running: int = 0  # live speculative requests of the running batch (+ a speculative chunked request)
     primary_decoding: int = 0  # live primary requests of the running batch
     primary_chunked: bool = False  # a primary is being prefilled in chunks (a prefill runs anyway)
-    mixed: bool = False  # a prefill now would run in one forward with the running batch's decode step
     waiting_spec: List[Any] = field(default_factory=list)
     waiting_primary: List[Any] = field(default_factory=list)
 
@@ -304,7 +303,6 @@ def _census(scheduler: Any, batch: Any) -> _Census:
             c.primary_chunked = True
     for r in sa.waiting(scheduler):
         (c.waiting_spec if is_spec(r) else c.waiting_primary).append(r)
-    c.mixed = bool(c.waiting_spec) and sa.mixes_prefill_with_decode(scheduler, batch, c.waiting_spec)
     return c
 
 
@@ -349,7 +347,7 @@ def _trim_to_room(scheduler: Any, batch: Any, room: Optional[int], running: int)
     return victims
 
 
-def _hold_waiting(scheduler: Any, census: _Census, room: Optional[int], running: int) -> List[Any]:
+def _hold_waiting(scheduler: Any, batch: Any, census: _Census, room: Optional[int], running: int) -> List[Any]:
     """Take the waiting speculative requests this step may not admit out of the queue (returned, in order);
     the rest stay behind every waiting primary. ``running``: live speculative requests after the trim."""
     state = state_of(scheduler)
@@ -357,8 +355,10 @@ def _hold_waiting(scheduler: Any, census: _Census, room: Optional[int], running:
     if not spec:
         return []
     prefill_anyway = bool(primary) or census.primary_chunked
-    # a spec-only prefill would replace their decode step (unless SGLang mixes it into that step)
-    protect = census.primary_decoding > 0 and not prefill_anyway and not census.mixed
+    # a spec-only prefill would replace their decode step, unless SGLang mixes it into that step
+    protect = (
+        census.primary_decoding > 0 and not prefill_anyway and not sa.mixes_prefill_with_decode(scheduler, batch, spec)
+    )
     if protect:
         allowed = 0
     elif room is None:
@@ -383,7 +383,7 @@ def _gate_prefill(scheduler: Any, running_batch: Any) -> Tuple[List[Any], List[A
     census = _census(scheduler, running_batch)
     room = spec_room(state_of(scheduler), census)
     victims = _trim_to_room(scheduler, running_batch, room, census.spec_running)
-    return victims, _hold_waiting(scheduler, census, room, census.spec_running - len(victims))
+    return victims, _hold_waiting(scheduler, running_batch, census, room, census.spec_running - len(victims))
 
 
 def _check_order(scheduler: Any, result: Any) -> None:

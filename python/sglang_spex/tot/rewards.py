@@ -64,6 +64,13 @@ class RewardConfig:
             )
 
 
+def reward_section(name: str) -> Dict[str, Any]:
+    """A search spec's ``reward`` section from a short name: a reward type (``logprob``) or ``verifier:NAME``."""
+    if name.startswith("verifier:"):
+        return {"type": "verifier", "name": name.split(":", 1)[1]}
+    return {"type": name}
+
+
 def register_verifier(name: str) -> Callable[[VerifierFn], VerifierFn]:
     """Register ``fn(question, steps) -> float`` (``steps``: the trajectory's step texts, last = the node)."""
 
