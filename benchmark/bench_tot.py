@@ -14,6 +14,12 @@ repeats), the radix cache flushed before each run. Reported per cell: median q/m
 min–max of the per-repeat SPEX/baseline q/min ratio, hits/issued, wasted tokens, per-query p50/p99 completion
 time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
 
+The server runs in float32 by default (``--dtype``): SGLang's CPU logits are then independent of the batch's
+shape, so with T3 off SPEX and the baseline grow the *same tree* (seeded nodes, same tokens) and the ratio is pure
+scheduling; every cell reports whether that held (``same tree``). In bfloat16 (the users' dtype) a node's tokens
+depend on what it was batched with, so two runs of one mode already grow different trees (±10% tokens at 8
+queries) and a ratio mixes scheduling with tree luck.
+
     .venv/bin/python benchmark/bench_tot.py --task rg:chain_sum --policies rebase-8,rebase-16,rstar-10 \
         --concurrency 1,2,4 --max-depth 4 --step-tokens 48 --repeats 3
     .venv/bin/python benchmark/bench_tot.py --quick      # smoke test (about a minute)
@@ -179,16 +185,20 @@ async def run_server_side(
     return results, latencies, time.monotonic() - t0, flushed
 
 
+RATES = ("hit_rate",)  # per-search ratios in a search's accounting: recomputed over the run, never summed
+
+
 def _summary(
     results: Sequence[SearchResult], latencies: Sequence[float], wall: float, flush_wait_s: float = 0.0
 ) -> Dict[str, Any]:
     acc: Dict[str, Any] = {}
     for r in results:
         for key, value in (r.speculation or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in RATES:
                 acc[key] = acc.get(key, 0) + value
     if acc:
         acc["early_stops"] = sum(bool((r.speculation or {}).get("early_stopped")) for r in results)
+        acc["hit_rate"] = round(acc["hits"] / acc["issued"], 4) if acc.get("issued") else 0.0
     return {
         "wall_s": round(wall, 2),
         "q_per_min": round(len(results) / wall * 60, 3),
@@ -269,11 +279,17 @@ def _tps(row: Dict[str, Any]) -> float:
     return row["tokens"] / row["wall_s"] if row.get("wall_s") else 0.0
 
 
+def tree_key(row: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What two runs that grew the same trees agree on: tokens generated and every answer."""
+    return row["tokens"], tuple(row["answers"])
+
+
 def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One line per (policy, concurrency, mode): medians over repeats, the per-repeat ratio to the baseline of
     the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time."""
     base = {(r["policy"], r["concurrency"], r["repeat"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
     base_tps = {(r["policy"], r["concurrency"], r["repeat"]): _tps(r) for r in rows if r["mode"] == "baseline"}
+    base_tree = {(r["policy"], r["concurrency"], r["repeat"]): tree_key(r) for r in rows if r["mode"] == "baseline"}
     cells: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
     for r in rows:
         cells.setdefault((r["policy"], r["concurrency"], r["mode"]), []).append(r)
@@ -287,6 +303,8 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         ]
         lat = [x for r in rs for x in r["latencies_s"]]
         spec = [r["speculation"] for r in rs if r["speculation"]]
+        paired = [r for r in rs if (policy, conc, r["repeat"]) in base_tree]
+        same = [tree_key(r) == base_tree[(policy, conc, r["repeat"])] for r in paired]
 
         def total(key: str) -> int:
             return int(sum(s.get(key, 0) for s in spec))
@@ -305,6 +323,7 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "tokens": int(statistics.median(r["tokens"] for r in rs)),
                 "tokens_per_s": round(statistics.median(_tps(r) for r in rs), 2),
                 "tokens_per_s_ratio": round(statistics.median(tps_ratios), 3) if tps_ratios else None,
+                "same_tree": f"{sum(same)}/{len(same)}",
                 "hits": total("hits"),
                 "issued": total("issued"),
                 "wasted_tokens": total("wasted_tokens"),
@@ -320,14 +339,14 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def print_table(summary: List[Dict[str, Any]]) -> None:
     print(
         f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio (min-max)':>18} {'acc':>5} {'tokens':>7} "
-        f"{'tok/s x':>7} {'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7}"
+        f"{'tok/s x':>7} {'same tree':>9} {'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7}"
     )
     for s in summary:
         ratio = f"{s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})" if s["ratio"] is not None else "-"
         hits = f"{s['hits']}/{s['issued']}" if s["issued"] else "-"
         print(
             f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {s['q_per_min']:>7.2f} {ratio:>18} "
-            f"{s['accuracy']:>5.2f} {s['tokens']:>7} {s['tokens_per_s_ratio'] or 0:>7.2f} {hits:>12} {s['wasted_tokens']:>7} "
+            f"{s['accuracy']:>5.2f} {s['tokens']:>7} {s['tokens_per_s_ratio'] or 0:>7.2f} {s.get('same_tree', '-'):>9} {hits:>12} {s['wasted_tokens']:>7} "
             f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7}"
         )
 
@@ -346,6 +365,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="logprob",
         help="logprob (every node asks SGLang for logprobs, which SGLang never mixes into a decode step) "
         "or verifier:NAME (e.g. verifier:arith, a rule checker: no logprobs)",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        help="the server's --dtype: float32 (default; batch-shape-independent logits, so SPEX with T3 off grows the "
+        "baseline's tree) or bfloat16 (the users' dtype; trees differ run to run)",
     )
     ap.add_argument("--k-total", default="8", help="the server's --tot-k-total (a number or auto)")
     ap.add_argument("--t3", action="store_true", help="also run SPEX with T3 early stop (changes the search)")
@@ -382,7 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     modes = ["baseline", "spex_t1t2"] + (["spex_t1t2t3"] if args.t3 else [])
     n_questions = max([args.questions, *concs])
     questions = get_task(args.task).questions(n_questions, split="test", seed=args.seed)
-    server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), *args.server_arg]
+    server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), "--dtype", args.dtype, *args.server_arg]
     server = None if args.url else ServerProcess(server_args).start()
     url = args.url or server.url
     rows: List[Dict[str, Any]] = []
@@ -416,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "path": "client-side (HttpPort)" if args.client_side else "server-side (POST /tot/search)",
         "baseline": "same --tot-speculation server, per-search speculation.enabled=false",
         "args": {k: v for k, v in vars(args).items() if k != "k_total_client"},
-        "source": "real CPU SGLang server, SmolLM2-135M" if not args.url else f"server at {args.url}",
+        "source": f"real CPU SGLang server, SmolLM2-135M ({args.dtype})" if not args.url else f"server at {args.url}",
     }
     out = {"meta": meta, "summary": summary, "rows": rows}
     write(args.out, out)

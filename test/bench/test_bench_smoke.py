@@ -53,7 +53,7 @@ def test_every_benchmark_has_help(script, monkeypatch, capsys):
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
-def _row(policy, conc, mode, rep, qpm, lat, spec=None):
+def _row(policy, conc, mode, rep, qpm, lat, spec=None, tokens=100):
     return {
         "policy": policy,
         "concurrency": conc,
@@ -61,7 +61,8 @@ def _row(policy, conc, mode, rep, qpm, lat, spec=None):
         "repeat": rep,
         "q_per_min": qpm,
         "accuracy": 0.5,
-        "tokens": 100,
+        "tokens": tokens,
+        "answers": ["4", "7"],
         "latencies_s": lat,
         "speculation": spec,
     }
@@ -80,6 +81,30 @@ def test_bench_tot_summary_pairs_each_repeat_with_its_baseline():
     assert spex["q_per_min"] == 15.0 and base["ratio"] == 1.0
     assert (spex["hits"], spex["issued"], spex["wasted_tokens"]) == (6, 9, 15)
     assert spex["latency_p50_s"] == 3.5 and base["latency_p50_s"] == 6.5 and spex["latency_p99_s"] <= 4.0
+    assert spex["same_tree"] == "3/3"
+
+
+def test_bench_tot_reports_a_run_that_grew_another_tree():
+    import bench_tot
+
+    rows = [_row("rebase-8", 8, "baseline", rep, 10.0, [1.0]) for rep in range(2)]
+    rows += [_row("rebase-8", 8, "spex_t1t2", 0, 10.0, [1.0]), _row("rebase-8", 8, "spex_t1t2", 1, 9.0, [1.0], tokens=90)]
+    spex = {r["mode"]: r for r in bench_tot.summarise(rows)}["spex_t1t2"]
+    assert spex["same_tree"] == "1/2"
+
+
+def test_bench_tot_run_hit_rate_is_over_the_run_not_summed_per_search():
+    import bench_tot
+    from sglang_spex.tot.result import SearchResult
+
+    def result(hits, issued):
+        return SearchResult(
+            "s", "q", "rebase", "done", "1", None, None, [], [], 10, 2, 1.0,
+            speculation={"hits": hits, "issued": issued, "hit_rate": hits / issued},
+        )
+
+    acc = bench_tot._summary([result(3, 4), result(1, 4)], [1.0, 1.0], 2.0)["speculation"]
+    assert (acc["hits"], acc["issued"], acc["hit_rate"]) == (4, 8, 0.5)
 
 
 def test_bench_tot_cli_defaults_and_quick():
