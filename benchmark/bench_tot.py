@@ -51,6 +51,7 @@ from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import run_batch
 from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tasks import get_task
+from sglang_spex.tot.tree import DONE
 
 PROMPT = (
     "<|im_start|>system\nSolve the problem step by step, one short step per paragraph. "
@@ -185,6 +186,17 @@ async def run_server_side(
     return results, latencies, time.monotonic() - t0, flushed
 
 
+def critical_path(result: SearchResult) -> int:
+    """Tokens on the search's longest root-to-node chain: the decode steps it needs even if every node started
+    the moment its parent finished (speculation's best case)."""
+    return max((n["cum_tokens"] for n in result.nodes if n["status"] == DONE), default=0)
+
+
+def steps_bound(paths: Sequence[int], concurrency: int) -> float:
+    """A lower bound on a run's decode steps: each query needs its critical path, ``concurrency`` at a time."""
+    return max(max(paths, default=0), sum(paths) / max(concurrency, 1))
+
+
 RATES = ("hit_rate",)  # per-search ratios in a search's accounting: recomputed over the run, never summed
 
 
@@ -208,6 +220,7 @@ def _summary(
         "answers": [r.answer for r in results],
         "statuses": sorted({r.status for r in results}),
         "latencies_s": [round(x, 3) for x in latencies],
+        "critical_path_tokens": [critical_path(r) for r in results],
         "flush_wait_s": round(flush_wait_s, 2) if flush_wait_s != float("inf") else "unflushed",
         "speculation": acc or None,
     }
@@ -279,6 +292,26 @@ def _tps(row: Dict[str, Any]) -> float:
     return row["tokens"] / row["wall_s"] if row.get("wall_s") else 0.0
 
 
+def _time_split(rs: List[Dict[str, Any]], conc: int) -> Dict[str, Any]:
+    """Where a cell's time went (medians over repeats): decode steps and their mean time, prefill seconds, and
+    the decode-step bound of its trees (:func:`steps_bound`; the baseline's steps over it bound any speedup that
+    comes from running fewer decode steps)."""
+    traced = [r for r in rs if r.get("trace") and r["trace"].get("decode_steps")]
+    if not traced:
+        return {}
+    med = statistics.median
+    out = {
+        "decode_steps": med(r["trace"]["decode_steps"] for r in traced),
+        "decode_ms": round(med(1e3 * r["trace"]["decode_s"] / r["trace"]["decode_steps"] for r in traced), 1),
+        "prefill_s": round(med(r["trace"]["prefill_s"] for r in traced), 2),
+        "mean_decode_batch": round(med(r["trace"]["mean_decode_batch"] for r in traced), 2),
+    }
+    bounds = [steps_bound(r["critical_path_tokens"], conc) for r in traced if r.get("critical_path_tokens")]
+    if bounds:
+        out["steps_bound"] = round(med(bounds), 1)
+    return out
+
+
 def tree_key(row: Dict[str, Any]) -> Tuple[Any, ...]:
     """What two runs that grew the same trees agree on: tokens generated and every answer."""
     return row["tokens"], tuple(row["answers"])
@@ -324,6 +357,7 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "tokens_per_s": round(statistics.median(_tps(r) for r in rs), 2),
                 "tokens_per_s_ratio": round(statistics.median(tps_ratios), 3) if tps_ratios else None,
                 "same_tree": f"{sum(same)}/{len(same)}",
+                **_time_split(rs, conc),
                 "hits": total("hits"),
                 "issued": total("issued"),
                 "wasted_tokens": total("wasted_tokens"),
@@ -348,6 +382,27 @@ def print_table(summary: List[Dict[str, Any]]) -> None:
             f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {s['q_per_min']:>7.2f} {ratio:>18} "
             f"{s['accuracy']:>5.2f} {s['tokens']:>7} {s['tokens_per_s_ratio'] or 0:>7.2f} {s.get('same_tree', '-'):>9} {hits:>12} {s['wasted_tokens']:>7} "
             f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7}"
+        )
+
+
+def print_time_split(summary: List[Dict[str, Any]]) -> None:
+    """Where the time goes, per cell: SPEX vs baseline decode steps, ms per decode step, prefill seconds, and the
+    critical-path bound on decode steps (baseline steps / bound = the most fewer steps could give)."""
+    base = {(s["policy"], s["concurrency"]): s for s in summary if s["mode"] == "baseline"}
+    print(
+        f"\n{'policy':10} {'conc':>4} {'mode':12} {'decode steps':>14} {'ms/step':>13} {'batch':>11} "
+        f"{'prefill s':>13} {'path bound':>10} {'max x':>6}"
+    )
+    for s in summary:
+        b = base.get((s["policy"], s["concurrency"]))
+        if s["mode"] == "baseline" or b is None or "decode_steps" not in s or "decode_steps" not in b:
+            continue
+        bound = b.get("steps_bound")
+        best = f"{b['decode_steps'] / bound:.2f}" if bound else "-"
+        print(
+            f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {b['decode_steps']:>6g} -> {s['decode_steps']:<5g} "
+            f"{b['decode_ms']:>5} -> {s['decode_ms']:<5} {b['mean_decode_batch']:>4} -> {s['mean_decode_batch']:<4} "
+            f"{b['prefill_s']:>5} -> {s['prefill_s']:<5} {bound or '-':>10} {best:>6}"
         )
 
 
@@ -401,6 +456,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         data = json.loads(Path(args.summarise).read_text())
         data["summary"] = summarise(data["rows"])
         print_table(data["summary"])
+        print_time_split(data["summary"])
         return data
     policies = args.policies.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
@@ -433,6 +489,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             server.stop()
     summary = summarise(rows)
     print_table(summary)
+    print_time_split(summary)
     meta = {
         "host_cpus": os.cpu_count(),
         "load_avg_at_end": os.getloadavg(),

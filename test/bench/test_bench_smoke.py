@@ -88,18 +88,33 @@ def test_bench_tot_reports_a_run_that_grew_another_tree():
     import bench_tot
 
     rows = [_row("rebase-8", 8, "baseline", rep, 10.0, [1.0]) for rep in range(2)]
-    rows += [_row("rebase-8", 8, "spex_t1t2", 0, 10.0, [1.0]), _row("rebase-8", 8, "spex_t1t2", 1, 9.0, [1.0], tokens=90)]
+    rows += [
+        _row("rebase-8", 8, "spex_t1t2", 0, 10.0, [1.0]),
+        _row("rebase-8", 8, "spex_t1t2", 1, 9.0, [1.0], tokens=90),
+    ]
     spex = {r["mode"]: r for r in bench_tot.summarise(rows)}["spex_t1t2"]
     assert spex["same_tree"] == "1/2"
 
 
 def test_bench_tot_run_hit_rate_is_over_the_run_not_summed_per_search():
     import bench_tot
+
     from sglang_spex.tot.result import SearchResult
 
     def result(hits, issued):
         return SearchResult(
-            "s", "q", "rebase", "done", "1", None, None, [], [], 10, 2, 1.0,
+            "s",
+            "q",
+            "rebase",
+            "done",
+            "1",
+            None,
+            None,
+            [],
+            [],
+            10,
+            2,
+            1.0,
             speculation={"hits": hits, "issued": issued, "hit_rate": hits / issued},
         )
 
@@ -119,3 +134,20 @@ def test_bench_tot_cli_defaults_and_quick():
         bench_tot.parse_args(["--client-side", "--k-total", "auto"])
     spec = bench_tot.build_spec("rebase-8", 2, 8, 0, "rg:chain_sum", speculation=bench_tot.OVERRIDES["baseline"])
     assert spec.speculation == {"enabled": False} and spec.to_dict()["task"] == "rg:chain_sum"
+
+
+def test_bench_tot_critical_path_bound():
+    import bench_tot
+
+    from sglang_spex.tot.result import SearchResult
+
+    nodes = [
+        {"cum_tokens": 10, "status": "done"},
+        {"cum_tokens": 30, "status": "done"},
+        {"cum_tokens": 50, "status": "cancelled"},  # never finished: not on the search's path
+    ]
+    r = SearchResult("s", "q", "rebase", "done", "1", None, None, [], nodes, 40, 3, 1.0)
+    assert bench_tot.critical_path(r) == 30
+    assert bench_tot.steps_bound([30, 20, 10], 1) == 60  # one at a time: the paths add up
+    assert bench_tot.steps_bound([30, 20, 10], 4) == 30  # all at once: the longest path
+    assert bench_tot.steps_bound([30, 30, 30, 30], 2) == 60

@@ -166,3 +166,41 @@ def test_one_split_per_event_loop_round_and_a_changed_demand_held_by_its_cap_spl
     assert asked[1] == [1] * 8
     assert asked[2] == [2] * 8  # re-split (a SpexContext answers an unchanged demand from its cache)
     assert asked[3] == [3] * 8  # a new round splits again
+
+
+class InflightCounting(CountingQuery):
+    """... counting how often the budget reads its in-flight primaries (the room below the knee)."""
+
+    def __init__(self, qid: str):
+        super().__init__(qid)
+        self.reads, self._inflight = 0, set()
+
+    @property
+    def inflight(self):
+        self.reads += 1
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value):
+        self._inflight = value
+
+
+def test_the_room_below_the_knee_is_read_once_per_event_loop_round():
+    budget = SpecBudget(4, engine_primary=lambda: 9)  # no room: every refill is refused
+    queries = [InflightCounting(f"q{i}") for i in range(16)]
+    for q in queries:
+        budget.register(q)
+
+    async def rounds():
+        for _ in range(3):  # 3 refills per search per round
+            for q in queries:
+                assert budget.share(q) == 0
+        reads = sum(q.reads for q in queries)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        budget.share(queries[0])  # a new round reads the room again
+        return reads, sum(q.reads for q in queries)
+
+    first, second = asyncio.run(rounds())
+    assert first == 16  # once per search, not once per search per refill (48 refills)
+    assert second == 32

@@ -29,6 +29,7 @@ from sglang_spex.tot.engine import ROLE_PRIMARY, ROLE_SPEC, parse_rid
 
 STATE_ATTR = "spex_state"  # the plugin's per-scheduler state, on the Scheduler and on its tree cache
 _CLASS_ATTR = "_spex_class"  # (role, search id, node path) cached on a Req
+_SPEC_ATTR = "_spex_is_spec"  # its role == ROLE_SPEC, cached beside it (read per request per step)
 
 ReqClass = Tuple[str, Optional[str], str]
 
@@ -91,19 +92,25 @@ def classify(req: Any) -> ReqClass:
     cached = getattr(req, _CLASS_ATTR, None)
     if cached is None:
         cached = _classify(req)
-        setattr(req, _CLASS_ATTR, cached)
+        _set_class(req, cached)
     return cached
 
 
+def _set_class(req: Any, cls: ReqClass) -> None:
+    setattr(req, _CLASS_ATTR, cls)
+    setattr(req, _SPEC_ATTR, cls[0] == ROLE_SPEC)
+
+
 def is_spec(req: Any) -> bool:
-    """Whether ``req`` is speculative (called per request per step: the cached class is read inline)."""
-    return (getattr(req, _CLASS_ATTR, None) or classify(req))[0] == ROLE_SPEC
+    """Whether ``req`` is speculative (called per request per step: one cached attribute read)."""
+    flag = getattr(req, _SPEC_ATTR, None)
+    return classify(req)[0] == ROLE_SPEC if flag is None else flag
 
 
 def make_primary(req: Any, priority: int) -> None:
     """Re-classify a speculative request as primary with ``priority``."""
     _, search, node = classify(req)
-    setattr(req, _CLASS_ATTR, (ROLE_PRIMARY, search, node))
+    _set_class(req, (ROLE_PRIMARY, search, node))
     req.priority = priority
 
 

@@ -253,6 +253,7 @@ class SpecBudget:
         # cached for the current event-loop round, per rank: the split, the engine load, clocks started
         self._round: Dict[Rank, _RoundSplit] = {}
         self._load: Dict[Rank, Optional[int]] = {}
+        self._avail: Dict[Rank, int] = {}
         self._clocks_started: Set[Rank] = set()
         self._by_rank: Optional[Dict[Rank, List[BudgetClient]]] = None
         self._round_end_scheduled = False
@@ -260,12 +261,14 @@ class SpecBudget:
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
         self._round.clear()
+        self._avail.clear()
         self._by_rank = None
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
         self._starved_since.pop(ctx.search_id, None)
         self._round.clear()
+        self._avail.clear()
         self._by_rank = None
 
     def on_rank(self, rank: Rank) -> List[BudgetClient]:
@@ -280,12 +283,18 @@ class SpecBudget:
         return groups.get(rank, [])
 
     def available(self, rank: Rank = None) -> int:
-        """k_total is the knee concurrency: speculation fills what primary work leaves below it (on ``rank``)."""
+        """k_total is the knee concurrency: speculation fills what primary work leaves below it (on ``rank``).
+        Read once per event-loop round, like the engine's load (a refill in the same round sees the same room)."""
+        if rank in self._avail:
+            return self._avail[rank]
         primary = sum(len(c.inflight) for c in self.on_rank(rank))
         if self.engine_primary is not None:
             live = self._engine_load(rank)
             primary = max(primary, live) if live is not None else primary
-        return effective_k_total(self.k_total, primary, knee=self.k_total)
+        room = effective_k_total(self.k_total, primary, knee=self.k_total)
+        if self._end_round_soon():
+            self._avail[rank] = room
+        return room
 
     def _engine_load(self, rank: Rank) -> Optional[int]:
         """A rank's live primary load, read once per event-loop round (it changes once per scheduler step)."""
@@ -310,6 +319,7 @@ class SpecBudget:
     def _end_round(self) -> None:
         self._round.clear()
         self._load.clear()
+        self._avail.clear()
         self._clocks_started.clear()
         self._by_rank = None
         self._round_end_scheduled = False

@@ -33,7 +33,6 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from sglang_spex.adapters import radix_cache as rc
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import stats_channel
 from sglang_spex.srt import scheduling
@@ -91,6 +90,7 @@ COUNTERS = (
     "hook_s_total",
     "live_knee",  # knee of the live decode step times (-1 = none seen)
 )
+_EXTRA_NAMES = {m: [c for c in COUNTERS if c.startswith(f"cancel_extra_{m}_")] for m in ("immediate", "plain")}
 DECODE = 2  # the "mode" of a decode row
 _HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, dp_rank + 1 (0: no data parallelism)
 _F = {name: i for i, name in enumerate(FIELDS)}
@@ -294,7 +294,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "kv_used": total - available - evictable,
         "kv_available": available,
         "kv_evictable": evictable,
-        "kv_protected": rc.protected_size(scheduler.tree_cache),
+        "kv_protected": pool["kv_protected"],
         "kv_total": total,
         "waiting": len(waiting),
         "waiting_spec": sum(map(sa.is_spec, waiting)),
@@ -317,9 +317,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "live_knee": state.curve.knee() or -1,
     }
     for mode, hist in state.extra_hist.items():
-        for i, n in enumerate(hist):
-            suffix = f"{i}" if i < len(hist) - 1 else f"{i}plus"
-            counters[f"cancel_extra_{mode}_{suffix}"] = n
+        counters.update(zip(_EXTRA_NAMES[mode], hist))
     state.hook_s_published = state.hook_s
     state.gate.held, state.gate.decode_protected = 0, False  # a step without a prefill attempt holds nothing
     done = writer.write(row, counters)
