@@ -264,6 +264,7 @@ def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
     rows = [r for r in hist["rows"] if r["step_s"] is not None and r["step_s"] == r["step_s"]]
     decode = [r for r in rows if r["mode"] == 2]
     prefill = [r for r in rows if r["mode"] in (1, 3)]
+    mixed = [r for r in rows if r["mode"] == 3]  # a prefill that also runs the running batch's decode step
     c0, c1 = before["scheduler"].get("counters", {}), after["scheduler"].get("counters", {})
     return {
         "steps": len(rows),
@@ -275,6 +276,8 @@ def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
         "decode_spec_seqs": int(sum(r["n_spec"] for r in decode)),
         "prefill_steps": len(prefill),
         "prefill_s": round(sum(r["step_s"] for r in prefill), 3),
+        "mixed_steps": len(mixed),
+        "mixed_s": round(sum(r["step_s"] for r in mixed), 3),
         "spec_prefill_steps": sum(1 for r in prefill if r["n_spec"] > 0),
         "decode_with_primary_waiting": sum(1 for r in decode if r["waiting"] - r["waiting_spec"] > 0),
         "spec_held_steps": sum(1 for r in rows if r["spec_held"] > 0),
@@ -293,20 +296,25 @@ def _tps(row: Dict[str, Any]) -> float:
 
 
 def _time_split(rs: List[Dict[str, Any]], conc: int) -> Dict[str, Any]:
-    """Where a cell's time went (medians over repeats): decode steps and their mean time, prefill seconds, and
+    """Where a cell's time went (medians over repeats): steps that decode (plain and mixed) and their mean time,
+    prefill-only seconds, and
     the decode-step bound of its trees (:func:`steps_bound`; the baseline's steps over it bound any speedup that
     comes from running fewer decode steps)."""
-    traced = [r for r in rs if r.get("trace") and r["trace"].get("decode_steps")]
+    traced = [r["trace"] for r in rs if r.get("trace") and r["trace"].get("decode_steps")]
     if not traced:
         return {}
     med = statistics.median
+
+    def steps(t: Dict[str, Any]) -> int:  # steps that decode: plain decode steps and mixed prefill+decode steps
+        return t["decode_steps"] + t.get("mixed_steps", 0)
+
     out = {
-        "decode_steps": med(r["trace"]["decode_steps"] for r in traced),
-        "decode_ms": round(med(1e3 * r["trace"]["decode_s"] / r["trace"]["decode_steps"] for r in traced), 1),
-        "prefill_s": round(med(r["trace"]["prefill_s"] for r in traced), 2),
-        "mean_decode_batch": round(med(r["trace"]["mean_decode_batch"] for r in traced), 2),
+        "decode_steps": med(steps(t) for t in traced),
+        "decode_ms": round(med(1e3 * (t["decode_s"] + t.get("mixed_s", 0.0)) / steps(t) for t in traced), 1),
+        "prefill_s": round(med(t["prefill_s"] - t.get("mixed_s", 0.0) for t in traced), 2),
+        "mean_decode_batch": round(med(t["mean_decode_batch"] for t in traced), 2),
     }
-    bounds = [steps_bound(r["critical_path_tokens"], conc) for r in traced if r.get("critical_path_tokens")]
+    bounds = [steps_bound(r["critical_path_tokens"], conc) for r in rs if r.get("critical_path_tokens")]
     if bounds:
         out["steps_bound"] = round(med(bounds), 1)
     return out

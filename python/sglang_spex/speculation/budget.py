@@ -224,9 +224,10 @@ class SpecBudget:
     ``max_wait_s``: the starvation bound: a query that has had speculative work but no share for longer gets at
     least one slot, ahead of better-scored queries when slots are short.
 
-    Cost: a refill asks :meth:`share`; nothing is split while a rank has no room below its knee, the engine's
-    load is read once per event-loop round, and a split is computed once per round and rank (again only for a
-    search whose demand changed while its share was held by its C_q).
+    Cost: a refill asks :meth:`share`; nothing is split while a rank has no room below its knee, the room (the
+    searches' in-flight primaries and the engine's load) is read once per event-loop round, and a split is
+    computed once per round and rank (again only for a search whose demand changed while its share was held by
+    its C_q).
     """
 
     def __init__(
