@@ -297,9 +297,8 @@ def _tps(row: Dict[str, Any]) -> float:
 
 def _time_split(rs: List[Dict[str, Any]], conc: int) -> Dict[str, Any]:
     """Where a cell's time went (medians over repeats): steps that decode (plain and mixed) and their mean time,
-    prefill-only seconds, and
-    the decode-step bound of its trees (:func:`steps_bound`; the baseline's steps over it bound any speedup that
-    comes from running fewer decode steps)."""
+    prefill-only seconds, and the decode-step bound of its trees (:func:`steps_bound`; the baseline's steps over it
+    bound any speedup that comes from running fewer decode steps)."""
     traced = [r["trace"] for r in rs if r.get("trace") and r["trace"].get("decode_steps")]
     if not traced:
         return {}
@@ -394,8 +393,9 @@ def print_table(summary: List[Dict[str, Any]]) -> None:
 
 
 def print_time_split(summary: List[Dict[str, Any]]) -> None:
-    """Where the time goes, per cell: SPEX vs baseline decode steps, ms per decode step, prefill seconds, and the
-    critical-path bound on decode steps (baseline steps / bound = the most fewer steps could give)."""
+    """Where the time goes, per cell: baseline vs SPEX steps that decode, ms per such step, mean decode batch,
+    prefill-only seconds, and the critical-path bound on decode steps (baseline steps / bound = the most that fewer
+    steps could give)."""
     base = {(s["policy"], s["concurrency"]): s for s in summary if s["mode"] == "baseline"}
     print(
         f"\n{'policy':10} {'conc':>4} {'mode':12} {'decode steps':>14} {'ms/step':>13} {'batch':>11} "
