@@ -10,6 +10,7 @@ from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.runner import context_factory
+from sglang_spex.tot.engine import parse_rid
 from sglang_spex.tot.policies.rstar import RStar
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
@@ -23,10 +24,21 @@ POLICIES = {
 
 
 class JitterPort(FakePort):
-    """FakePort whose latency depends on the request (stragglers), deterministic per rid."""
+    """FakePort whose latency depends on the node (stragglers), the same in every run: keyed by the node's path,
+    not by its rid (which carries a fresh search id), so a run's order of finishes does not vary by chance."""
 
     async def generate(self, req):
-        await asyncio.sleep(random.Random(req.rid).uniform(0.001, 0.01))
+        await asyncio.sleep(random.Random(parse_rid(req.rid)[1]).uniform(0.001, 0.01))
+        return await super().generate(req)
+
+
+class FirstChildFirstPort(FakePort):
+    """Every node's first child (or first rollout sample) finishes 30 ms before its siblings: a window, wide
+    against scheduling noise, in which only the first child is known."""
+
+    async def generate(self, req):
+        last = parse_rid(req.rid)[1].rsplit(".", 1)[-1]
+        await asyncio.sleep(0.002 if last.lstrip("g") == "0" else 0.032)
         return await super().generate(req)
 
 
@@ -155,9 +167,9 @@ def test_rest_partial_rollouts_are_speculated_and_adopted():
     policy = {"name": "rest", "iterations": 12, "max_depth": 5, "branch": 3, "roll_forward_steps": 2,
               "end_gate": 2.0, "target_answers": 6}  # fmt: skip
     spec, q = make_spec(policy), "What is 2 + 3?"
-    base = asyncio.run(run_search(spec, q, JitterPort()))
+    base = asyncio.run(run_search(spec, q, FirstChildFirstPort()))
     cfg = SpexConfig(enabled=True, k_total=6, components=("t1", "t2"))
-    spx = asyncio.run(run_search(spec, q, JitterPort(), context_factory=context_factory(cfg)))
+    spx = asyncio.run(run_search(spec, q, FirstChildFirstPort(), context_factory=context_factory(cfg)))
     assert signature(spx) == signature(base)
     rollouts = [n for n in spx.nodes if n["kind"] == "rollout"]
     assert rollouts and any(n["speculative"] for n in rollouts), rollouts
