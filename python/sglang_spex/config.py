@@ -282,6 +282,12 @@ class SpexConfig(_Section):
         help="launcher: turn on SGLang's --enable-mixed-chunk (without a speculative algorithm), so speculative "
         "prefill runs in the primaries' decode step instead of waiting for a free step (on/off)",
     )
+    payoff_gate: bool = _opt(
+        True,
+        parse=on_off,
+        help="issue a speculative node only while its expected use pays for it on the live decode-step curve "
+        "(measured steps saved per hit vs tokens wasted per miss; on/off)",
+    )
     budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
     budget_max_wait_s: float = _opt(
         2.0,

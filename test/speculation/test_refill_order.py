@@ -9,7 +9,8 @@ from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import ModelBytes, SpecBudget
-from sglang_spex.speculation.runner import context_factory, refill_key
+from sglang_spex.speculation.candidates import refill_key
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import DONE
 

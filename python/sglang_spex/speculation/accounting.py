@@ -31,6 +31,8 @@ class SpecAccounting:
     budget_shares: List[Tuple[float, int]] = field(default_factory=list)  # (t, share)
     early_stopped: bool = False
     early_stop_skipped_nodes: int = 0
+    saved_steps: float = 0.0  # decode steps hits took off the search's critical path (speculation/payoff.py)
+    min_use: float = 0.0  # the pay-off gate's last floor on a candidate's expected use
     t0: float = field(default_factory=time.monotonic)
 
     def on_issue(self, distance: int = 1, depth: Optional[int] = None) -> None:
@@ -82,6 +84,7 @@ class SpecAccounting:
             "wasted_tokens",
             "primary_requests",
             "early_stop_skipped_nodes",
+            "saved_steps",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cancel_latency_ms += other.cancel_latency_ms

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.speculation.payoff import Payoff, cost_ratio
 
 DEFAULT_K_TOTAL = 8
 DEFAULT_MAX_WAIT_S = 2.0  # starvation bound (SpexConfig.budget_max_wait_s, --tot-budget-max-wait-s)
@@ -222,7 +223,8 @@ class SpecBudget:
     engine (other clients' traffic too), called without an argument for rank None. ``model``: S_w and KV bytes
     per token of the served model (:func:`model_bytes`; the server sets it from SGLang's model config).
     ``max_wait_s``: the starvation bound: a query that has had speculative work but no share for longer gets at
-    least one slot, ahead of better-scored queries when slots are short.
+    least one slot, ahead of better-scored queries when slots are short. ``step_cost(rank)``: a rank's live decode
+    step curve ``(a, b)`` (``t = a + b·B``), for the pay-off gate (:mod:`.payoff`; None: unknown, nothing gated).
 
     Cost: a refill asks :meth:`share`; nothing is split while a rank has no room below its knee, the room (the
     searches' in-flight primaries and the engine's load) is read once per event-loop round, and a split is
@@ -258,6 +260,31 @@ class SpecBudget:
         self._clocks_started: Set[Rank] = set()
         self._by_rank: Optional[Dict[Rank, List[BudgetClient]]] = None
         self._round_end_scheduled = False
+        self.step_cost: Optional[Callable[..., Any]] = None
+        self._cost: Dict[Rank, Any] = {}
+        self.payoffs: Dict[Any, Payoff] = {}  # (rank, policy) -> what speculation saved and wasted there
+
+    def payoff(self, rank: Rank, policy: str, step_tokens: int) -> Payoff:
+        """The pooled pay-off estimate of ``policy``'s searches on ``rank`` (created with one step's tokens as
+        its prior)."""
+        key = (rank, policy)
+        got = self.payoffs.get(key)
+        if got is None:
+            got = self.payoffs[key] = Payoff(prior_tokens=float(step_tokens))
+        return got
+
+    def min_use(self, rank: Rank, payoff: Payoff) -> float:
+        """The expected use a speculative candidate needs on ``rank`` now (0 while the step curve is unknown)."""
+        if self.step_cost is None:
+            return 0.0
+        if rank in self._cost:
+            cost = self._cost[rank]
+        else:
+            raw = self.step_cost() if rank is None else self.step_cost(rank)
+            cost = cost_ratio(*raw) if raw is not None else None
+            if self._end_round_soon():
+                self._cost[rank] = cost
+        return 0.0 if cost is None else payoff.min_use(*cost)
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
@@ -321,6 +348,7 @@ class SpecBudget:
         self._round.clear()
         self._load.clear()
         self._avail.clear()
+        self._cost.clear()
         self._clocks_started.clear()
         self._by_rank = None
         self._round_end_scheduled = False

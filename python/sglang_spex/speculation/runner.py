@@ -21,13 +21,15 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead
 from sglang_spex.speculation.accounting import SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
+from sglang_spex.speculation.candidates import Candidate, refill_key
 from sglang_spex.speculation.early_stop import EarlyStop
+from sglang_spex.speculation.payoff import Payoff, WaveMeter, truncate_at
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
 from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
@@ -56,26 +58,6 @@ CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped
 CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
 T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
 MIN_DEEP_HIT_RATE = 0.25  # BFS: a depth below the next one is speculated while its running hit rate is above this
-
-
-class Candidate(NamedTuple):
-    """A node to generate speculatively: the ``index``-th child (or rollout sample) of ``parent``."""
-
-    parent: Node
-    index: int
-    distance: int  # prediction distance (DFS: rollouts ahead; BFS and partial rollouts: steps ahead)
-    kind: str = KIND_STEP
-    use: Optional[float] = None  # its expected use when known at planning time (partial rollouts)
-
-    @property
-    def path(self) -> str:
-        return child_path(self.parent.path, self.index, self.kind)
-
-
-def refill_key(expected_use: float, cached_tokens: int, recency: int) -> Tuple[float, int, int]:
-    """Sort key of a speculative candidate (ascending = issued first): expected use, then the prefix tokens the
-    radix cache holds for it, then how recently its parent finished."""
-    return (-round(expected_use, 9), -int(cached_tokens), -int(recency))
 
 
 class SpexContext(SearchContext):
@@ -109,7 +91,7 @@ class SpexContext(SearchContext):
         self._cancels: List["asyncio.Future"] = []
         self._finalized = False
         self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
-        self._cand: Tuple[int, List[Candidate]] = (-1, [])
+        self._cand: Tuple[int, List[Candidate], List[float]] = (-1, [], [])  # (version, best first, their uses)
         self._demand: Optional[Tuple[Tuple[Any, ...], QueryDemand]] = None  # (state key, T2 demand)
         self._finish_order: Dict[str, int] = {}  # node path -> finish sequence number (radix-cache recency)
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
@@ -117,6 +99,8 @@ class SpexContext(SearchContext):
         self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
         self._promotions: Set["asyncio.Future"] = set()  # promote messages still being sent
         self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
+        self.meter = WaveMeter(self._on_wave, time.monotonic)  # steps speculation took off the critical path
+        self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -124,6 +108,17 @@ class SpexContext(SearchContext):
     async def generate_node(self, parent: Node, index: int, kind: str = KIND_STEP) -> Node:
         if not self.t1:
             return await super().generate_node(parent, index, kind)
+        wave, node, span = self.meter.ask(), None, None
+        try:
+            node, span = await self._serve(parent, index, kind)
+            return node
+        finally:
+            ok = node is not None and node.status == DONE
+            self.meter.resolved(wave, node.num_tokens if ok else 0, span, ok)
+
+    async def _serve(self, parent: Node, index: int, kind: str) -> Tuple[Node, Optional[Tuple[float, float]]]:
+        """The node at (parent, index, kind), adopted if speculated, else generated; with the hit's (issued, done)
+        times (None if generated on request)."""
         self._version += 1  # the policy moved on (backups, a new rollout): plan again
         if kind == KIND_STEP:
             self._expanding = parent.path
@@ -137,11 +132,11 @@ class SpexContext(SearchContext):
             if entry.node.status not in (CANCELLED, PENDING, GENERATING):
                 self._adopt(node, entry, in_flight)
                 self._after(node)
-                return node
+                return node, (entry.issued_at, self._spec_done.get(node.path, entry.issued_at))
         self.pump()  # the primary is about to wait on the engine: fill idle producers
         node = await super().generate_node(parent, index, kind)
         self._after(node)
-        return node
+        return node, None
 
     def _promote(self, rid: str) -> None:
         """Give the request ``rid`` primary rank without waiting for the scheduler's acknowledgement (a control
@@ -208,9 +203,9 @@ class SpexContext(SearchContext):
         budget never re-plans every live search (its own refill plans afresh). Planned here only when nothing
         is left of that plan (a search that never gets a share would otherwise never plan again); BFS plans are cheap.
         """
-        version, last = self._cand
+        version, last, uses = self._cand
         if self.mcts is not None and version != self._version and not self.should_stop():
-            left = [c for c in last if not self._taken(c.path)]
+            left = [c for c in last[: truncate_at(uses, self.min_use())] if not self._taken(c.path)]
             if left:
                 return left
         return self._candidates(limit=CANDIDATE_LIMIT)
@@ -248,13 +243,34 @@ class SpexContext(SearchContext):
         hits, issued = self.acc.hit_distance.get(distance, (0, 0))
         return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
 
-    def _refill_order(self, cands: List[Candidate]) -> List[Candidate]:
-        def key(c: Candidate) -> Tuple[float, int, int]:
-            return refill_key(
-                self._expected_use(c), self.child_prefix(c.parent)[1], self._finish_order.get(c.parent.path, 0)
-            )
+    def _refill_order(self, cands: List[Candidate]) -> Tuple[List[Candidate], List[float]]:
+        """``cands`` best first, and their expected uses."""
+        keys = [
+            refill_key(self._expected_use(c), self.child_prefix(c.parent)[1], self._finish_order.get(c.parent.path, 0))
+            for c in cands
+        ]
+        order = sorted(range(len(cands)), key=keys.__getitem__)  # stable: equal keys keep the plan's order
+        return [cands[i] for i in order], [-keys[i][0] for i in order]
 
-        return sorted(cands, key=key)
+    # ---- the pay-off gate (speculation/payoff.py) ---------------------------------------------------
+
+    def payoff(self) -> Payoff:
+        """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""
+        return self.budget.payoff(self.dp_rank, self.spec.policy.name, self.spec.step.max_tokens)
+
+    def min_use(self) -> float:
+        """The expected use a candidate needs to be issued now (0 with the gate off or the step curve unknown)."""
+        floor = self.budget.min_use(self.dp_rank, self.payoff()) if self.settings.payoff_gate else 0.0
+        self.acc.min_use = floor
+        return floor
+
+    def _on_wave(self, saved_steps: float, hits: int) -> None:
+        self.payoff().record_wave(saved_steps, hits)
+        self.acc.saved_steps += saved_steps
+
+    def _missed(self, tokens: int) -> None:
+        """A speculative node will never be adopted: ``tokens`` decoded for nothing."""
+        self.payoff().record_miss(tokens)
 
     def on_rollout(self, index: int) -> None:
         self.next_rollout = max(self.next_rollout, index + 1)
@@ -274,8 +290,9 @@ class SpexContext(SearchContext):
         if not self.t1 or self.should_stop():
             return []
         if self._cand[0] != self._version:
-            self._cand = (self._version, self._refill_order(self._plan(CANDIDATE_LIMIT)))
-        return self._cand[1][:limit]
+            self._cand = (self._version, *self._refill_order(self._plan(CANDIDATE_LIMIT)))
+        _, cands, uses = self._cand
+        return cands[: min(limit, truncate_at(uses, self.min_use()))]
 
     def _plan(self, limit: int) -> List[Candidate]:
         out: List[Candidate] = []
@@ -443,6 +460,7 @@ class SpexContext(SearchContext):
         except Exception as e:
             node.status, node.error = CANCELLED, f"speculative generate: {e!r}"
             return
+        self._spec_done[node.path] = time.monotonic()
         if res.aborted:
             node.status = CANCELLED
             node.num_tokens = res.completion_tokens  # decoded before the abort: the cancel counts them as wasted
@@ -492,10 +510,12 @@ class SpexContext(SearchContext):
                 await self.port.abort(entry.node.rid or node_rid(self.search_id, entry.path, ROLE_SPEC))
                 await asyncio.wait([entry.task], timeout=30)
                 self.acc.on_cancel(entry.node.num_tokens, (time.monotonic() - t0) * 1000.0)
+                self._missed(entry.node.num_tokens)
 
             self._cancels.append(asyncio.ensure_future(_abort()))
         else:
             self.acc.on_cancel(entry.node.num_tokens, None)
+            self._missed(entry.node.num_tokens)
         entry.state = SPEC_CANCELLED
 
     def on_answer(self, node: Node) -> None:
@@ -522,6 +542,7 @@ class SpexContext(SearchContext):
         for e in self.store:
             self.acc.never_used += 1
             self.acc.wasted_tokens += e.node.num_tokens
+            self._missed(e.node.num_tokens)
         if self.acc.early_stopped:
             self.acc.early_stop_skipped_nodes = sum(1 for n in self.tree if n.status == CANCELLED)
         self.acc.primary_tokens = self.tokens_generated - sum(

@@ -14,6 +14,7 @@ OVERRIDABLE = (
     "components",
     "lookahead",
     "bfs_lookahead",
+    "payoff_gate",
     "early_stop",
     "early_stop_alpha",
     "early_stop_min_answers",
@@ -36,7 +37,7 @@ def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConf
             if not isinstance(value, list) or any(v not in COMPONENTS for v in value):
                 raise SearchSpecError("speculation.components", f"must be a subset of {list(COMPONENTS)}")
             value = tuple(value)
-        elif key in ("enabled", "early_stop") and not isinstance(value, bool):
+        elif key in ("enabled", "early_stop", "payoff_gate") and not isinstance(value, bool):
             raise SearchSpecError(f"speculation.{key}", "must be true or false")
         changes[key] = value
     try:

@@ -42,7 +42,7 @@ from sglang_spex.srt.metrics import RankGauges
 logger = logging.getLogger(__name__)
 
 MAGIC = 0x5350455853544154  # "SPEXSTAT"
-VERSION = 2  # 2: the speculative gate fields (spec_room .. hook_s) and counters
+VERSION = 3  # 2: the speculative gate fields (spec_room .. hook_s) and counters; 3: the live curve's line
 RING = 8192
 FIELDS = (
     "time",  # wall clock (time.time()) when the batch was chosen
@@ -89,6 +89,8 @@ COUNTERS = (
     "spec_before_primary",  # steps that admitted speculative work while a primary stayed waiting (expected 0)
     "hook_s_total",
     "live_knee",  # knee of the live decode step times (-1 = none seen)
+    "curve_a_s",  # the live decode curve t = a + b·B: a, seconds (-1 = not fitted yet)
+    "curve_b_s",  # ... b, seconds per sequence (0 when flat)
 )
 _EXTRA_NAMES = {m: [c for c in COUNTERS if c.startswith(f"cancel_extra_{m}_")] for m in ("immediate", "plain")}
 DECODE = 2  # the "mode" of a decode row
@@ -307,6 +309,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "hook_s": state.hook_s - state.hook_s_published,
     }
     pg = state.protection
+    line = state.curve.line()
     counters: Dict[str, float] = {
         "preempt_for_primary": state.counters.get("preempt_for_primary", 0),
         "spec_retracted_for_budget": state.counters.get("spec_retracted_for_budget", 0),
@@ -315,6 +318,8 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "spec_before_primary": state.counters.get("spec_before_primary", 0),
         "hook_s_total": state.hook_s,
         "live_knee": state.curve.knee() or -1,
+        "curve_a_s": -1 if line is None else line[0],
+        "curve_b_s": -1 if line is None else line[1],
     }
     for mode, hist in state.extra_hist.items():
         counters.update(zip(_EXTRA_NAMES[mode], hist))

@@ -98,6 +98,7 @@ class LiveCurve:
     samples: Dict[int, Deque[float]] = field(default_factory=dict)
     _adds: int = 0
     _knee: Optional[int] = None
+    _line: Optional[Tuple[float, float]] = None  # (a, b) of the last fit
 
     def add(self, batch: int, step_s: float) -> None:
         if batch <= 0 or not step_s > 0 or math.isinf(step_s):
@@ -116,6 +117,8 @@ class LiveCurve:
         my = sum(t for _, t in pts) / n
         sxx = sum((b - mx) ** 2 for b, _ in pts)
         slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx > 0 else 0.0
+        intercept = my - slope * mx
+        self._line = (intercept, max(slope, 0.0)) if intercept > 0 else None
         if slope <= 0:
             return None  # flat: memory-bound as far as measured
         ratio = KNEE_ELASTICITY / (1.0 - KNEE_ELASTICITY)  # b·B / (a + b·B) = threshold at B = ratio·a/b
@@ -124,6 +127,10 @@ class LiveCurve:
 
     def knee(self) -> Optional[int]:
         return self._knee
+
+    def line(self) -> Optional[Tuple[float, float]]:
+        """``(a, b)`` of the last fit (``b`` 0 when flat), or None before one (the pay-off gate's step cost)."""
+        return self._line
 
 
 @dataclass

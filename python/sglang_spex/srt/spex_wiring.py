@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile.cache import Profile
@@ -35,6 +35,7 @@ class SpexWiring:
         self.cfg = cfg
         self.budget = make_budget(cfg)
         self.budget.engine_primary = self.engine_primary
+        self.budget.step_cost = self.step_cost
         self._profile = profile
         self._factory = context_factory(cfg, self.budget, on_finish=self._on_finish)
         self._readers: Dict[Optional[int], StatsReader] = {}  # batch-stats ring per DP rank (None: no DP)
@@ -89,15 +90,28 @@ class SpexWiring:
     async def _on_finish(ctx: SpexContext) -> None:
         metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated, dp_rank=ctx.dp_rank)
 
+    def _reader(self, rank: Optional[int]) -> StatsReader:
+        reader = self._readers.get(rank)
+        if reader is None:
+            reader = self._readers[rank] = StatsReader(dp_rank=rank)
+        return reader
+
+    def step_cost(self, rank: Optional[int] = None) -> Optional[Tuple[float, float]]:
+        """``(a, b)`` of rank ``rank``'s live decode step curve ``t = a + b·B`` (its scheduler's fit, published in
+        the batch-stats counters), or None before a fit: the pay-off gate's step cost."""
+        try:
+            c = self._reader(rank).counters()
+        except (OSError, ValueError):  # no stats ring (yet)
+            return None
+        a, b = c.get("curve_a_s", -1.0), c.get("curve_b_s", -1.0)
+        return (a, b) if a > 0 and b >= 0 else None
+
     def engine_primary(self, rank: Optional[int] = None) -> Optional[int]:
         """Primary requests running, chunked or waiting in the scheduler of DP rank ``rank`` (None: the server's
         only scheduler, or rank 0's under DP), as its speculative gate counted them at the last step of any
         kind; None before the first step."""
         try:
-            reader = self._readers.get(rank)
-            if reader is None:
-                reader = self._readers[rank] = StatsReader(dp_rank=rank)
-            row = reader.latest()
+            row = self._reader(rank).latest()
         except (OSError, ValueError):  # no stats ring (yet)
             return None
         if not row:

@@ -1,0 +1,175 @@
+"""Whether speculation pays on this engine, measured: the pay-off gate.
+
+On an engine whose decode step costs ``t(B) = a + b·B`` (the scheduler's live fit, :class:`LiveCurve`), a search's
+wall time is ``a·S + b·N``: ``S`` decode steps, ``N`` sequence-steps (tokens decoded). Speculation changes both:
+a hit moves tokens the search would decode anyway (``N`` unchanged) and can take steps off the critical path
+(``S`` smaller); a miss adds its tokens to ``N``. It pays iff ``a · saved steps > b · wasted tokens``.
+
+Both sides are measured per search and pooled per (DP rank, policy) on the server:
+
+- **saved steps** (:class:`WaveMeter`): the nodes a search asks for in one event-loop round form a *wave* (a BFS
+  depth, an MCTS expansion, a rollout's samples; the policy gathers them). When the wave has resolved, its
+  baseline length is ``max L_i`` (every node decoded from the request on) and its length with speculation is
+  ``max r_i``: ``r_i = L_i`` for a node generated on request, 0 for a hit finished before it, and for a hit still
+  in flight the part of its tokens decoded after the request (its decode time after the request over its whole
+  decode time, times ``L_i``). Saved = ``max L_i - max r_i``.
+- **wasted tokens**: a cancelled or never-adopted speculative node's decoded tokens.
+
+A candidate adopted with probability ``u`` (its expected use) is worth issuing iff
+``u · a · (saved per hit) >= (1 - u) · b · (wasted per miss)``, i.e. ``u >= r / (1 + r)`` with
+``r = b · wasted-per-miss / (a · saved-per-hit)`` (:meth:`Payoff.min_use`). A flat curve (``b = 0``: speculation
+rides steps that cost the same) admits everything; a compute-bound one admits only near-certain work, and the
+bar falls again when the curve flattens. The estimates start from a prior of one step's tokens saved per hit and
+wasted per miss, and forget with ``decay`` per event, so a changed workload moves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+DECAY = 0.97  # per recorded event: about 23 events' half-life
+PRIOR_EVENTS = 2.0  # weight of the prior (one step's tokens saved per hit and wasted per miss)
+
+
+@dataclass
+class Payoff:
+    """Decayed sums of what speculation saved and wasted on one engine, for one policy."""
+
+    prior_tokens: float
+    saved: float = 0.0  # decode steps taken off critical paths
+    hits: float = 0.0
+    wasted: float = 0.0  # tokens of speculative nodes never adopted
+    misses: float = 0.0
+    decay: float = DECAY
+
+    def _age(self) -> None:
+        self.saved, self.hits = self.saved * self.decay, self.hits * self.decay
+        self.wasted, self.misses = self.wasted * self.decay, self.misses * self.decay
+
+    def record_wave(self, saved_steps: float, hits: int) -> None:
+        if hits <= 0:
+            return
+        self._age()
+        self.saved += max(float(saved_steps), 0.0)
+        self.hits += hits
+
+    def record_miss(self, tokens: int) -> None:
+        self._age()
+        self.wasted += max(int(tokens), 0)
+        self.misses += 1
+
+    def saved_per_hit(self) -> float:
+        return (self.saved + PRIOR_EVENTS * self.prior_tokens) / (self.hits + PRIOR_EVENTS)
+
+    def wasted_per_miss(self) -> float:
+        return (self.wasted + PRIOR_EVENTS * self.prior_tokens) / (self.misses + PRIOR_EVENTS)
+
+    def min_use(self, a: float, b: float) -> float:
+        """The smallest expected use worth issuing on an engine with step time ``a + b·B``."""
+        if b <= 0:
+            return 0.0
+        saving = a * self.saved_per_hit()
+        if saving <= 0:
+            return 1.0
+        r = b * self.wasted_per_miss() / saving
+        return r / (1.0 + r)
+
+    def report(self) -> dict:
+        return {
+            "saved_per_hit": round(self.saved_per_hit(), 3),
+            "wasted_per_miss": round(self.wasted_per_miss(), 3),
+            "hits": round(self.hits, 2),
+            "misses": round(self.misses, 2),
+        }
+
+
+def remaining_tokens(length: int, requested_at: float, span: Optional[Tuple[float, float]]) -> float:
+    """Tokens of a node decoded after the search asked for it: all of them without speculation (``span`` None);
+    for a hit issued at ``span[0]`` and finished at ``span[1]``, its share of decode time after the request."""
+    if span is None:
+        return float(length)
+    issued, done = span
+    if done <= requested_at:
+        return 0.0
+    whole = done - issued
+    if whole <= 0:
+        return float(length)
+    return float(length) * min(1.0, (done - requested_at) / whole)
+
+
+@dataclass
+class _Wave:
+    requested_at: float
+    pending: int = 0
+    longest: float = 0.0  # max L_i
+    longest_left: float = 0.0  # max r_i
+    hits: int = 0
+    open: bool = True
+
+
+class WaveMeter:
+    """Groups a search's node requests by event-loop round and reports each finished wave's
+    ``(saved steps, hits)`` to ``on_wave``."""
+
+    def __init__(self, on_wave: Callable[[float, int], None], clock: Callable[[], float]):
+        self.on_wave = on_wave
+        self.clock = clock
+        self._open: Optional[_Wave] = None
+        self.saved = 0.0  # this search's total
+        self.waves = 0
+
+    def ask(self) -> _Wave:
+        """The wave of the current event-loop round (a node request joins it; resolve it with :meth:`resolved`)."""
+        wave = self._open
+        if wave is None:
+            wave = self._open = _Wave(self.clock())
+            try:
+                asyncio.get_running_loop().call_soon(self._close, wave)
+            except RuntimeError:
+                self._close(wave)
+        wave.pending += 1
+        return wave
+
+    def _close(self, wave: _Wave) -> None:
+        wave.open = False
+        if self._open is wave:
+            self._open = None
+        self._finish_if_done(wave)
+
+    def resolved(self, wave: _Wave, length: int, span: Optional[Tuple[float, float]], ok: bool) -> None:
+        """One node of ``wave`` resolved: ``length`` tokens; ``span`` (issued, done) if it was a hit."""
+        wave.pending -= 1
+        if ok:
+            wave.longest = max(wave.longest, float(length))
+            wave.longest_left = max(wave.longest_left, remaining_tokens(length, wave.requested_at, span))
+            wave.hits += span is not None
+        self._finish_if_done(wave)
+
+    def _finish_if_done(self, wave: _Wave) -> None:
+        if wave.open or wave.pending > 0 or wave.hits == 0:
+            return
+        saved = max(wave.longest - wave.longest_left, 0.0)
+        wave.hits, hits = 0, wave.hits  # reported once
+        self.saved += saved
+        self.waves += 1
+        self.on_wave(saved, hits)
+
+
+def cost_ratio(a: Optional[float], b: Optional[float]) -> Optional[Tuple[float, float]]:
+    """``(a, b)`` if both describe a measured curve (finite, ``a > 0``, ``b >= 0``), else None."""
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or a <= 0 or b < 0:
+        return None
+    return float(a), float(b)
+
+
+def truncate_at(uses: List[float], floor: float) -> int:
+    """How many of ``uses`` (sorted best first) reach ``floor``."""
+    n = 0
+    for u in uses:
+        if u + 1e-9 < floor:
+            break
+        n += 1
+    return n
