@@ -33,6 +33,7 @@ class SpecAccounting:
     early_stop_skipped_nodes: int = 0
     saved_steps: float = 0.0  # decode steps hits took off the search's critical path (speculation/payoff.py)
     min_use: float = 0.0  # the pay-off gate's last floor on a candidate's expected use
+    step_line: Optional[Tuple[float, float]] = None  # (a, b) of the step curve it used (None: unknown)
     t0: float = field(default_factory=time.monotonic)
 
     def on_issue(self, distance: int = 1, depth: Optional[int] = None) -> None:

@@ -21,7 +21,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.payoff import Payoff, cost_ratio
@@ -273,10 +273,10 @@ class SpecBudget:
             got = self.payoffs[key] = Payoff(prior_tokens=float(step_tokens))
         return got
 
-    def min_use(self, rank: Rank, payoff: Payoff) -> float:
-        """The expected use a speculative candidate needs on ``rank`` now (0 while the step curve is unknown)."""
+    def step_line(self, rank: Rank) -> Optional[Tuple[float, float]]:
+        """``(a, b)`` of ``rank``'s live decode step curve (read once per event-loop round), or None if unknown."""
         if self.step_cost is None:
-            return 0.0
+            return None
         if rank in self._cost:
             cost = self._cost[rank]
         else:
@@ -284,7 +284,7 @@ class SpecBudget:
             cost = cost_ratio(*raw) if raw is not None else None
             if self._end_round_soon():
                 self._cost[rank] = cost
-        return 0.0 if cost is None else payoff.min_use(*cost)
+        return cost
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)

@@ -260,8 +260,9 @@ class SpexContext(SearchContext):
 
     def min_use(self) -> float:
         """The expected use a candidate needs to be issued now (0 with the gate off or the step curve unknown)."""
-        floor = self.budget.min_use(self.dp_rank, self.payoff()) if self.settings.payoff_gate else 0.0
-        self.acc.min_use = floor
+        line = self.budget.step_line(self.dp_rank)
+        floor = self.payoff().min_use(*line) if line is not None and self.settings.payoff_gate else 0.0
+        self.acc.min_use, self.acc.step_line = floor, line
         return floor
 
     def _on_wave(self, saved_steps: float, hits: int) -> None:
