@@ -201,6 +201,7 @@ def steps_bound(paths: Sequence[int], concurrency: int) -> float:
 
 
 RATES = ("hit_rate",)  # per-search ratios in a search's accounting: recomputed over the run, never summed
+LAST = ("min_use", "step_line")  # the pay-off gate's state: the last search's, never summed
 
 
 def _summary(
@@ -209,7 +210,9 @@ def _summary(
     acc: Dict[str, Any] = {}
     for r in results:
         for key, value in (r.speculation or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in RATES:
+            if key in LAST:
+                acc[key] = value
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and key not in RATES:
                 acc[key] = acc.get(key, 0) + value
     if acc:
         acc["early_stops"] = sum(bool((r.speculation or {}).get("early_stopped")) for r in results)

@@ -19,14 +19,23 @@ REBASE = {"name": "rebase", "width": 8, "max_depth": 3}
 
 
 def test_min_use_hand_computed():
-    p = Payoff(prior_tokens=10.0, decay=1.0)
+    p = Payoff(prior_tokens=10.0, decay=1.0)  # the prior: one hit that saved 10 steps, one miss that wasted 10
     p.record_wave(saved_steps=4.0, hits=2)
     p.record_miss(30)
-    assert p.saved_per_hit() == pytest.approx((4 + 2 * 10) / (2 + 2))  # 6
-    assert p.wasted_per_miss() == pytest.approx((30 + 2 * 10) / (1 + 2))  # 16.67
-    r = 0.01 * (50 / 3) / (0.1 * 6)  # b · wasted per miss / (a · saved per hit)
-    assert p.min_use(a=0.1, b=0.01) == pytest.approx(r / (1 + r))
+    assert p.saved_per_hit() == pytest.approx((10 + 4) / (1 + 2))  # 4.67
+    assert p.wasted_per_miss() == pytest.approx((10 + 30) / (1 + 1))  # 20
+    r = 0.01 * 20 / (0.1 * 14 / 3)  # b · wasted per miss / (a · saved per hit)
+    assert p.min_use(a=0.1, b=0.01) == pytest.approx(r / (1 + r))  # 0.3
     assert p.min_use(a=0.1, b=0.0) == 0.0  # a flat curve: speculation rides steps that cost the same
+
+
+def test_the_prior_ages_like_the_measurements():
+    p = Payoff(prior_tokens=48.0)
+    assert p.min_use(0.1, 0.01) == pytest.approx(0.1 / 1.1)  # no data: one saved step is worth ten wasted tokens
+    for _ in range(200):
+        p.record_wave(saved_steps=0.0, hits=1)
+    assert p.saved_per_hit() < 0.1  # the prior is forgotten: hits that saved nothing are worth nothing
+    assert p.min_use(0.1, 0.01) > 0.99
 
 
 def test_min_use_rises_as_hits_stop_saving_steps_and_falls_when_they_save_again():

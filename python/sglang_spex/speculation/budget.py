@@ -262,12 +262,12 @@ class SpecBudget:
         self._round_end_scheduled = False
         self.step_cost: Optional[Callable[..., Any]] = None
         self._cost: Dict[Rank, Any] = {}
-        self.payoffs: Dict[Any, Payoff] = {}  # (rank, policy) -> what speculation saved and wasted there
+        self.payoffs: Dict[Any, Payoff] = {}  # (rank, policy, step tokens) -> what speculation saved and wasted
 
     def payoff(self, rank: Rank, policy: str, step_tokens: int) -> Payoff:
-        """The pooled pay-off estimate of ``policy``'s searches on ``rank`` (created with one step's tokens as
-        its prior)."""
-        key = (rank, policy)
+        """The pooled pay-off estimate of ``policy``'s searches with steps of ``step_tokens`` on ``rank`` (created
+        with one step's tokens as its prior)."""
+        key = (rank, policy, step_tokens)
         got = self.payoffs.get(key)
         if got is None:
             got = self.payoffs[key] = Payoff(prior_tokens=float(step_tokens))

@@ -20,7 +20,7 @@ A candidate adopted with probability ``u`` (its expected use) is worth issuing i
 ``r = b · wasted-per-miss / (a · saved-per-hit)`` (:meth:`Payoff.min_use`). A flat curve (``b = 0``: speculation
 rides steps that cost the same) admits everything; a compute-bound one admits only near-certain work, and the
 bar falls again when the curve flattens. The estimates start from a prior of one step's tokens saved per hit and
-wasted per miss, and forget with ``decay`` per event, so a changed workload moves them.
+wasted per miss that ages like the measurements (``decay`` per event), so a changed workload moves them.
 """
 
 from __future__ import annotations
@@ -31,19 +31,25 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 DECAY = 0.97  # per recorded event: about 23 events' half-life
-PRIOR_EVENTS = 2.0  # weight of the prior (one step's tokens saved per hit and wasted per miss)
+PRIOR_EVENTS = 1.0  # the prior's weight at the start: one hit that saved a step's tokens, one miss that wasted them
 
 
 @dataclass
 class Payoff:
-    """Decayed sums of what speculation saved and wasted on one engine, for one policy."""
+    """Decayed sums of what speculation saved and wasted on one engine, for one policy. They start from the prior
+    (one step's tokens saved per hit and wasted per miss), which ages like every measured event: speculation starts
+    optimistic and then follows what it measures."""
 
     prior_tokens: float
+    decay: float = DECAY
     saved: float = 0.0  # decode steps taken off critical paths
     hits: float = 0.0
     wasted: float = 0.0  # tokens of speculative nodes never adopted
     misses: float = 0.0
-    decay: float = DECAY
+
+    def __post_init__(self) -> None:
+        self.saved = self.wasted = PRIOR_EVENTS * self.prior_tokens
+        self.hits = self.misses = PRIOR_EVENTS
 
     def _age(self) -> None:
         self.saved, self.hits = self.saved * self.decay, self.hits * self.decay
@@ -62,10 +68,10 @@ class Payoff:
         self.misses += 1
 
     def saved_per_hit(self) -> float:
-        return (self.saved + PRIOR_EVENTS * self.prior_tokens) / (self.hits + PRIOR_EVENTS)
+        return self.saved / self.hits
 
     def wasted_per_miss(self) -> float:
-        return (self.wasted + PRIOR_EVENTS * self.prior_tokens) / (self.misses + PRIOR_EVENTS)
+        return self.wasted / self.misses
 
     def min_use(self, a: float, b: float) -> float:
         """The smallest expected use worth issuing on an engine with step time ``a + b·B``."""
