@@ -134,3 +134,9 @@ def test_gate_issues_only_what_pays_and_keeps_the_baseline_tree():
     assert min(floors) > 0.75 and gated.speculation["min_use"] > 0.75
     assert 0 < gated.speculation["issued"] < open_res.speculation["issued"]
     assert gated.speculation["cancelled"] + gated.speculation["never_used"] <= 1  # near-certain work only
+
+
+def test_the_bar_rises_with_the_searches_sharing_the_engine():
+    p = Payoff(prior_tokens=48.0)
+    one, four = p.min_use(0.1, 0.01), p.min_use(0.1, 0.01, searches=4)
+    assert one == pytest.approx(0.1 / 1.1) and four == pytest.approx(0.4 / 1.4)

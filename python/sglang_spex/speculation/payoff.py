@@ -15,9 +15,11 @@ Both sides are measured per search and pooled per (DP rank, policy) on the serve
   decode time, times ``L_i``). Saved = ``max L_i - max r_i``.
 - **wasted tokens**: a cancelled or never-adopted speculative node's decoded tokens.
 
-A candidate adopted with probability ``u`` (its expected use) is worth issuing iff
-``u · a · (saved per hit) >= (1 - u) · b · (wasted per miss)``, i.e. ``u >= r / (1 + r)`` with
-``r = b · wasted-per-miss / (a · saved-per-hit)`` (:meth:`Payoff.min_use`). A flat curve (``b = 0``: speculation
+With ``C`` searches sharing the engine, a step one search saves lets the engine finish the whole load about
+``1/C`` of a step sooner (the others keep it busy), while a wasted token slows every search's step: a candidate
+adopted with probability ``u`` (its expected use) is worth issuing iff
+``u · a · (saved per hit) >= C · (1 - u) · b · (wasted per miss)``, i.e. ``u >= r / (1 + r)`` with
+``r = C · b · wasted-per-miss / (a · saved-per-hit)`` (:meth:`Payoff.min_use`). A flat curve (``b = 0``: speculation
 rides steps that cost the same) admits everything; a compute-bound one admits only near-certain work, and the
 bar falls again when the curve flattens. The estimates start from a prior of one step's tokens saved per hit and
 wasted per miss that ages like the measurements (``decay`` per event), so a changed workload moves them.
@@ -73,14 +75,14 @@ class Payoff:
     def wasted_per_miss(self) -> float:
         return self.wasted / self.misses
 
-    def min_use(self, a: float, b: float) -> float:
-        """The smallest expected use worth issuing on an engine with step time ``a + b·B``."""
+    def min_use(self, a: float, b: float, searches: int = 1) -> float:
+        """The smallest expected use worth issuing on an engine with step time ``a + b·B`` shared by ``searches``."""
         if b <= 0:
             return 0.0
         saving = a * self.saved_per_hit()
         if saving <= 0:
             return 1.0
-        r = b * self.wasted_per_miss() / saving
+        r = max(searches, 1) * b * self.wasted_per_miss() / saving
         return r / (1.0 + r)
 
     def report(self) -> dict:

@@ -261,7 +261,9 @@ class SpexContext(SearchContext):
     def min_use(self) -> float:
         """The expected use a candidate needs to be issued now (0 with the gate off or the step curve unknown)."""
         line = self.budget.step_line(self.dp_rank)
-        floor = self.payoff().min_use(*line) if line is not None and self.settings.payoff_gate else 0.0
+        floor = 0.0
+        if line is not None and self.settings.payoff_gate:
+            floor = self.payoff().min_use(*line, searches=len(self.budget.on_rank(self.dp_rank)))
         self.acc.min_use, self.acc.step_line = floor, line
         return floor
 
