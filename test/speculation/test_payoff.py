@@ -10,7 +10,7 @@ from speculation.test_spex_fake import JitterPort, make_spec, signature
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import make_budget
-from sglang_spex.speculation.payoff import Payoff, WaveMeter, remaining_tokens, truncate_at
+from sglang_spex.speculation.payoff import Payoff, WaveMeter, remaining_tokens, truncate_at, wasted_tokens
 from sglang_spex.speculation.runner import SpexContext, context_factory
 from sglang_spex.srt.scheduling import LiveCurve
 from sglang_spex.tot.search import run_search
@@ -32,7 +32,7 @@ def test_min_use_hand_computed():
 def test_the_prior_ages_like_the_measurements():
     p = Payoff(prior_tokens=48.0)
     assert p.min_use(0.1, 0.01) == pytest.approx(0.1 / 1.1)  # no data: one saved step is worth ten wasted tokens
-    for _ in range(200):
+    for _ in range(1000):
         p.record_wave(saved_steps=0.0, hits=1)
     assert p.saved_per_hit() < 0.1  # the prior is forgotten: hits that saved nothing are worth nothing
     assert p.min_use(0.1, 0.01) > 0.99
@@ -41,12 +41,12 @@ def test_the_prior_ages_like_the_measurements():
 def test_min_use_rises_as_hits_stop_saving_steps_and_falls_when_they_save_again():
     p = Payoff(prior_tokens=48.0)
     start = p.min_use(0.09, 0.013)
-    for _ in range(40):
+    for _ in range(300):
         p.record_wave(saved_steps=0.0, hits=4)  # hits that take nothing off the critical path
         p.record_miss(40)
     stalled = p.min_use(0.09, 0.013)
     assert stalled > 0.75 and start < 0.15  # b/a = 0.14: one wasted token costs 0.14 of a step
-    for _ in range(80):
+    for _ in range(300):
         p.record_wave(saved_steps=48.0, hits=1)
     assert p.min_use(0.09, 0.013) < stalled / 2
 
@@ -140,3 +140,8 @@ def test_the_bar_rises_with_the_searches_sharing_the_engine():
     p = Payoff(prior_tokens=48.0)
     one, four = p.min_use(0.1, 0.01), p.min_use(0.1, 0.01, searches=4)
     assert one == pytest.approx(0.1 / 1.1) and four == pytest.approx(0.4 / 1.4)
+
+
+def test_a_miss_wastes_its_uncached_prefill_too():
+    assert wasted_tokens(decoded=5, prompt_tokens=120, cached_tokens=70) == 55
+    assert wasted_tokens(decoded=0, prompt_tokens=120, cached_tokens=0) == 0  # aborted before its prefill ran

@@ -13,7 +13,9 @@ Both sides are measured per search and pooled per (DP rank, policy) on the serve
   ``max r_i``: ``r_i = L_i`` for a node generated on request, 0 for a hit finished before it, and for a hit still
   in flight the part of its tokens decoded after the request (its decode time after the request over its whole
   decode time, times ``L_i``). Saved = ``max L_i - max r_i``.
-- **wasted tokens**: a cancelled or never-adopted speculative node's decoded tokens.
+- **wasted tokens**: a cancelled or never-adopted speculative node's decoded tokens, plus the prompt tokens it
+  prefilled that the radix cache did not hold (:func:`wasted_tokens`; a prefilled token is counted like a decoded
+  one, about what it costs a compute-bound step; measured on the CPU server, misses' prefill was most of the waste).
 
 With ``C`` searches sharing the engine, a step one search saves lets the engine finish the whole load about
 ``1/C`` of a step sooner (the others keep it busy), while a wasted token slows every search's step: a candidate
@@ -32,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-DECAY = 0.97  # per recorded event: about 23 events' half-life
+DECAY = 0.995  # per recorded event: a half-life of ~140 events (a few searches: BFS savings come in rare, large waves)
 PRIOR_EVENTS = 1.0  # the prior's weight at the start: one hit that saved a step's tokens, one miss that wasted them
 
 
@@ -92,6 +94,13 @@ class Payoff:
             "hits": round(self.hits, 2),
             "misses": round(self.misses, 2),
         }
+
+
+def wasted_tokens(decoded: int, prompt_tokens: int, cached_tokens: int) -> int:
+    """What a speculative node that is never adopted cost: its decoded tokens and, if it was prefilled (it decoded
+    at least one token), its prompt tokens the radix cache did not hold."""
+    decoded = max(int(decoded), 0)
+    return decoded + (max(int(prompt_tokens) - int(cached_tokens), 0) if decoded > 0 else 0)
 
 
 def remaining_tokens(length: int, requested_at: float, span: Optional[Tuple[float, float]]) -> float:

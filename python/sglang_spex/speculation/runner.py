@@ -29,7 +29,7 @@ from sglang_spex.speculation.accounting import SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
 from sglang_spex.speculation.candidates import Candidate, refill_key
 from sglang_spex.speculation.early_stop import EarlyStop
-from sglang_spex.speculation.payoff import Payoff, WaveMeter, truncate_at
+from sglang_spex.speculation.payoff import Payoff, WaveMeter, truncate_at, wasted_tokens
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
 from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
@@ -271,9 +271,9 @@ class SpexContext(SearchContext):
         self.payoff().record_wave(saved_steps, hits)
         self.acc.saved_steps += saved_steps
 
-    def _missed(self, tokens: int) -> None:
-        """A speculative node will never be adopted: ``tokens`` decoded for nothing."""
-        self.payoff().record_miss(tokens)
+    def _missed(self, node: Node) -> None:
+        """A speculative node will never be adopted: what it decoded and prefilled was for nothing."""
+        self.payoff().record_miss(wasted_tokens(node.num_tokens, node.prompt_tokens, node.cached_tokens))
 
     def on_rollout(self, index: int) -> None:
         self.next_rollout = max(self.next_rollout, index + 1)
@@ -467,6 +467,7 @@ class SpexContext(SearchContext):
         if res.aborted:
             node.status = CANCELLED
             node.num_tokens = res.completion_tokens  # decoded before the abort: the cancel counts them as wasted
+            node.prompt_tokens, node.cached_tokens = res.prompt_tokens, res.cached_tokens
             self.acc.spec_tokens += res.completion_tokens
             return
         before = self.tokens_generated
@@ -513,12 +514,12 @@ class SpexContext(SearchContext):
                 await self.port.abort(entry.node.rid or node_rid(self.search_id, entry.path, ROLE_SPEC))
                 await asyncio.wait([entry.task], timeout=30)
                 self.acc.on_cancel(entry.node.num_tokens, (time.monotonic() - t0) * 1000.0)
-                self._missed(entry.node.num_tokens)
+                self._missed(entry.node)
 
             self._cancels.append(asyncio.ensure_future(_abort()))
         else:
             self.acc.on_cancel(entry.node.num_tokens, None)
-            self._missed(entry.node.num_tokens)
+            self._missed(entry.node)
         entry.state = SPEC_CANCELLED
 
     def on_answer(self, node: Node) -> None:
@@ -545,7 +546,7 @@ class SpexContext(SearchContext):
         for e in self.store:
             self.acc.never_used += 1
             self.acc.wasted_tokens += e.node.num_tokens
-            self._missed(e.node.num_tokens)
+            self._missed(e.node)
         if self.acc.early_stopped:
             self.acc.early_stop_skipped_nodes = sum(1 for n in self.tree if n.status == CANCELLED)
         self.acc.primary_tokens = self.tokens_generated - sum(
