@@ -13,7 +13,7 @@ For each repeat, each (policy, concurrency) cell runs every mode back to back (t
 repeats), the radix cache flushed before each run. Reported per cell: median q/min of each mode, the median and
 min–max of the per-repeat SPEX/baseline q/min ratio, hits/issued, wasted tokens, per-query p50/p99 completion
 time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
-``--no-gate-mode`` adds SPEX with the pay-off gate off (``spex_nogate``; speculation/payoff.py), interleaved too.
+``--gate-mode`` adds SPEX with the pay-off gate on (``spex_gate``; speculation/payoff.py), interleaved too.
 
 The server runs in float32 by default (``--dtype``): SGLang's CPU logits are then independent of the batch's
 shape, so with T3 off SPEX and the baseline grow the *same tree* (seeded nodes, same tokens) and the ratio is pure
@@ -63,14 +63,14 @@ MODES = {
     "baseline": None,
     "spex_t1t2": dict(components=("t1", "t2"), early_stop=False),
     "spex_t1t2t3": dict(components=("t1", "t2", "t3"), early_stop=True),
-    "spex_nogate": dict(components=("t1", "t2"), early_stop=False, payoff_gate=False),
+    "spex_gate": dict(components=("t1", "t2"), early_stop=False, payoff_gate=True),
 }
 # Server-side: the per-search ``speculation`` override of each mode.
 OVERRIDES = {
     "baseline": {"enabled": False},
     "spex_t1t2": {"enabled": True, "components": ["t1", "t2"], "early_stop": False},
     "spex_t1t2t3": {"enabled": True, "components": ["t1", "t2", "t3"], "early_stop": True},
-    "spex_nogate": {"enabled": True, "components": ["t1", "t2"], "early_stop": False, "payoff_gate": False},
+    "spex_gate": {"enabled": True, "components": ["t1", "t2"], "early_stop": False, "payoff_gate": True},
 }
 QUICK = dict(policies="rebase-8", concurrency="1", questions=1, max_depth=2, step_tokens=8, repeats=1)
 DEFAULTS = dict(
@@ -443,9 +443,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     ap.add_argument("--k-total", default="8", help="the server's --tot-k-total (a number or auto)")
     ap.add_argument("--t3", action="store_true", help="also run SPEX with T3 early stop (changes the search)")
-    ap.add_argument(
-        "--no-gate-mode", action="store_true", help="also run SPEX with the pay-off gate off (mode spex_nogate)"
-    )
+    ap.add_argument("--gate-mode", action="store_true", help="also run SPEX with the pay-off gate on (mode spex_gate)")
     ap.add_argument("--client-side", action="store_true", help="drive searches over HTTP (HttpPort), not /tot/search")
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes: " + json.dumps(QUICK))
     ap.add_argument("--seed", type=int, default=0)
@@ -477,11 +475,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         return data
     policies = args.policies.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
-    modes = (
-        ["baseline", "spex_t1t2"]
-        + (["spex_t1t2t3"] if args.t3 else [])
-        + (["spex_nogate"] if args.no_gate_mode else [])
-    )
+    modes = ["baseline", "spex_t1t2"] + (["spex_t1t2t3"] if args.t3 else []) + (["spex_gate"] if args.gate_mode else [])
     n_questions = max([args.questions, *concs])
     questions = get_task(args.task).questions(n_questions, split="test", seed=args.seed)
     server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), "--dtype", args.dtype, *args.server_arg]

@@ -283,7 +283,7 @@ class SpexConfig(_Section):
         "prefill runs in the primaries' decode step instead of waiting for a free step (on/off)",
     )
     payoff_gate: bool = _opt(
-        True,
+        False,
         parse=on_off,
         help="issue a speculative node only while its expected use pays for it on the live decode-step curve "
         "(measured steps saved per hit vs tokens wasted per miss; on/off)",

@@ -34,7 +34,7 @@ def search(url: str, speculation: dict) -> dict:
 def test_gate_reads_the_schedulers_step_line_and_keeps_the_tree(spex_server):
     url = spex_server.url
     base = search(url, {"enabled": False})
-    spex = {"enabled": True, "components": ["t1", "t2"], "early_stop": False}
+    spex = {"enabled": True, "components": ["t1", "t2"], "early_stop": False, "payoff_gate": True}
     for _ in range(6):  # each search adds decode steps at several batch sizes until the scheduler has a fit
         gated = search(url, spex)
         if gated["speculation"]["step_line"] is not None:
@@ -47,7 +47,7 @@ def test_gate_reads_the_schedulers_step_line_and_keeps_the_tree(spex_server):
     assert 0.0 <= acc["min_use"] < 1.0
     assert tree_signature(gated) == tree_signature(base)
     assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
-    off = search(url, {**spex, "payoff_gate": False})
+    off = search(url, {**spex, "payoff_gate": False})  # also the server's default
     assert off["speculation"]["min_use"] == 0.0
     assert tree_signature(off) == tree_signature(base)
 
