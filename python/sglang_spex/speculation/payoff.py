@@ -87,14 +87,6 @@ class Payoff:
         r = max(searches, 1) * b * self.wasted_per_miss() / saving
         return r / (1.0 + r)
 
-    def report(self) -> dict:
-        return {
-            "saved_per_hit": round(self.saved_per_hit(), 3),
-            "wasted_per_miss": round(self.wasted_per_miss(), 3),
-            "hits": round(self.hits, 2),
-            "misses": round(self.misses, 2),
-        }
-
 
 def wasted_tokens(decoded: int, prompt_tokens: int, cached_tokens: int) -> int:
     """What a speculative node that is never adopted cost: its decoded tokens and, if it was prefilled (it decoded
