@@ -90,7 +90,8 @@ class LiveCurve:
     with at least ``min_samples`` recent steps: the batch where ``KNEE_ELASTICITY`` of the step time scales with
     it (``a / b`` at 0.5, profile.roofline's definition for a curve without a sharp bend). It is reported only once a batch at or
     past it was measured (the engine was seen compute-bound), never extrapolated. Context length also moves
-    step times; the window of recent steps keeps the estimate current."""
+    step times; the window of recent steps keeps the estimate current. The fitted line itself (:meth:`line`) is
+    published too: SPEX's pay-off gate prices a saved step at ``a`` and a wasted token at ``b``."""
 
     window: int = 16
     min_samples: int = 4
