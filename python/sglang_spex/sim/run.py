@@ -16,14 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
 from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.clock import run_virtual
 from sglang_spex.sim.cost import CostModel, RooflineCost, make_cost
 from sglang_spex.sim.engine import SimPort
 from sglang_spex.sim.workload import Workload
-from sglang_spex.speculation.budget import DEFAULT_K_TOTAL, make_budget
+from sglang_spex.speculation.budget import make_budget
 from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.rewards import Reward
@@ -154,19 +152,10 @@ def spex_factory(cfg: SpexConfig, cost: Optional[CostModel] = None) -> Callable[
     if cfg.k_total is None and cost is not None:
         cfg = replace(cfg, k_total=cost.k_total())
     budget = make_budget(cfg)
-    if cost is not None:  # the pay-off gate reads the engine's step line, as the server's from its scheduler's fit
-        line = step_line(cost, max(2, cfg.k_total or DEFAULT_K_TOTAL))
-        budget.step_cost = lambda *rank: line
+    if cost is not None:  # the pay-off gate's step line: the cost model's fit below its knee (the server: its live fit)
+        fit = cost.knee()
+        budget.step_cost = lambda *rank: (fit.a, max(fit.b1, 0.0))
     return context_factory(cfg, budget)
-
-
-def step_line(cost: CostModel, max_batch: int, ctx_per_seq: int = 512) -> Tuple[float, float]:
-    """``(a, b)`` of the straight line ``t = a + b·B`` through ``cost``'s decode times at batch 1..``max_batch``
-    (least squares; what the server's scheduler fits to its live step times)."""
-    batches = np.arange(1, max_batch + 1)
-    times = np.array([float(cost.decode_time(int(b), ctx_per_seq * int(b))) for b in batches])
-    b, a = np.polyfit(batches, times, 1)
-    return (float(a), max(float(b), 0.0)) if a > 0 else (float(times[0]), 0.0)
 
 
 def compare(spec: SearchSpec, cfg: SpexConfig, *, cost: CostSpec, **kw: Any) -> Tuple[SimRun, SimRun]:

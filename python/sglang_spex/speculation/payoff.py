@@ -176,6 +176,8 @@ def cost_ratio(a: Optional[float], b: Optional[float]) -> Optional[Tuple[float, 
 
 def truncate_at(uses: List[float], floor: float) -> int:
     """How many of ``uses`` (sorted best first) reach ``floor``."""
+    if floor <= 0:
+        return len(uses)
     n = 0
     for u in uses:
         if u + 1e-9 < floor:

@@ -237,6 +237,10 @@ class StatsReader:
         seq = self.seq
         return self._row(seq - 1) if seq > 0 else None
 
+    def counter(self, name: str) -> float:
+        """One counter's value (without building :meth:`counters`' dict)."""
+        return float(self.counters_arr[_C[name]])
+
     def counters(self) -> Dict[str, float]:
         vals = self.counters_arr.copy()
         return {k: float(v) for k, v in zip(COUNTERS, vals)}

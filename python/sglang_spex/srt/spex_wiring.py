@@ -98,13 +98,13 @@ class SpexWiring:
 
     def step_cost(self, rank: Optional[int] = None) -> Optional[Tuple[float, float]]:
         """``(a, b)`` of rank ``rank``'s live decode step curve ``t = a + b·B`` (its scheduler's fit, published in
-        the batch-stats counters), or None before a fit: the pay-off gate's step cost."""
+        the batch-stats counters; -1 before a fit, which the budget's ``cost_ratio`` refuses), or None without a
+        ring: the pay-off gate's step cost."""
         try:
-            c = self._reader(rank).counters()
+            reader = self._reader(rank)
+            return reader.counter("curve_a_s"), reader.counter("curve_b_s")
         except (OSError, ValueError):  # no stats ring (yet)
             return None
-        a, b = c.get("curve_a_s", -1.0), c.get("curve_b_s", -1.0)
-        return (a, b) if a > 0 and b >= 0 else None
 
     def engine_primary(self, rank: Optional[int] = None) -> Optional[int]:
         """Primary requests running, chunked or waiting in the scheduler of DP rank ``rank`` (None: the server's
