@@ -13,7 +13,8 @@ For each repeat, each (policy, concurrency) cell runs every mode back to back (t
 repeats), the radix cache flushed before each run. Reported per cell: median q/min of each mode, the median and
 min–max of the per-repeat SPEX/baseline q/min ratio, hits/issued, wasted tokens, per-query p50/p99 completion
 time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
-``--gate-mode`` adds SPEX with the pay-off gate on (``spex_gate``; speculation/payoff.py), interleaved too.
+``--gate-mode`` adds SPEX with the pay-off gate on (``spex_gate``; speculation/payoff.py), interleaved too;
+``--variant NAME=JSON`` adds SPEX with more per-search settings (server-side), e.g. ``bfs2='{"bfs_lookahead": 2}'``.
 
 The server runs in float32 by default (``--dtype``): SGLang's CPU logits are then independent of the batch's
 shape, so with T3 off SPEX and the baseline grow the *same tree* (seeded nodes, same tokens) and the ratio is pure
@@ -444,6 +445,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--k-total", default="8", help="the server's --tot-k-total (a number or auto)")
     ap.add_argument("--t3", action="store_true", help="also run SPEX with T3 early stop (changes the search)")
     ap.add_argument("--gate-mode", action="store_true", help="also run SPEX with the pay-off gate on (mode spex_gate)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="also run SPEX (T1+T2) with these per-search speculation settings, as mode NAME (server-side; repeat)",
+    )
     ap.add_argument("--client-side", action="store_true", help="drive searches over HTTP (HttpPort), not /tot/search")
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes: " + json.dumps(QUICK))
     ap.add_argument("--seed", type=int, default=0)
@@ -459,6 +467,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.client_side and args.k_total == "auto":
         ap.error("--client-side needs a numeric --k-total (the client-side budget has no profile)")
     args.k_total_client = None if args.k_total == "auto" else int(args.k_total)
+    args.variants = []
+    for item in args.variant:
+        name, _, text = item.partition("=")
+        try:
+            settings = json.loads(text)
+        except json.JSONDecodeError as e:
+            ap.error(f"--variant {item!r}: not NAME=JSON ({e})")
+        if not name or name in OVERRIDES or not isinstance(settings, dict):
+            ap.error(f"--variant {item!r}: needs a new mode name and a JSON object")
+        if args.client_side:
+            ap.error("--variant runs server-side only")
+        OVERRIDES[name] = {**OVERRIDES["spex_t1t2"], **settings}
+        args.variants.append(name)
     return args
 
 
@@ -476,6 +497,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     policies = args.policies.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
     modes = ["baseline", "spex_t1t2"] + (["spex_t1t2t3"] if args.t3 else []) + (["spex_gate"] if args.gate_mode else [])
+    modes += args.variants
     n_questions = max([args.questions, *concs])
     questions = get_task(args.task).questions(n_questions, split="test", seed=args.seed)
     server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), "--dtype", args.dtype, *args.server_arg]

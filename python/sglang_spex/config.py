@@ -269,7 +269,7 @@ class SpexConfig(_Section):
     )
     lookahead: int = _opt(4, check=(lambda v: v >= 1, "must be >= 1"), help="DFS: UCB simulation steps (k)")
     bfs_lookahead: int = _opt(
-        2,
+        3,
         check=(lambda v: v >= 1, "must be >= 1"),
         help="BFS: depths expanded early ahead of the undecided one (1: the next depth only)",
     )

@@ -45,3 +45,14 @@ def test_bfs_speculates_below_the_undecided_depth_and_keeps_the_baseline_tree():
     hits, issued = _distance_counts(deep)[2]  # children of speculative nodes, before their depth was decided
     assert issued > 0 and hits > 0
     assert _done_nodes(deep) == _done_nodes(base) and deep.answers == base.answers
+
+
+def test_bfs_keeps_speculating_three_depths_ahead_while_deep_nodes_hit():
+    """Depth 3 ahead is planned while that distance's *resolved* hit rate holds: nodes still waiting for their
+    depth's decision do not count as misses, so deep speculation is not switched off by its own lag."""
+    spec = SearchSpec(policy=PolicyConfig("rebase-16"), seed=0)
+    cfg = SpexConfig(enabled=True, k_total=None, early_stop=False, bfs_lookahead=3)
+    base, deep = compare(spec, cfg, cost=("A100-80G", "Llemma-7B"), questions=4, concurrency=1)
+    counts = _distance_counts(deep)
+    assert counts[3][0] >= 10 and counts[2][0] >= 20, counts
+    assert _done_nodes(deep) == _done_nodes(base) and deep.answers == base.answers

@@ -31,6 +31,23 @@ def test_depth_counter_by_hand():
     assert (d["issued"], d["hits"], d["in_flight_adopted"]) == (5, 2, 1)
 
 
+def test_resolved_hit_rate_ignores_nodes_whose_fate_is_open():
+    """A deep BFS node is adopted only two decisions after it was issued: until then it is neither hit nor miss, so
+    a run of fresh issues must not read as a falling hit rate (that throttled lookahead > 1 to one depth)."""
+    a = SpecAccounting()
+    for _ in range(6):
+        a.on_issue(2, depth=3)
+    assert a.resolved(2) == (0, 0)
+    a.on_miss(2)
+    a.on_hit(2, depth=3)
+    a.on_hit(2, depth=3)
+    assert a.resolved(2) == (2, 3) and a.resolved(1) == (0, 0)
+    b = SpecAccounting()
+    b.on_miss(2)
+    a.merge(b)
+    assert a.resolved(2) == (2, 4) and a.to_dict()["missed_distance"] == {"2": 2}
+
+
 class RoleDepthPort(JitterPort):
     """Counts requests by (role, node depth)."""
 

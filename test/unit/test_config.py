@@ -35,7 +35,7 @@ NON_DEFAULT = {
     "--tot-min-share": (["3"], 3),
     "--tot-components": (["t1,t3"], ("t1", "t3")),
     "--tot-lookahead": (["6"], 6),
-    "--tot-bfs-lookahead": (["3"], 3),
+    "--tot-bfs-lookahead": (["2"], 2),
     "--tot-budget-temperature": (["0.5"], 0.5),
     "--tot-early-stop": (["on"], True),
     "--tot-early-stop-alpha": (["0.25"], 0.25),

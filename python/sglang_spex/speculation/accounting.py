@@ -28,6 +28,7 @@ class SpecAccounting:
     cancel_latency_ms: List[float] = field(default_factory=list)
     hit_distance: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # distance -> (hits, issued)
     hit_depth: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # node depth -> (hits, issued)
+    missed_distance: Dict[int, int] = field(default_factory=dict)  # distance -> nodes cancelled as misses
     budget_shares: List[Tuple[float, int]] = field(default_factory=list)  # (t, share)
     early_stopped: bool = False
     early_stop_skipped_nodes: int = 0
@@ -51,6 +52,15 @@ class SpecAccounting:
         if depth is not None:
             _bump(self.hit_depth, depth, 1, 0)
 
+    def on_miss(self, distance: int) -> None:
+        """A speculative node issued ``distance`` ahead is known unused (cancelled when its frontier was decided)."""
+        self.missed_distance[distance] = self.missed_distance.get(distance, 0) + 1
+
+    def resolved(self, distance: int) -> Tuple[int, int]:
+        """(hits, hits + known misses) at ``distance``: issued nodes whose fate is still open count as neither."""
+        hits = self.hit_distance.get(distance, (0, 0))[0]
+        return hits, hits + self.missed_distance.get(distance, 0)
+
     def on_cancel(self, wasted_tokens: int, latency_ms: Optional[float]) -> None:
         self.cancelled += 1
         self.wasted_tokens += wasted_tokens
@@ -71,6 +81,7 @@ class SpecAccounting:
         d["hit_rate"] = round(self.hit_rate, 4)
         for name in ("hit_distance", "hit_depth"):
             d[name] = {str(k): {"hits": h, "issued": i} for k, (h, i) in sorted(getattr(self, name).items())}
+        d["missed_distance"] = {str(k): m for k, m in sorted(self.missed_distance.items())}
         return d
 
     def merge(self, other: "SpecAccounting") -> None:
@@ -94,6 +105,8 @@ class SpecAccounting:
             mine = getattr(self, name)
             for k, (h, i) in getattr(other, name).items():
                 _bump(mine, k, h, i)
+        for k, m in other.missed_distance.items():
+            self.missed_distance[k] = self.missed_distance.get(k, 0) + m
 
 
 def _bump(counts: Dict[int, Tuple[int, int]], key: int, hits: int, issued: int) -> None:

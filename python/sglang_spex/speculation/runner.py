@@ -57,7 +57,7 @@ __all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
 CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
 T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
-MIN_DEEP_HIT_RATE = 0.25  # BFS: a depth below the next one is speculated while its running hit rate is above this
+MIN_DEEP_HIT_RATE = 0.25  # BFS: a depth below the next one is speculated while its resolved hit rate is above this
 
 
 class SpexContext(SearchContext):
@@ -393,12 +393,12 @@ class SpexContext(SearchContext):
         return self._bfs_use(node.parent) * self._within_width(node.parent.path, bfs_early.child_index(node.path))
 
     def _bfs_levels(self) -> int:
-        """Depths to predict: the undecided one, plus each next one while its measured hit rate (prior 0.5) says
-        speculating there pays, up to ``bfs_lookahead``."""
+        """Depths to predict: the undecided one, plus each next one while its hit rate (prior 0.5) says speculating
+        there pays, up to ``bfs_lookahead``. The rate counts resolved nodes only (adopted, or cancelled when their
+        depth was decided): a node two depths ahead waits two decisions for its fate."""
         levels = 1
         while levels < self.settings.bfs_lookahead:
-            hits, issued = self.acc.hit_distance.get(levels + 1, (0, 0))
-            if running_hit_rate(hits, issued) < MIN_DEEP_HIT_RATE:
+            if running_hit_rate(*self.acc.resolved(levels + 1)) < MIN_DEEP_HIT_RATE:
                 break
             levels += 1
         return levels
@@ -506,6 +506,7 @@ class SpexContext(SearchContext):
     def _cancel(self, entry: Optional[SpecEntry]) -> None:
         if entry is None:
             return
+        self.acc.on_miss(entry.distance)
         t0 = time.monotonic()
         if entry.state == RUNNING and entry.task is not None:
             entry.cancel_requested_at = t0
