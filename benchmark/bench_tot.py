@@ -245,7 +245,7 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
         spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, reward=args.reward)
         return asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total_client))
     spec = build_spec(
-        policy, args.max_depth, args.step_tokens, seed, args.task, speculation=OVERRIDES[mode], reward=args.reward
+        policy, args.max_depth, args.step_tokens, seed, args.task, speculation=args.overrides[mode], reward=args.reward
     )
     before = _spex_stats(url)
     row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
@@ -467,18 +467,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.client_side and args.k_total == "auto":
         ap.error("--client-side needs a numeric --k-total (the client-side budget has no profile)")
     args.k_total_client = None if args.k_total == "auto" else int(args.k_total)
-    args.variants = []
+    args.variants, args.overrides = [], dict(OVERRIDES)
     for item in args.variant:
         name, _, text = item.partition("=")
         try:
             settings = json.loads(text)
         except json.JSONDecodeError as e:
             ap.error(f"--variant {item!r}: not NAME=JSON ({e})")
-        if not name or name in OVERRIDES or not isinstance(settings, dict):
+        if not name or name in args.overrides or not isinstance(settings, dict):
             ap.error(f"--variant {item!r}: needs a new mode name and a JSON object")
         if args.client_side:
             ap.error("--variant runs server-side only")
-        OVERRIDES[name] = {**OVERRIDES["spex_t1t2"], **settings}
+        args.overrides[name] = {**OVERRIDES["spex_t1t2"], **settings}
         args.variants.append(name)
     return args
 

@@ -132,6 +132,15 @@ def test_bench_tot_cli_defaults_and_quick():
     assert quick.repeats == 2 and quick.questions == 1 and quick.task == "toy_add"  # explicit flags win
     with pytest.raises(SystemExit):
         bench_tot.parse_args(["--client-side", "--k-total", "auto"])
+    args = bench_tot.parse_args(["--variant", 'bfs2={"bfs_lookahead": 2}'])
+    assert args.variants == ["bfs2"] and args.overrides["bfs2"] == {
+        **bench_tot.OVERRIDES["spex_t1t2"],
+        "bfs_lookahead": 2,
+    }
+    assert "bfs2" not in bench_tot.OVERRIDES  # parsing leaves the module's modes alone
+    for bad in ("bfs2", "bfs2={", "baseline={}", "x=[1]"):
+        with pytest.raises(SystemExit):
+            bench_tot.parse_args(["--variant", bad])
     spec = bench_tot.build_spec("rebase-8", 2, 8, 0, "rg:chain_sum", speculation=bench_tot.OVERRIDES["baseline"])
     assert spec.speculation == {"enabled": False} and spec.to_dict()["task"] == "rg:chain_sum"
 

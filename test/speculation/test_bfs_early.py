@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from sglang_spex.speculation.bfs_early import predicted_levels, predicted_widths, split_on_frontier
+from sglang_spex.speculation.bfs_early import (
+    predicted_levels,
+    predicted_widths,
+    split_on_frontier,
+    use_chances,
+    width_chances,
+)
 from sglang_spex.tot.policies.rebase import Rebase, RebaseParams
 from sglang_spex.tot.tree import DONE, GENERATING, Node, Tree
 
@@ -56,3 +62,26 @@ def test_levels_below_predict_from_the_speculative_children_inside_their_parents
     # depth 2: r.1.0 is an answer (width 8 - 1 = 7); r.0.0 known, r.0.1 and 8 - 3 = 5 unseen nodes pending:
     # 7 equal scores share 7 -> 1 each
     assert predicted_levels(policy, [r0, r1], below, 8, levels=2) == {"r.0": 5, "r.1": 3, "r.0.0": 1}
+
+
+def test_one_world_is_the_mean_imputation_and_more_worlds_keep_a_parent_near_the_cut():
+    """World 0 imputes the mean (r.1 gets no width there); worlds that draw the unknown scores from the known ones
+    sometimes give r.1 a child, so it keeps a chance and what is below it can still be planned."""
+    policy = Rebase(RebaseParams(width=4, softmax_temperature=0.3))
+    nodes = level(0.9, 0.3, None, None)
+    assert predicted_levels(policy, nodes, {}, 4, levels=1) == {"r.0": 3}
+    assert use_chances(policy, nodes, {}, 4, levels=1, worlds=1) == {"r.0": width_chances(3)}
+    many = use_chances(policy, nodes, {}, 4, levels=1, worlds=8, seed="q")
+    assert many == use_chances(policy, nodes, {}, 4, levels=1, worlds=8, seed="q")  # seeded: reproducible
+    assert 0 < many["r.1"][0] < 1 and many["r.0"][0] == 1.0
+    for chances in many.values():
+        assert all(1 >= a >= b >= 0 for a, b in zip(chances, chances[1:] + [0.0]))
+
+
+def test_a_deeper_chance_is_its_parents_chance_times_its_own():
+    policy = Rebase(RebaseParams(width=8, softmax_temperature=1.0))
+    r0, r1 = level(0.9, 0.5)  # widths 5 and 3 in every world: nothing is unknown at this depth
+    below = {"r.0": [Node(path="r.0.0", parent=r0, status=DONE, reward=0.8)]}
+    got = use_chances(policy, [r0, r1], below, 8, levels=2, worlds=1)
+    # depth 2 in world 0: r.0.0 and 7 pending nodes at the mean share 8: width 1; r.0.0 is in the tree with 5/5
+    assert got == {"r.0": width_chances(5), "r.1": width_chances(3), "r.0.0": [1.0]}

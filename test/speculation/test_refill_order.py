@@ -8,6 +8,7 @@ import asyncio
 from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.speculation.bfs_early import width_chances
 from sglang_spex.speculation.budget import ModelBytes, SpecBudget
 from sglang_spex.speculation.candidates import refill_key
 from sglang_spex.speculation.runner import context_factory
@@ -36,8 +37,8 @@ def finished(ctx, index, prompt_tokens=0, num_tokens=5, text="1 + 1 = 2.\n\n"):
     return node
 
 
-def plan(ctx, targets):
-    ctx._bfs_targets = targets
+def plan(ctx, widths):
+    ctx._bfs_targets = {path: width_chances(w) for path, w in widths.items()}
     ctx._version += 1
     return [(c.parent.path, c.index) for c in ctx._candidates(limit=16)]
 
@@ -88,7 +89,7 @@ def test_demand_reports_kv_bytes_from_the_model():
         try:
             a = finished(ctx, 0, prompt_tokens=30, num_tokens=10)
             ctx._note_finished(a)
-            ctx._bfs_targets = {a.path: 2}
+            ctx._bfs_targets = {a.path: width_chances(2)}
             ctx._version += 1
             return ctx.demand()
         finally:

@@ -11,11 +11,18 @@ other one is cancelled immediately, with everything speculated below it.
 Deeper levels (``bfs_lookahead`` > 1): a speculative child that finished and was scored is itself a node of the
 next depth, so the same prediction runs there (:func:`predicted_levels`): the next depth's known nodes are the
 speculative children inside their parents' predicted widths, and the ones not generated yet count as pending.
+
+One prediction imputes every unknown score with its depth's mean, so a parent near the cut flips in and out of
+the predicted tree as its siblings finish, and while it is out nothing below it is planned. :func:`use_chances`
+therefore runs the prediction in several *worlds*: world 0 imputes the mean, the others draw each unknown score
+from the scores known at its depth. A child's chance of being in the baseline's tree is its average over the
+worlds of ``(w - i) / w`` (index i of a parent given width w) times its parent's chance in that world.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+import random
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from sglang_spex.tot.policies.rebase import Rebase
 from sglang_spex.tot.tree import CANCELLED, DONE, FAILED, Node
@@ -30,22 +37,33 @@ def child_index(path: str) -> int:
     return int(path.rsplit(".", 1)[1])
 
 
-def predicted_widths(policy: Rebase, level: Sequence[Node], width_left: int, unseen: int = 0) -> Dict[str, int]:
+WORLDS = 8  # worlds per prediction (REBASE's allocation; a solver-based rule, ETS's ILP, runs one)
+
+Chances = Dict[str, List[float]]  # parent path -> chance that its child i is in the baseline's tree
+
+
+def predicted_widths(
+    policy: Rebase, level: Sequence[Node], width_left: int, unseen: int = 0, draw: Optional[random.Random] = None
+) -> Dict[str, int]:
     """Width per scored, unfinished node of the current depth, from the scores known so far.
 
     Siblings still generating (and ``unseen`` ones not generated yet) are counted with the mean known score (they
-    will compete for the same width), so an early finisher is not handed the whole width.
+    will compete for the same width), so an early finisher is not handed the whole width; with ``draw``, each
+    with a known score drawn at random instead.
     """
     cands = [n for n in level if n.status == DONE and not n.is_terminal]
     pending = unseen + sum(1 for n in level if n.status not in (DONE, FAILED, CANCELLED))
     if not cands:
         return {}
     scores = [policy.score(n) for n in cands]
-    guess = float(sum(scores) / len(scores))
+    if draw is None:
+        guesses = [float(sum(scores) / len(scores))] * pending
+    else:
+        guesses = [draw.choice(scores) for _ in range(pending)]
     keep_rule = getattr(policy, "predict_keep", None)
     keep = keep_rule(cands, width_left) if keep_rule is not None else [True] * len(cands)
     kept = [i for i, k in enumerate(keep) if k]
-    widths = policy.predict_widths([scores[i] for i in kept] + [guess] * pending, width_left)
+    widths = policy.predict_widths([scores[i] for i in kept] + guesses, width_left)
     out = {n.path: 0 for n in cands}
     for i, w in zip(kept, widths):
         out[cands[i].path] = w
@@ -61,16 +79,56 @@ def predicted_levels(
     ``below``: the speculative children known per parent path. The next depth holds the children inside their
     parent's predicted width; the rest of its ``width`` nodes are not generated yet (pending)."""
     out: Dict[str, int] = {}
+    for widths in _levels(policy, level, below, width, levels, None):
+        out.update({p: w for p, w in widths.items() if w > 0})
+    return out
+
+
+def _levels(policy: Rebase, level: Sequence[Node], below: Dict[str, List[Node]], width: int, levels: int, draw):
+    """The predicted widths of each depth in turn (one world: ``draw`` None imputes the mean)."""
     unseen = 0
     for _ in range(levels):
         width -= sum(1 for n in level if n.status == DONE and n.is_terminal)
         if width <= 0 or not level:
-            break
-        widths = predicted_widths(policy, level, width, unseen)
-        out.update({p: w for p, w in widths.items() if w > 0})
+            return
+        widths = predicted_widths(policy, level, width, unseen, draw)
+        yield widths
         level = [c for n in level for c in below.get(n.path, ()) if child_index(c.path) < widths.get(n.path, 0)]
         unseen = max(0, width - len(level))
-    return out
+
+
+def width_chances(width: int) -> List[float]:
+    """One world's chance of child i of a parent given ``width``: ``(width - i) / width``."""
+    return [(width - i) / width for i in range(width)]
+
+
+def use_chances(
+    policy: Rebase,
+    level: Sequence[Node],
+    below: Dict[str, List[Node]],
+    width: int,
+    levels: int,
+    worlds: int = WORLDS,
+    seed: str = "",
+) -> Chances:
+    """Chance that child i of each planned parent is in the baseline's tree, over ``worlds`` worlds (world 0: the
+    mean imputation of :func:`predicted_levels`; the rest draw unknown scores, seeded by ``seed``)."""
+    draw = random.Random(seed)
+    sums: Dict[str, List[float]] = {}
+    for world in range(max(1, worlds)):
+        chance: Dict[str, float] = {}  # this world's chance of each node of the depth being predicted
+        for widths in _levels(policy, level, below, width, levels, None if world == 0 else draw):
+            for path, w in widths.items():
+                if w <= 0:
+                    continue
+                parent_chance = chance.get(path, 1.0)  # a node of the undecided depth is in the tree
+                acc = sums.setdefault(path, [])
+                if len(acc) < w:
+                    acc.extend([0.0] * (w - len(acc)))
+                for i, c in enumerate(width_chances(w)):
+                    acc[i] += parent_chance * c
+                    chance[f"{path}.{i}"] = parent_chance * c
+    return {p: [c / max(1, worlds) for c in acc] for p, acc in sums.items()}
 
 
 def predict_is_costly(policy: Rebase) -> bool:

@@ -86,7 +86,7 @@ class SpexContext(SearchContext):
         self.bfs: Optional[Rebase] = self.policy if isinstance(self.policy, Rebase) else None
         self.mcts: Optional[MCTSPolicy] = self.policy if isinstance(self.policy, MCTSPolicy) else None
         self.next_rollout = 0
-        self._bfs_targets: Dict[str, int] = {}  # BFS: node of the undecided depth (or below) -> predicted width
+        self._bfs_targets: bfs_early.Chances = {}  # BFS: planned parent -> chance its child i is in the tree
         self._bfs_depth = 1  # BFS: the depth being generated (its frontier is not decided yet)
         self._cancels: List["asyncio.Future"] = []
         self._finalized = False
@@ -239,7 +239,8 @@ class SpexContext(SearchContext):
             return cand.use
         parent, index, distance = cand.parent, cand.index, cand.distance
         if self.bfs is not None:
-            return self._bfs_use(parent) * self._within_width(parent.path, index)
+            chances = self._bfs_targets.get(parent.path, ())
+            return chances[index] if index < len(chances) else 0.0
         hits, issued = self.acc.hit_distance.get(distance, (0, 0))
         return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
 
@@ -300,10 +301,10 @@ class SpexContext(SearchContext):
     def _plan(self, limit: int) -> List[Candidate]:
         out: List[Candidate] = []
         if self.bfs is not None:
-            for path, width in self._bfs_targets.items():
+            for path, chances in self._bfs_targets.items():
                 parent = self._finished(path)
                 if parent is not None:
-                    out += self._expansion(parent, width, parent.depth - self._bfs_depth + 1)
+                    out += self._expansion(parent, len(chances), parent.depth - self._bfs_depth + 1)
             return out[:limit]
         policy = self.mcts
         if policy is None:
@@ -380,18 +381,6 @@ class SpexContext(SearchContext):
         node = self._finished(path)
         return None if node is None or node.is_terminal else node
 
-    def _within_width(self, parent: str, index: int) -> float:
-        """BFS: the chance that child ``index`` of ``parent`` falls inside the parent's predicted width."""
-        width = self._bfs_targets.get(parent, 0)
-        return (width - index) / width if width > 0 else 0.0
-
-    def _bfs_use(self, node: Node) -> float:
-        """BFS: the chance that ``node`` is in the baseline's tree (1 for a primary node; a speculative one inside
-        its parent's predicted width, and its parent in the tree)."""
-        if node.path in self.tree.nodes or node.parent is None:
-            return 1.0
-        return self._bfs_use(node.parent) * self._within_width(node.parent.path, bfs_early.child_index(node.path))
-
     def _bfs_levels(self) -> int:
         """Depths to predict: the undecided one, plus each next one while its hit rate (prior 0.5) says speculating
         there pays, up to ``bfs_lookahead``. The rate counts resolved nodes only (adopted, or cancelled when their
@@ -416,14 +405,16 @@ class SpexContext(SearchContext):
             if e.node.kind == KIND_STEP and e.node.depth > depth and e.state != SPEC_CANCELLED:
                 below.setdefault(e.node.parent.path, []).append(e.node)
         costly = bfs_early.predict_is_costly(policy)  # a solver per depth: only the undecided one (in a thread)
-        args = (policy, level, below, width, 1 if costly else self._bfs_levels())
+        levels, worlds = (1, 1) if costly else (self._bfs_levels(), bfs_early.WORLDS)
+        known = sum(1 for n in level if n.status == DONE)
+        args = (policy, level, below, width, levels, worlds, f"{self.tree.search_seed}:{depth}:{known}:{len(below)}")
         if not costly:
-            self._set_bfs_targets(bfs_early.predicted_levels(*args))
+            self._set_bfs_targets(bfs_early.use_chances(*args))
             return
         epoch = self._bfs_epoch
 
         async def predict() -> None:
-            predicted = await asyncio.to_thread(bfs_early.predicted_levels, *args)
+            predicted = await asyncio.to_thread(bfs_early.use_chances, *args)
             if epoch == self._bfs_epoch and not self._finalized:
                 self._set_bfs_targets(predicted)
                 self.pump()
@@ -432,8 +423,8 @@ class SpexContext(SearchContext):
         self._predictions.add(task)
         task.add_done_callback(self._predictions.discard)
 
-    def _set_bfs_targets(self, predicted: Dict[str, int]) -> None:
-        self._bfs_targets = {p: w for p, w in predicted.items() if w > 0}
+    def _set_bfs_targets(self, predicted: bfs_early.Chances) -> None:
+        self._bfs_targets = {p: c for p, c in predicted.items() if c}
         self._version += 1
 
     def pump(self) -> None:
