@@ -405,7 +405,9 @@ class SpexContext(SearchContext):
             if e.node.kind == KIND_STEP and e.node.depth > depth and e.state != SPEC_CANCELLED:
                 below.setdefault(e.node.parent.path, []).append(e.node)
         costly = bfs_early.predict_is_costly(policy)  # a solver per depth: only the undecided one (in a thread)
-        levels, worlds = (1, 1) if costly else (self._bfs_levels(), bfs_early.WORLDS)
+        # extra worlds add unlikely children, which only a large share reaches: fewer of them with more searches
+        worlds = max(1, bfs_early.WORLDS // max(1, len(self.budget.on_rank(self.dp_rank))))
+        levels, worlds = (1, 1) if costly else (self._bfs_levels(), worlds)
         known = sum(1 for n in level if n.status == DONE)
         args = (policy, level, below, width, levels, worlds, f"{self.tree.search_seed}:{depth}:{known}:{len(below)}")
         if not costly:

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
-import numpy as np
 
 from sglang_spex.tot.policies.base import Policy, SearchHost
 from sglang_spex.tot.tree import DONE, Node
@@ -44,17 +43,18 @@ def allocate_widths(scores: Sequence[float], width: int, temperature: float) -> 
     out = [0] * n
     if n == 0 or width <= 0:
         return out
-    s = np.asarray(scores, dtype=float)
-    e = np.exp((s - s.max()) / temperature)  # same ratios as exp(s/T), without overflow
+    s = [float(x) for x in scores]  # plain floats: at a few dozen candidates numpy's per-call cost dominates
+    top = max(s)
+    e = [math.exp((x - top) / temperature) for x in s]  # same ratios as exp(s/T), without overflow
     order = sorted(range(n), key=lambda i: -s[i])
-    remaining, w = float(e.sum()), int(width)
+    remaining, w = math.fsum(e), int(width)
     for i in order:
         if w <= 0 or remaining <= 0:
             break
-        k = min(w, math.ceil(w * float(e[i]) / remaining - EPS))
+        k = min(w, math.ceil(w * e[i] / remaining - EPS))
         out[i] = k
         w -= k
-        remaining -= float(e[i])
+        remaining -= e[i]
     return out
 
 
