@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
-
 from sglang_spex.tot.policies.base import Policy, SearchHost
 from sglang_spex.tot.tree import DONE, Node
 from sglang_spex.tot.validation import check, check_int
