@@ -27,7 +27,7 @@ import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from sglang_spex.tot.policies.rebase import Rebase
-from sglang_spex.tot.tree import CANCELLED, DONE, FAILED, Node
+from sglang_spex.tot.tree import CANCELLED, DONE, FAILED, Node, child_path
 
 
 def remaining_width(width: int, finished_before: int) -> int:
@@ -133,8 +133,8 @@ def use_chances(
                 if len(acc) < w:
                     acc.extend([0.0] * (w - len(acc)))
                 for i, c in enumerate(width_chances(w)):
-                    acc[i] += parent_chance * c
-                    chance[f"{path}.{i}"] = parent_chance * c
+                    chance[child_path(path, i)] = joint = parent_chance * c
+                    acc[i] += joint
     return {p: [c / max(1, worlds) for c in acc] for p, acc in sums.items()}
 
 

@@ -405,9 +405,11 @@ class SpexContext(SearchContext):
             if e.node.kind == KIND_STEP and e.node.depth > depth and e.state != SPEC_CANCELLED:
                 below.setdefault(e.node.parent.path, []).append(e.node)
         costly = bfs_early.predict_is_costly(policy)  # a solver per depth: only the undecided one (in a thread)
-        # extra worlds add unlikely children, which only a large share reaches: fewer of them with more searches
-        worlds = max(1, bfs_early.WORLDS // max(1, len(self.budget.on_rank(self.dp_rank))))
-        levels, worlds = (1, 1) if costly else (self._bfs_levels(), worlds)
+        if costly:
+            levels, worlds = 1, 1
+        else:  # extra worlds add unlikely children, which only a large share reaches: fewer with more searches
+            levels = self._bfs_levels()
+            worlds = max(1, bfs_early.WORLDS // max(1, len(self.budget.on_rank(self.dp_rank))))
         known = sum(1 for n in level if n.status == DONE)
         args = (policy, level, below, width, levels, worlds, f"{self.tree.search_seed}:{depth}:{known}:{len(below)}")
         if not costly:
