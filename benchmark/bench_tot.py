@@ -254,7 +254,13 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
 
 
 # ---------------------------------------------------------------- scheduler trace (batch-stats rows of a run)
-TRACE_COUNTERS = ("spec_retracted_for_budget", "preempt_for_primary", "promoted", "spec_before_primary")
+TRACE_COUNTERS = (
+    "spec_retracted_for_budget",
+    "preempt_for_primary",
+    "promoted",
+    "spec_before_primary",
+    "spec_prefill_deferred",
+)
 
 
 def _spex_stats(url: str, since: Optional[int] = None) -> Dict[str, Any]:
@@ -286,6 +292,11 @@ def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
         "mixed_steps": len(mixed),
         "mixed_s": round(sum(r["step_s"] for r in mixed), 3),
         "spec_prefill_steps": sum(1 for r in prefill if r["n_spec"] > 0),
+        "prefill_tokens": int(sum(r.get("prefill_tokens") or 0 for r in prefill)),
+        "spec_prefill_tokens": int(sum(r.get("spec_prefill_tokens") or 0 for r in prefill)),
+        "spec_prefill_tokens_beside_primaries": int(
+            sum(r.get("spec_prefill_tokens") or 0 for r in prefill if r["primary_live"] > 0)
+        ),
         "decode_with_primary_waiting": sum(1 for r in decode if r["waiting"] - r["waiting_spec"] > 0),
         "spec_held_steps": sum(1 for r in rows if r["spec_held"] > 0),
         **{k: c1.get(k, 0) - c0.get(k, 0) for k in TRACE_COUNTERS},

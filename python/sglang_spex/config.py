@@ -282,6 +282,12 @@ class SpexConfig(_Section):
         help="launcher: turn on SGLang's --enable-mixed-chunk (without a speculative algorithm), so speculative "
         "prefill runs in the primaries' decode step instead of waiting for a free step (on/off)",
     )
+    spec_prefill_share: float = _opt(
+        0.1,
+        check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+        help="scheduler: share of the primaries' step time speculative prefill beside them may take, at the "
+        "measured price of a prompt token (0: none beside primaries)",
+    )
     payoff_gate: bool = _opt(
         False,
         parse=on_off,

@@ -15,7 +15,7 @@ import pytest
 
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget
 from sglang_spex.speculation.dfs_lookahead import NodeFacts, VirtualStats, predict_expansions
-from sglang_spex.srt.scheduling import LiveCurve
+from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.tot.policies.base import Stats, copy_stats
 from sglang_spex.tot.policies.rest import Rest, RestParams
 from sglang_spex.tot.policies.rstar import RStar, RStarParams

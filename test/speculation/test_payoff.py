@@ -12,7 +12,7 @@ from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import make_budget
 from sglang_spex.speculation.payoff import Payoff, WaveMeter, remaining_tokens, truncate_at, wasted_tokens
 from sglang_spex.speculation.runner import SpexContext, context_factory
-from sglang_spex.srt.scheduling import LiveCurve
+from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.tot.search import run_search
 
 REBASE = {"name": "rebase", "width": 8, "max_depth": 3}

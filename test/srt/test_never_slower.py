@@ -10,7 +10,10 @@ Every scheduling step is read back from the batch-stats ring (hook H13) and chec
 - the speculative requests in the running batch never exceed the step's room (budget, and the knee minus
   the primary work);
 - once the primary work alone reaches the knee speculation is off (running speculative requests retracted),
-  and it comes back once the primaries are done: every request still finishes.
+  and it comes back once the primaries are done: every request still finishes;
+- speculative prompt tokens prefilled beside live primary work never exceed the step's prefill allowance
+  (``--tot-spec-prefill-share`` of the primaries' step time at the measured price of a prompt token), and at share
+  0 nothing speculative is prefilled while a primary is live.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import requests
 from server_modes import DEFAULT_MODE, spex_args, start_server
 from srt_hook_util import body, post, sched, wait_idle, wait_running, words
 
+from sglang_spex.config import SpexConfig
+
 pytestmark = pytest.mark.server
 
 KNEE = 8  # spex_args: --tot-k-total 8 (the scheduler's knee and initial budget)
+DEFAULT_SHARE = SpexConfig().spec_prefill_share
 PREFILL_MODES = (1, 3)
 MIXED = 3  # the "mode" of a mixed prefill + decode step
 
@@ -82,6 +88,14 @@ def test_speculation_never_replaces_a_primary_decode_step(unmixed_server):
 
 
 def _check_gate(url: str) -> None:
+    post(url, "/spex/knobs", {"spec_prefill_share": 1.0})  # a whole primary step: phase 2 rides it (bounded)
+    try:
+        _check_gate_at_share(url)
+    finally:
+        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
+
+
+def _check_gate_at_share(url: str) -> None:
     mixed = bool(requests.get(url + "/get_server_info", timeout=60).json()["enable_mixed_chunk"])
     post(url, "/spex/release", {})
     assert post(url, "/spex/budget", {"k": KNEE})["scheduler"]["budget"] == KNEE
@@ -128,6 +142,8 @@ def _check_gate(url: str) -> None:
     assert not over_room, over_room[:3]
     over_knee = [r for r in rows if r["knee"] > 0 and r["n_spec"] > 0 and r["batch_size"] > r["knee"]]
     assert not over_knee, over_knee[:3]
+    over_allowance = [r for r in rows if 0 <= r["spec_prefill_allowance"] < r["spec_prefill_tokens"]]
+    assert not over_allowance, over_allowance[:3]
     assert after.get("spec_before_primary", 0) == before.get("spec_before_primary", 0)
 
     # not vacuous: the knee switched speculation off (retracting it), and decode protection held some back
@@ -147,3 +163,31 @@ def _check_gate(url: str) -> None:
         f"steps {len(rows)}; spec prefills {len(prefill_spec)}; hook time {sum(hooks) * 1e3:.1f} ms over "
         f"{sum(steps):.2f} s of steps; knee {sorted({r['knee'] for r in rows})}"
     )
+
+
+def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mode):
+    """``spec_prefill_share`` 0: speculative requests that arrive while primaries decode wait for them (deferred,
+    not dropped), then run; no step prefills a speculative prompt while a primary is live."""
+    url = spex_server_in_mode.url
+    post(url, "/spex/release", {})
+    post(url, "/spex/knobs", {"spec_prefill_share": 0.0})
+    try:
+        wait_idle(url)
+        before = sched(url)["counters"]
+        seq0 = _seq(url)
+        with cf.ThreadPoolExecutor(8) as ex:
+            primaries = _submit(ex, url, _primary("z0", 2, 128))
+            wait_running(url, 2)
+            spec = _submit(ex, url, _spec("z0s", 3, 16))
+            outs = [f.result().json() for f in primaries + spec]
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # deferred, then served
+        wait_idle(url, timeout=300)
+        rows = _history(url, seq0)
+        after = sched(url)["counters"]
+    finally:
+        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
+    spec_prefill = [r for r in rows if r["spec_prefill_tokens"] > 0]
+    assert spec_prefill  # the speculative requests were prefilled at all ...
+    beside = [r for r in spec_prefill if r["primary_live"] > 0 or r["n_primary"] > 0]
+    assert not beside, beside[:3]  # ... but only once no primary was live
+    assert after.get("spec_prefill_deferred", 0) > before.get("spec_prefill_deferred", 0)  # not vacuous

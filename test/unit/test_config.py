@@ -44,6 +44,7 @@ NON_DEFAULT = {
     "--tot-reward-timeout": (["30"], 30.0),
     "--tot-live-knee": (["off"], False),
     "--tot-mixed-prefill": (["off"], False),
+    "--tot-spec-prefill-share": (["0.25"], 0.25),
     "--tot-payoff-gate": (["on"], True),
     "--tot-budget-max-wait-s": (["3.5"], 3.5),
     "--tot-max-queued-searches": (["5"], 5),

@@ -272,6 +272,27 @@ def batch_mode(batch: Any) -> int:
     return 0
 
 
+def prefill_tokens(batch: Any) -> Tuple[int, int, int]:
+    """(prompt tokens this batch prefills, of which for speculative requests, requests it decodes). In a mixed
+    batch the running batch's rows (``decoding_reqs``) decode; a target-verify batch counts as decode."""
+    fm = batch.forward_mode
+    if not fm.is_extend() or fm.is_target_verify():
+        return 0, 0, len(batch.reqs)
+    decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or ())}
+    total = spec = 0
+    for r in batch.reqs:
+        if id(r) not in decoding:
+            n = int(r.extend_len)
+            total += n
+            spec += n if is_spec(r) else 0
+    return total, spec, len(decoding)
+
+
+def pending_prefill_tokens(req: Any) -> int:
+    """Prompt tokens the adder would prefill for ``req`` now (after ``init_next_round_input``'s prefix match)."""
+    return max(len(req.full_untruncated_fill_ids) - int(req.prefix_len), 0)
+
+
 # ---------------------------------------------------------------- acting on requests
 def can_finish_now(scheduler: Any, req: Any) -> bool:
     """Whether :func:`finish_now` may end this aborted running request at the scheduling point.
@@ -334,6 +355,11 @@ def preempt_for(adder: Any, req: Any) -> bool:
 
 def adder_running_reqs(adder: Any) -> List[Any]:
     return batch_reqs(adder.running_batch)
+
+
+def adder_can_run(adder: Any) -> List[Any]:
+    """Requests the adder admitted so far this step."""
+    return adder.can_run_list
 
 
 def adder_tree_cache(adder: Any) -> Any:

@@ -42,7 +42,8 @@ from sglang_spex.srt.metrics import RankGauges
 logger = logging.getLogger(__name__)
 
 MAGIC = 0x5350455853544154  # "SPEXSTAT"
-VERSION = 3  # 2: the speculative gate fields (spec_room .. hook_s) and counters; 3: the live curve's line
+VERSION = 4  # 2: the speculative gate fields (spec_room .. hook_s) and counters; 3: the live curve's line;
+# 4: prefill tokens per step and the speculative prefill allowance
 RING = 8192
 FIELDS = (
     "time",  # wall clock (time.time()) when the batch was chosen
@@ -68,6 +69,10 @@ FIELDS = (
     "spec_held",  # waiting speculative requests the gate kept out of this step's prefill
     "decode_protected",  # 1: held because a spec-only prefill would have replaced the primaries' decode step
     "hook_s",  # seconds spent in the plugin's scheduler hooks since the previous row (SGLang's work excluded)
+    "prefill_tokens",  # prompt tokens this step prefills (a mixed step's decode rows excluded)
+    "spec_prefill_tokens",  # ... of which for speculative requests
+    "spec_prefill_allowance",  # speculative prefill tokens the gate allowed this step (-1 = no limit)
+    "decode_rows",  # requests this step decodes (a mixed step's running batch; a decode step's whole batch)
 )
 COUNTERS = (
     "cancel_extra_immediate_0",
@@ -93,7 +98,8 @@ COUNTERS = (
     "curve_b_s",  # ... b, seconds per sequence (0 when flat)
 )
 _EXTRA_NAMES = {m: [c for c in COUNTERS if c.startswith(f"cancel_extra_{m}_")] for m in ("immediate", "plain")}
-DECODE = 2  # the "mode" of a decode row
+DECODE = scheduling.DECODE  # the "mode" of a decode row
+DONE_FIELDS = ("mode", "batch_size", "n_primary", "decode_rows", "prefill_tokens")  # what a finished step reports
 _HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, dp_rank + 1 (0: no data parallelism)
 _F = {name: i for i, name in enumerate(FIELDS)}
 _C = {name: i for i, name in enumerate(COUNTERS)}
@@ -169,15 +175,16 @@ class StatsWriter:
         self.ema: Optional[float] = None
         self.gauges: Optional[Any] = None  # metrics.RankGauges, set by the scheduler hook
 
-    def write(self, row: Dict[str, float], counters: Dict[str, float]) -> Optional[Tuple[float, float, float]]:
-        """Write ``row``; returns the previous row's (mode, batch size, step_s) once its step time is known."""
+    def write(self, row: Dict[str, float], counters: Dict[str, float]) -> Optional[Dict[str, float]]:
+        """Write ``row``; returns the previous row's ``DONE_FIELDS`` and its ``step_s`` once its step time is known."""
         now = time.monotonic()
         done = None
         if self.last_t is not None and self.seq > 0:
             dt = now - self.last_t
             prev = self.ring[(self.seq - 1) % RING]
             prev[_F["step_s"]] = dt
-            done = (float(prev[_F["mode"]]), float(prev[_F["batch_size"]]), dt)
+            done = {k: float(prev[_F[k]]) for k in DONE_FIELDS}
+            done["step_s"] = dt
             self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
             counters = {**counters, "last_step_s": dt, "ema_step_s": self.ema}
         self.last_t = now
@@ -284,6 +291,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
                 else:
                     primary_running += 1
     spec_total = n_spec + spec_rest
+    prefill, spec_prefill, decode_rows = sa.prefill_tokens(batch)
     pool = sa.pool(scheduler)
     waiting = sa.waiting(scheduler)
     total, available, evictable = pool["kv_total"], pool["kv_available"], pool["kv_evictable"]
@@ -311,6 +319,10 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "spec_held": gate.held,
         "decode_protected": int(gate.decode_protected),
         "hook_s": state.hook_s - state.hook_s_published,
+        "prefill_tokens": prefill,
+        "spec_prefill_tokens": spec_prefill,
+        "spec_prefill_allowance": -1 if gate.spec_tokens_given is None else gate.spec_tokens_given,
+        "decode_rows": decode_rows,
     }
     pg = state.protection
     line = state.curve.line()
@@ -328,12 +340,12 @@ def _publish(plan: Any, scheduler: Any) -> None:
     for mode, hist in state.extra_hist.items():
         counters.update(zip(_EXTRA_NAMES[mode], hist))
     state.hook_s_published = state.hook_s
-    state.gate.held, state.gate.decode_protected = 0, False  # a step without a prefill attempt holds nothing
+    state.gate.step_done()  # a step without a prefill attempt holds nothing and has no allowance
     done = writer.write(row, counters)
     if writer.gauges is not None:
         writer.gauges.update(row, {**counters, "ema_step_s": writer.ema})
-    if done is not None and done[0] == DECODE:
-        state.curve.add(int(done[1]), done[2])  # the live decode curve (the gate's live knee)
+    if done is not None:
+        state.measured(**done)  # the live decode curve, the price of a prefill token, the allowance's earnings
     sa.charge_hook_time(scheduler, t0, "publish")
 
 

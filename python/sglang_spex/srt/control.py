@@ -37,7 +37,7 @@ from sglang_spex.tot.engine import search_rid_prefix
 logger = logging.getLogger(__name__)
 
 OPS = ("budget", "cancel", "protect", "release", "set", "promote")
-KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction", "knee", "live_knee")
+KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction", "knee", "live_knee", "spec_prefill_share")
 G_CONTROL = HookGuard("control_channel")
 
 
@@ -91,6 +91,8 @@ def apply(scheduler: Any, req: SpexControlReq) -> None:
             state.knee = None if req.value < 0 else max(int(req.value), 1)
         elif req.key == "live_knee":  # also stay below the knee of the live decode step times
             state.live_knee = bool(req.value)
+        elif req.key == "spec_prefill_share":  # share of primary step time speculative prefill beside them may take
+            state.prefill.share = min(max(float(req.value), 0.0), 1.0)
         else:
             logger.warning("spex: unknown knob %r", req.key)
     else:

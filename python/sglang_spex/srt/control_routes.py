@@ -12,7 +12,7 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
 - ``POST /spex/release {"search_id": S, "node_prefix": "r.0"?}``: release a search's protection (or a
   subtree's); without ``search_id`` releases every protection.
 - ``POST /spex/knobs {"immediate_cancel": bool, "protect_ttl_s": s, "protect_max_fraction": f, "knee": N (-1: none),
-  "live_knee": bool}`` (any of them). ``/spex/budget {"k": null}`` lifts only the budget; the gate's knee stays
+  "live_knee": bool, "spec_prefill_share": f}`` (any of them). ``/spex/budget {"k": null}`` lifts only the budget; the gate's knee stays
   (``knee: -1`` and ``live_knee: false`` open it fully).
 - ``GET /spex/stats?history_since=N``: scheduler-side state (one IPC round trip) and the shared-memory
   batch statistics (latest step, counters, optionally the per-step rows since sequence number N).

@@ -225,8 +225,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "under KV pressure in decode, speculative requests are retracted before any primary one",
        f"{SCHED}:h_retraction_order"),
     _T("H6", f"{PREFILL_ADDER}.add_one_req", "AROUND", "scheduler",
+       "speculative prompt tokens beside primary work only within the step's measured prefill allowance; "
        "a primary short of KV preempts running speculative work instead of waiting for it to finish",
-       f"{SCHED}:h_preempt_on_kv_short"),
+       f"{SCHED}:h_add_one_req"),
     _T("H7", f"{SCHEDULER}._get_new_batch_prefill_raw", "AROUND", "scheduler",
        "the speculative gate: room = min(budget, knee - primary work), no speculative-only prefill while primaries "
        "decode unless SGLang mixes it into their decode step, primaries first; a lowered room retracts",

@@ -214,6 +214,7 @@ class KnobsBody(Body):
     protect_max_fraction: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     knee: Optional[int] = Field(default=None, ge=-1)  # the gate's given knee; -1 = none
     live_knee: Optional[bool] = None  # also keep speculation below the knee fitted from live decode steps
+    spec_prefill_share: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)  # prefill allowance
 
     @model_validator(mode="after")
     def _some(self) -> "KnobsBody":

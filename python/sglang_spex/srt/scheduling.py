@@ -39,13 +39,10 @@ Never slower (the speculative gate, measured here every step, not only by the cl
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult
@@ -53,6 +50,8 @@ from sglang.srt.managers.schedule_policy import AddReqResult
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt.hook_guard import HookGuard
+from sglang_spex.srt.live_curve import LiveCurve
+from sglang_spex.srt.prefill_allowance import PrefillAllowance
 from sglang_spex.srt.prefix_protection import PrefixProtection
 from sglang_spex.tot.engine import ROLE_PRIMARY, search_rid_prefix
 
@@ -62,12 +61,13 @@ PRIMARY_DEFAULT_PRIORITY = 0  # an unprioritised request outranks speculative wo
 CANCELLED_SEARCH_TTL_S = 60.0  # late arrivals of a cancelled search are aborted for this long
 WATCH_TTL_S = 120.0
 EXTRA_BINS = 5  # histogram of tokens decoded after cancel: 0, 1, 2, 3, >=4
-KNEE_ELASTICITY = 0.5  # profile.roofline's knee: half of the decode step time scales with the batch
+DECODE = 2  # batch_stats' "mode" of a decode step
 
 G_RANK = HookGuard("rank_priority")
 G_RETRACT = HookGuard("rank_retraction")
 G_PREEMPT = HookGuard("rank_preempt_on_kv_short")
 G_CAP = HookGuard("admission_cap")
+G_ALLOW = HookGuard("spec_prefill_allowance")
 G_CANCEL = HookGuard("immediate_cancel")
 
 classify = sa.classify  # (role, search id, node path) of a scheduler Req
@@ -83,58 +83,6 @@ class _Watch:
 
 
 @dataclass
-class LiveCurve:
-    """Recent decode step times by batch size, measured in this scheduler, and the knee they show.
-
-    The knee is that of a straight line ``t = a + b·B`` fitted to the median step time of every batch size
-    with at least ``min_samples`` recent steps: the batch where ``KNEE_ELASTICITY`` of the step time scales with
-    it (``a / b`` at 0.5, profile.roofline's definition for a curve without a sharp bend). It is reported only once a batch at or
-    past it was measured (the engine was seen compute-bound), never extrapolated. Context length also moves
-    step times; the window of recent steps keeps the estimate current. The fitted line itself (:meth:`line`) is
-    published too: SPEX's pay-off gate prices a saved step at ``a`` and a wasted token at ``b``."""
-
-    window: int = 16
-    min_samples: int = 4
-    refit_every: int = 16
-    samples: Dict[int, Deque[float]] = field(default_factory=dict)
-    _adds: int = 0
-    _knee: Optional[int] = None
-    _line: Optional[Tuple[float, float]] = None  # (a, b) of the last fit
-
-    def add(self, batch: int, step_s: float) -> None:
-        if batch <= 0 or not step_s > 0 or math.isinf(step_s):
-            return
-        self.samples.setdefault(batch, deque(maxlen=self.window)).append(step_s)
-        self._adds += 1
-        if self._adds % self.refit_every == 0:
-            self._knee = self._fit()
-
-    def _fit(self) -> Optional[int]:
-        pts = [(b, statistics.median(q)) for b, q in self.samples.items() if len(q) >= self.min_samples]
-        if len(pts) < 2:
-            return None
-        n = len(pts)
-        mx = sum(b for b, _ in pts) / n
-        my = sum(t for _, t in pts) / n
-        sxx = sum((b - mx) ** 2 for b, _ in pts)
-        slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx > 0 else 0.0
-        intercept = my - slope * mx
-        self._line = (intercept, max(slope, 0.0)) if intercept > 0 else None
-        if slope <= 0:
-            return None  # flat: memory-bound as far as measured
-        ratio = KNEE_ELASTICITY / (1.0 - KNEE_ELASTICITY)  # b·B / (a + b·B) = threshold at B = ratio·a/b
-        knee = max(1, math.ceil(ratio * max(my - slope * mx, 0.0) / slope - 1e-9))
-        return knee if knee <= max(b for b, _ in pts) else None
-
-    def knee(self) -> Optional[int]:
-        return self._knee
-
-    def line(self) -> Optional[Tuple[float, float]]:
-        """``(a, b)`` of the last fit (``b`` 0 when flat), or None before one (the pay-off gate's step cost)."""
-        return self._line
-
-
-@dataclass
 class Gate:
     """The speculative admission decision of the last scheduling step (published with its batch stats)."""
 
@@ -143,6 +91,12 @@ class Gate:
     primary_live: int = 0  # primary requests running, chunked or waiting
     held: int = 0  # waiting speculative requests kept out of this step's prefill
     decode_protected: bool = False  # held because primary requests decode this step
+    spec_tokens: Optional[int] = None  # speculative prompt tokens this step may still prefill (None: no limit)
+    spec_tokens_given: Optional[int] = None  # ... when the gate decided
+
+    def step_done(self) -> None:
+        """The step's batch is chosen: what its admission held and allowed is published, not carried over."""
+        self.held, self.decode_protected, self.spec_tokens, self.spec_tokens_given = 0, False, None, None
 
 
 @dataclass
@@ -163,6 +117,7 @@ class SpexSchedulerState:
     protection: PrefixProtection = field(default_factory=PrefixProtection)
     stats: Any = None  # batch_stats.StatsWriter, created by the first published step
     curve: LiveCurve = field(default_factory=LiveCurve)
+    prefill: PrefillAllowance = field(default_factory=PrefillAllowance)
     gate: Gate = field(default_factory=Gate)
     hook_s: float = 0.0  # seconds spent in the plugin's scheduler hooks (own work, SGLang's excluded)
     hook_s_published: float = 0.0  # hook_s when the last batch-stats row was written
@@ -170,7 +125,26 @@ class SpexSchedulerState:
 
     @classmethod
     def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
-        return cls(budget=cfg.k_total, knee=cfg.k_total, spec_priority=cfg.spec_priority, live_knee=cfg.live_knee)
+        return cls(
+            budget=cfg.k_total,
+            knee=cfg.k_total,
+            spec_priority=cfg.spec_priority,
+            live_knee=cfg.live_knee,
+            prefill=PrefillAllowance(share=cfg.spec_prefill_share),
+        )
+
+    def measured(
+        self, mode: float, batch_size: float, n_primary: float, decode_rows: float, prefill_tokens: float, step_s: float
+    ) -> None:
+        """A published step finished after ``step_s``: feed the live decode curve, the price of a prefill token
+        and the speculative prefill allowance (earned by steps that primary requests ran in)."""
+        if mode == DECODE:
+            self.curve.add(int(batch_size), step_s)
+        line = self.curve.line()
+        if prefill_tokens > 0:
+            self.prefill.price.add(line, int(decode_rows), int(prefill_tokens), step_s)
+        if n_primary > 0:
+            self.prefill.earn(step_s, line[0] + line[1] * n_primary if line is not None else step_s)
 
     def knee_in_force(self) -> Optional[int]:
         """The smaller of the given knee and the live one (None when neither is known)."""
@@ -188,6 +162,11 @@ class SpexSchedulerState:
             "knee": self.knee,
             "live_knee": self.curve.knee() if self.live_knee else None,
             "gate": {"room": g.room, "knee": g.knee, "primary_live": g.primary_live, "held": g.held},
+            "spec_prefill": {
+                "share": self.prefill.share,
+                "credit_s": self.prefill.credit_s,
+                "s_per_token": self.prefill.price.per_token(self.curve.line()),
+            },
             "hook_s": self.hook_s,
             "hook_by": dict(self.hook_by),
             "immediate_cancel": self.immediate_cancel,
@@ -257,14 +236,42 @@ def h_retraction_order(result: List[int], *args: Any, **kwargs: Any) -> List[int
     return G_RETRACT.run(order, default=result)
 
 
-def h_preempt_on_kv_short(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND PrefillAdder.add_one_req: a primary short of KV preempts lower-ranked running requests."""
+def _over_allowance(adder: Any, req: Any) -> Optional[int]:
+    """-1 for a speculative request whose prompt tokens the step's prefill allowance cannot pay for (skip it);
+    its prompt tokens (to spend once admitted) for one it can; None where no allowance applies."""
+    state = sa.attached_state(sa.adder_tree_cache(adder))
+    if state is None or state.gate.spec_tokens is None or not is_spec(req):
+        return None
+    tokens = sa.pending_prefill_tokens(req)
+    if tokens > state.gate.spec_tokens:
+        state.bump("spec_prefill_deferred")
+        return -1
+    return tokens
+
+
+def _spend(adder: Any, req: Any, tokens: int) -> None:
+    admitted = sa.adder_can_run(adder)
+    if admitted and admitted[-1] is req:
+        state = sa.attached_state(sa.adder_tree_cache(adder))
+        state.gate.spec_tokens -= tokens
+        state.prefill.spend(tokens, state.curve.line())
+
+
+def h_add_one_req(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND PrefillAdder.add_one_req: a speculative request is admitted beside primary work only within the
+    step's prefill allowance (else skipped: it stays queued); a primary short of KV preempts lower-ranked
+    running requests."""
+    req = sa.hook_args(type(adder).add_one_req, adder, *args, **kwargs)["req"]
+    tokens = G_ALLOW.run(_over_allowance, adder, req)
+    if tokens is not None and tokens < 0:
+        return AddReqResult.CONTINUE  # SGLang's adder goes on to the next request; this one stays waiting
     res = original(adder, *args, **kwargs)
+    if tokens is not None:
+        G_ALLOW.run(_spend, adder, req, tokens)
     if res is not AddReqResult.NO_TOKEN:
         return res
 
     def try_preempt() -> bool:
-        req = sa.hook_args(type(adder).add_one_req, adder, *args, **kwargs)["req"]
         if is_spec(req) or sa.priority(req) is None:
             return False
         if not any(is_spec(r) and not r.finished() for r in sa.adder_running_reqs(adder)):
@@ -391,6 +398,9 @@ def _gate_prefill(scheduler: Any, running_batch: Any) -> Tuple[List[Any], List[A
     census = _census(scheduler, running_batch)
     room = spec_room(state_of(scheduler), census)
     victims = _trim_to_room(scheduler, running_batch, room, census.spec_running)
+    state = state_of(scheduler)
+    allowance = state.prefill.tokens(state.curve.line(), census.primary_live > 0)
+    state.gate.spec_tokens = state.gate.spec_tokens_given = allowance
     return victims, _hold_waiting(scheduler, running_batch, census, room, census.spec_running - len(victims))
 
 
