@@ -14,7 +14,9 @@ repeats), the radix cache flushed before each run. Reported per cell: median q/m
 min–max of the per-repeat SPEX/baseline q/min ratio, hits/issued, wasted tokens, per-query p50/p99 completion
 time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
 ``--gate-mode`` adds SPEX with the pay-off gate on (``spex_gate``; speculation/payoff.py), interleaved too;
-``--variant NAME=JSON`` adds SPEX with more per-search settings (server-side), e.g. ``bfs2='{"bfs_lookahead": 2}'``.
+``--variant NAME=JSON`` adds SPEX with more per-search settings (server-side), e.g. ``bfs2='{"bfs_lookahead": 2}'``;
+``--knob-variant NAME=JSON`` adds SPEX run with these scheduler knobs (``POST /spex/knobs``, e.g.
+``share0='{"spec_prefill_share": 0}'``), the server's own values restored for every other mode.
 
 The server runs in float32 by default (``--dtype``): SGLang's CPU logits are then independent of the batch's
 shape, so with T3 off SPEX and the baseline grow the *same tree* (seeded nodes, same tokens) and the ratio is pure
@@ -46,6 +48,7 @@ from tqdm import tqdm
 from sglang_spex.config import SpexConfig
 from sglang_spex.serve import ServerProcess
 from sglang_spex.speculation.runner import SpecBudget, context_factory
+from sglang_spex.srt.control import KNOBS
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.policies import PRESETS
 from sglang_spex.tot.result import SearchResult
@@ -248,9 +251,22 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
         policy, args.max_depth, args.step_tokens, seed, args.task, speculation=args.overrides[mode], reward=args.reward
     )
     before = _spex_stats(url)
+    _set_knobs(args, url, before["scheduler"]["knobs"], mode)
     row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
     row["trace"] = scheduler_trace(url, before)
     return row
+
+
+def _set_knobs(args, url: str, current: Dict[str, Any], mode: str) -> None:
+    """Scheduler knobs for ``mode``: a knob variant's own, the server's launch values (``args.server_knobs``,
+    read before the first run) for every other mode."""
+    if not args.knob_variants:
+        return
+    want = args.knob_variants.get(mode) or {k: args.server_knobs[k] for v in args.knob_variants.values() for k in v}
+    change = {k: v for k, v in want.items() if current.get(k) != v}
+    if change:
+        r = requests.post(url + "/spex/knobs", json=change, timeout=120)
+        r.raise_for_status()
 
 
 # ---------------------------------------------------------------- scheduler trace (batch-stats rows of a run)
@@ -463,6 +479,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         metavar="NAME=JSON",
         help="also run SPEX (T1+T2) with these per-search speculation settings, as mode NAME (server-side; repeat)",
     )
+    ap.add_argument(
+        "--knob-variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="also run SPEX (T1+T2) with these /spex/knobs scheduler knobs, as mode NAME (server-side; repeat)",
+    )
     ap.add_argument("--client-side", action="store_true", help="drive searches over HTTP (HttpPort), not /tot/search")
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes: " + json.dumps(QUICK))
     ap.add_argument("--seed", type=int, default=0)
@@ -478,19 +501,27 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.client_side and args.k_total == "auto":
         ap.error("--client-side needs a numeric --k-total (the client-side budget has no profile)")
     args.k_total_client = None if args.k_total == "auto" else int(args.k_total)
-    args.variants, args.overrides = [], dict(OVERRIDES)
-    for item in args.variant:
-        name, _, text = item.partition("=")
-        try:
-            settings = json.loads(text)
-        except json.JSONDecodeError as e:
-            ap.error(f"--variant {item!r}: not NAME=JSON ({e})")
-        if not name or name in args.overrides or not isinstance(settings, dict):
-            ap.error(f"--variant {item!r}: needs a new mode name and a JSON object")
-        if args.client_side:
-            ap.error("--variant runs server-side only")
-        args.overrides[name] = {**OVERRIDES["spex_t1t2"], **settings}
-        args.variants.append(name)
+    args.variants, args.overrides, args.knob_variants, args.server_knobs = [], dict(OVERRIDES), {}, None
+    for flag, items in (("--variant", args.variant), ("--knob-variant", args.knob_variant)):
+        for item in items:
+            name, _, text = item.partition("=")
+            try:
+                settings = json.loads(text)
+            except json.JSONDecodeError as e:
+                ap.error(f"{flag} {item!r}: not NAME=JSON ({e})")
+            if not name or name in args.overrides or not isinstance(settings, dict) or not settings:
+                ap.error(f"{flag} {item!r}: needs a new mode name and a non-empty JSON object")
+            if args.client_side:
+                ap.error(f"{flag} runs server-side only")
+            if flag == "--variant":
+                args.overrides[name] = {**OVERRIDES["spex_t1t2"], **settings}
+            else:
+                unknown = sorted(set(settings) - set(KNOBS))
+                if unknown:
+                    ap.error(f"{flag} {item!r}: unknown knob(s) {unknown}; known: {list(KNOBS)}")
+                args.overrides[name] = OVERRIDES["spex_t1t2"]
+                args.knob_variants[name] = settings
+            args.variants.append(name)
     return args
 
 
@@ -516,6 +547,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     url = args.url or server.url
     rows: List[Dict[str, Any]] = []
     started = time.time()
+    if args.knob_variants:
+        args.server_knobs = _spex_stats(url)["scheduler"]["knobs"]  # restored for every mode but a knob variant
     try:
         warm = argparse.Namespace(**{**vars(args), "max_depth": 1, "step_tokens": 4})
         for policy in policies:  # warm-up (not measured, tiny): first-request costs must land on no mode

@@ -141,6 +141,12 @@ def test_bench_tot_cli_defaults_and_quick():
     for bad in ("bfs2", "bfs2={", "baseline={}", "x=[1]"):
         with pytest.raises(SystemExit):
             bench_tot.parse_args(["--variant", bad])
+    args = bench_tot.parse_args(["--knob-variant", 'share0={"spec_prefill_share": 0}'])
+    assert args.variants == ["share0"] and args.knob_variants == {"share0": {"spec_prefill_share": 0}}
+    assert args.overrides["share0"] == bench_tot.OVERRIDES["spex_t1t2"]  # the searches are plain SPEX
+    for bad in ('s={"bogus": 1}', "s={}", 'spex_t1t2={"knee": 4}'):
+        with pytest.raises(SystemExit):
+            bench_tot.parse_args(["--knob-variant", bad])
     spec = bench_tot.build_spec("rebase-8", 2, 8, 0, "rg:chain_sum", speculation=bench_tot.OVERRIDES["baseline"])
     assert spec.speculation == {"enabled": False} and spec.to_dict()["task"] == "rg:chain_sum"
 
