@@ -285,8 +285,8 @@ class SpexConfig(_Section):
     spec_prefill_share: float = _opt(
         0.1,
         check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-        help="scheduler: share of the primaries' step time speculative prefill beside them may take, at the "
-        "measured price of a prompt token (0: none beside primaries)",
+        help="scheduler: share of the primaries' step time speculative prefill beside them may take, at its "
+        "measured price (0: only what is measured free)",
     )
     payoff_gate: bool = _opt(
         False,

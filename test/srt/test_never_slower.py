@@ -11,9 +11,9 @@ Every scheduling step is read back from the batch-stats ring (hook H13) and chec
   the primary work);
 - once the primary work alone reaches the knee speculation is off (running speculative requests retracted),
   and it comes back once the primaries are done: every request still finishes;
-- speculative prompt tokens prefilled beside live primary work never exceed the step's prefill allowance
-  (``--tot-spec-prefill-share`` of the primaries' step time at the measured price of a prompt token), and at share
-  0 nothing speculative is prefilled while a primary is live.
+- speculative prefill beside live primary work never costs more than the step's prefill allowance
+  (``--tot-spec-prefill-share`` of the primaries' step time, at the measured price of a prefill step and its prompt
+  tokens), and at share 0 nothing speculative is prefilled while a primary is live.
 """
 
 from __future__ import annotations
@@ -142,8 +142,13 @@ def _check_gate_at_share(url: str) -> None:
     assert not over_room, over_room[:3]
     over_knee = [r for r in rows if r["knee"] > 0 and r["n_spec"] > 0 and r["batch_size"] > r["knee"]]
     assert not over_knee, over_knee[:3]
-    over_allowance = [r for r in rows if 0 <= r["spec_prefill_allowance"] < r["spec_prefill_tokens"]]
+    over_allowance = [r for r in rows if 0 <= r["spec_prefill_credit_s"] < r["spec_prefill_cost_s"] - 1e-9]
     assert not over_allowance, over_allowance[:3]
+    unpriced = [
+        r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0 and r["spec_prefill_cost_s"] <= 0
+    ]
+    unpriced = [r for r in unpriced if r["spec_prefill_credit_s"] >= 0]  # -1: before any price was known
+    assert not unpriced, unpriced[:3]  # speculative prompt tokens beside primaries were paid for
     assert after.get("spec_before_primary", 0) == before.get("spec_before_primary", 0)
 
     # not vacuous: the knee switched speculation off (retracting it), and decode protection held some back

@@ -30,3 +30,14 @@ def test_scheduler_reads_the_role_from_the_rid_without_custom_params():
     promoted.priority = -5
     make_primary(promoted, 0)
     assert classify(promoted)[0] == ROLE_PRIMARY and promoted.priority == 0
+
+
+def test_a_speculative_request_carries_its_worth_to_the_scheduler():
+    from sglang_spex.adapters.scheduler import worth_s
+    from sglang_spex.tot.engine import GenRequest
+
+    sent = GenRequest("p", node_rid("s1", "r.0", ROLE_SPEC), role=ROLE_SPEC, worth_s=1.5).sampling_params()
+    assert worth_s(_req("x", sent["custom_params"])) == 1.5
+    assert "spex_worth_s" not in GenRequest("p", "r").sampling_params()["custom_params"]  # unknown: not sent
+    for bad in (None, {}, {"spex_worth_s": "lots"}, {"spex_worth_s": float("nan")}):
+        assert worth_s(_req("x", bad)) is None  # a malformed worth is no worth: the bucket alone decides

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -286,6 +287,13 @@ def prefill_tokens(batch: Any) -> Tuple[int, int, int]:
             total += n
             spec += n if is_spec(r) else 0
     return total, spec, len(decoding)
+
+
+def worth_s(req: Any) -> Optional[float]:
+    """The seconds a speculative request's search expects its hit to save (``custom_params["spex_worth_s"]``)."""
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    value = params.get("spex_worth_s") if isinstance(params, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def pending_prefill_tokens(req: Any) -> int:

@@ -101,6 +101,7 @@ class SpexContext(SearchContext):
         self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
         self.meter = WaveMeter(self._on_wave, time.monotonic)  # steps speculation took off the critical path
         self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
+        self._worth: Dict[str, Optional[float]] = {}  # issued speculative node path -> worth_s, until it is sent
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -267,6 +268,12 @@ class SpexContext(SearchContext):
             floor = self.payoff().min_use(*line, searches=len(self.budget.on_rank(self.dp_rank)))
         self.acc.min_use, self.acc.step_line = floor, line
         return floor
+
+    def worth_s(self, use: float) -> Optional[float]:
+        """Seconds a candidate adopted with probability ``use`` is expected to save this search: the measured
+        decode steps saved per hit at the live step's fixed cost (None while the step curve is unknown)."""
+        line = self.budget.step_line(self.dp_rank)
+        return None if line is None else use * self.payoff().saved_per_hit() * line[0]
 
     def _on_wave(self, saved_steps: float, hits: int) -> None:
         self.payoff().record_wave(saved_steps, hits)
@@ -445,6 +452,7 @@ class SpexContext(SearchContext):
             if self._taken(path):
                 continue
             node = Node(path=path, parent=cand.parent, kind=cand.kind, seed=node_seed(self.tree.search_seed, path))
+            self._worth[path] = self.worth_s(self._expected_use(cand))
             self.store.issue(node, cand.distance, self._generate_spec)
             self.acc.on_issue(cand.distance, depth=node.depth)
             self._version += 1
@@ -453,6 +461,7 @@ class SpexContext(SearchContext):
         node.status, node.rid = GENERATING, node_rid(self.search_id, node.path, ROLE_SPEC)
         req = self.request_for(node)
         req.role, req.priority = ROLE_SPEC, self.settings.spec_priority
+        req.worth_s = self._worth.pop(node.path, None)
         try:
             res = await self.port.generate(req)
         except Exception as e:

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 MAGIC = 0x5350455853544154  # "SPEXSTAT"
 VERSION = 4  # 2: the speculative gate fields (spec_room .. hook_s) and counters; 3: the live curve's line;
-# 4: prefill tokens per step and the speculative prefill allowance
+# 4: prefill tokens per step, decode rows and the speculative prefill allowance
 RING = 8192
 FIELDS = (
     "time",  # wall clock (time.time()) when the batch was chosen
@@ -71,7 +71,8 @@ FIELDS = (
     "hook_s",  # seconds spent in the plugin's scheduler hooks since the previous row (SGLang's work excluded)
     "prefill_tokens",  # prompt tokens this step prefills (a mixed step's decode rows excluded)
     "spec_prefill_tokens",  # ... of which for speculative requests
-    "spec_prefill_allowance",  # speculative prefill tokens the gate allowed this step (-1 = no limit)
+    "spec_prefill_credit_s",  # what speculative prefill beside primaries could spend this step (-1 = no limit)
+    "spec_prefill_cost_s",  # ... and the price of what it admitted (prefill_allowance.py)
     "decode_rows",  # requests this step decodes (a mixed step's running batch; a decode step's whole batch)
 )
 COUNTERS = (
@@ -296,6 +297,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
     waiting = sa.waiting(scheduler)
     total, available, evictable = pool["kv_total"], pool["kv_available"], pool["kv_evictable"]
     gate = state.gate
+    allowance = gate.spec_prefill
     row = {
         "time": time.time(),
         "step": writer.seq,
@@ -321,7 +323,8 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "hook_s": state.hook_s - state.hook_s_published,
         "prefill_tokens": prefill,
         "spec_prefill_tokens": spec_prefill,
-        "spec_prefill_allowance": -1 if gate.spec_tokens_given is None else gate.spec_tokens_given,
+        "spec_prefill_credit_s": -1 if allowance is None else allowance.credit_s,
+        "spec_prefill_cost_s": 0.0 if allowance is None else allowance.spent_s,
         "decode_rows": decode_rows,
     }
     pg = state.protection

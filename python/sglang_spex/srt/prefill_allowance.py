@@ -1,57 +1,120 @@
-"""How many speculative prompt tokens may be prefilled in a step that primary work shares: the allowance.
+"""How much speculative prefill may share a step with primary work: the allowance.
 
 A speculative prefill that runs while primary requests are live lengthens the primaries' step: SGLang mixes it
 into their decode step (``--enable-mixed-chunk``) or into the prefill a waiting primary starts anyway. On a GPU a
-few hundred prompt tokens ride a memory-bound decode step almost free; on a CPU each costs about half a decode
-row, so a speculative expansion mixed into a decode step made that step 2-3x longer (session 11, REBASE-8 at 2
-queries). Counting speculative *requests* against the knee does not see this; counting their prompt tokens does.
+few hundred prompt tokens ride a memory-bound decode step almost free. On this CPU a decode step that becomes a
+mixed one costs ~0.2 s more (about one more decode step) even for a handful of prompt tokens, so speculative
+children mixed into decode steps made REBASE-8 at 2 queries slower than the baseline (session 11). Counting
+speculative *requests* against the knee does not see this; pricing the step does.
 
-- **Price of a prefill token**, measured here (:class:`PrefillPrice`): a step that prefilled ``E`` tokens beside
-  ``D`` decode rows took ``t``; the live decode line (``LiveCurve``) says ``D`` rows alone take ``a + b·D``; so
-  each prompt token cost ``(t - a - b·D) / E``. The price is the median of recent steps, and ``b`` (a decode
-  row's cost) until a step with enough prefill tokens was measured.
+- **Price** (:class:`PrefillPrice`), measured here: a step that prefilled ``E`` prompt tokens beside ``D`` decode
+  rows took ``t``; the live decode line (``live_curve.LiveCurve``) says ``D`` rows alone take ``a + b·D``; the
+  excess ``t - a - b·D`` is fitted as ``f + p·E`` over recent steps (least squares, ``f, p >= 0``): ``f`` what
+  turning a decode step into a prefill step costs, ``p`` what each prompt token costs. Until two different
+  prefill sizes were measured the price is ``f = 0, p = b`` (a prompt token priced like a decode row).
 - **Allowance** (:class:`PrefillAllowance`): speculation may take ``share`` of the primaries' step time. Every
-  step in which a primary request ran earns ``share`` times its time, into a bucket that holds at most one
-  decode step of the primaries (so one step is stretched by at most that much, and on average by ``share``).
-  A speculative request is prefilled beside live primaries only while the bucket pays for its prompt tokens at
-  the price; what it admits is spent. With no primary live nothing is limited: speculation then fills an engine
-  the search left idle at its reward barrier, where it costs nobody a step.
+  step in which a primary request ran earns ``share`` times its time, into a bucket that holds at most one decode
+  step of the primaries (so a single step is stretched by at most that much, and on average by ``share``). Beside
+  live primaries a speculative request is admitted only if the bucket pays its price: ``p·E``, plus ``f`` for the
+  first one when no primary prefills this step anyway (the speculative prefill alone turns the decode step into
+  a prefill step). What it admits is spent. With no primary live nothing is limited: speculation then fills an
+  engine the search left idle at its reward barrier, where it costs nobody a step.
+- **Worth**: a speculative request the bucket cannot pay for is still admitted if its search says it is worth it:
+  ``custom_params["spex_worth_s"]`` (the runner's expected use times the measured steps saved per hit, at the live
+  step's fixed cost) at least the price times the searches with live primaries (each of them waits it out).
+  A DFS rollout whose hits save whole steps passes; a BFS node on a path-bound tree (saves ~0) does not.
 
-On a GPU the measured price is near 0 and the allowance is large (the gate counts requests, as before); on this
-CPU it is small. ``share`` is ``--tot-spec-prefill-share`` (0: no speculative prefill beside primaries).
+``share`` is ``--tot-spec-prefill-share`` (0: nothing that costs a measurable time beside primaries).
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Optional, Tuple
 
-MIN_TOKENS = 4  # a step prefilling fewer tokens says too little about their price (timer noise)
-WINDOW = 32  # recent steps the price is the median of
+WINDOW = 32  # recent prefill steps the price is fitted on
 
 Line = Tuple[float, float]  # (a, b) of the live decode line t = a + b·B
+Price = Tuple[float, float]  # (f, p): seconds a step pays for becoming a prefill step, and per prompt token
+UNKNOWN: Price = (math.inf, math.inf)  # no measurement yet: nothing is free
+BUCKET, WORTH = "bucket", "worth"  # who pays for an admitted speculative prefill
+
+
+def fit_price(samples: Deque[Tuple[int, float]]) -> Optional[Price]:
+    """Least-squares ``excess = f + p·E`` with ``f, p >= 0`` (None before two different sizes were seen)."""
+    n = len(samples)
+    if n < 2:
+        return None
+    se = sum(e for e, _ in samples)
+    se2 = sum(e * e for e, _ in samples)
+    sx = sum(x for _, x in samples)
+    sex = sum(e * x for e, x in samples)
+    denom = n * se2 - se * se
+    if denom <= 1e-9 * max(n * se2, 1.0):
+        return None  # one size only: f and p cannot be told apart
+    p = (n * sex - se * sx) / denom
+    f = (sx - p * se) / n
+    if p < 0:
+        return max(sx / n, 0.0), 0.0
+    if f < 0:
+        return 0.0, max(sex / se2, 0.0)
+    return f, p
 
 
 @dataclass
 class PrefillPrice:
-    """Seconds one prompt token adds to a step, from recent prefill and mixed steps measured in this scheduler."""
+    """What prefill adds to a step, from recent prefill and mixed steps measured in this scheduler."""
 
-    samples: Deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    samples: Deque[Tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _fit: Optional[Price] = None
 
     def add(self, line: Optional[Line], decode_rows: int, tokens: int, step_s: float) -> None:
         """One step that prefilled ``tokens`` beside ``decode_rows`` decode rows took ``step_s``."""
-        if line is None or tokens < MIN_TOKENS or not step_s > 0:
+        if line is None or tokens <= 0 or not step_s > 0:
             return
         a, b = line
-        self.samples.append(max(step_s - a - b * max(decode_rows, 0), 0.0) / tokens)
+        self.samples.append((int(tokens), max(step_s - a - b * max(decode_rows, 0), 0.0)))
+        self._fit = fit_price(self.samples)
 
-    def per_token(self, line: Optional[Line]) -> Optional[float]:
-        """The price in seconds per token (None: neither a measured step nor a decode line yet)."""
-        if self.samples:
-            return statistics.median(self.samples)
-        return None if line is None else line[1]
+    def price(self, line: Optional[Line]) -> Optional[Price]:
+        """``(f, p)`` in seconds (None: neither a fit nor a decode line yet)."""
+        if self._fit is not None:
+            return self._fit
+        return None if line is None else (0.0, line[1])
+
+
+@dataclass
+class StepAllowance:
+    """One step's admission beside live primaries: the credit it may spend at the price in force."""
+
+    credit_s: float  # the bucket when the gate decided
+    price: Price
+    new_step: bool  # no primary prefills this step: the first speculative prefill pays ``f``
+    searches: int = 1  # searches with live primary requests: each waits out the step's extra time
+    spent_s: float = 0.0  # paid from the bucket this step
+
+    def cost(self, tokens: int) -> float:
+        f, p = self.price
+        return (f if self.new_step else 0.0) + p * tokens
+
+    def pays(self, tokens: int, worth_s: Optional[float] = None) -> Optional[str]:
+        """Who pays for a speculative request of ``tokens`` prompt tokens: ``"bucket"``, ``"worth"`` (the seconds
+        its expected hit saves its search cover the time it costs every search with live primaries), or None."""
+        cost = self.cost(tokens)
+        if self.spent_s + cost <= self.credit_s:
+            return BUCKET
+        if worth_s is not None and worth_s >= max(self.searches, 1) * cost:
+            return WORTH
+        return None
+
+    def take(self, tokens: int, payer: str) -> float:
+        """Charge an admitted request; returns what it takes from the bucket."""
+        cost = self.cost(tokens) if payer == BUCKET else 0.0
+        self.spent_s += cost
+        self.new_step = False
+        return cost
 
 
 @dataclass
@@ -67,19 +130,18 @@ class PrefillAllowance:
         if step_s > 0:
             self.credit_s = min(self.credit_s + self.share * step_s, max(cap_s, 0.0))
 
-    def tokens(self, line: Optional[Line], primary_live: bool) -> Optional[int]:
-        """Speculative prompt tokens this step may prefill (None: no limit; no primary shares the step, or no
-        price is known, or prefill tokens cost nothing measurable)."""
-        if not primary_live:
+    def open(self, line: Optional[Line], primary_searches: int, primary_prefills: bool) -> Optional[StepAllowance]:
+        """This step's allowance beside the live primaries of ``primary_searches`` searches (None: no limit; no
+        primary shares the step, or no price is known yet and the share is not 0)."""
+        if primary_searches <= 0:
             return None
+        price = self.price.price(line)
         if self.share <= 0:
-            return 0
-        price = self.price.per_token(line)
-        if price is None or price <= 0:
+            price = UNKNOWN if price is None else price
+            return StepAllowance(0.0, price, new_step=not primary_prefills, searches=primary_searches)
+        if price is None:
             return None
-        return int(self.credit_s / price)
+        return StepAllowance(self.credit_s, price, new_step=not primary_prefills, searches=primary_searches)
 
-    def spend(self, tokens: int, line: Optional[Line]) -> None:
-        price = self.price.per_token(line)
-        if price:
-            self.credit_s = max(self.credit_s - tokens * price, 0.0)
+    def spend(self, cost_s: float) -> None:
+        self.credit_s = max(self.credit_s - cost_s, 0.0)

@@ -42,7 +42,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult
@@ -51,7 +51,7 @@ from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt.hook_guard import HookGuard
 from sglang_spex.srt.live_curve import LiveCurve
-from sglang_spex.srt.prefill_allowance import PrefillAllowance
+from sglang_spex.srt.prefill_allowance import PrefillAllowance, StepAllowance
 from sglang_spex.srt.prefix_protection import PrefixProtection
 from sglang_spex.tot.engine import ROLE_PRIMARY, search_rid_prefix
 
@@ -91,12 +91,11 @@ class Gate:
     primary_live: int = 0  # primary requests running, chunked or waiting
     held: int = 0  # waiting speculative requests kept out of this step's prefill
     decode_protected: bool = False  # held because primary requests decode this step
-    spec_tokens: Optional[int] = None  # speculative prompt tokens this step may still prefill (None: no limit)
-    spec_tokens_given: Optional[int] = None  # ... when the gate decided
+    spec_prefill: Optional[StepAllowance] = None  # speculative prefill beside primaries this step (None: no limit)
 
     def step_done(self) -> None:
         """The step's batch is chosen: what its admission held and allowed is published, not carried over."""
-        self.held, self.decode_protected, self.spec_tokens, self.spec_tokens_given = 0, False, None, None
+        self.held, self.decode_protected, self.spec_prefill = 0, False, None
 
 
 @dataclass
@@ -165,7 +164,7 @@ class SpexSchedulerState:
             "spec_prefill": {
                 "share": self.prefill.share,
                 "credit_s": self.prefill.credit_s,
-                "s_per_token": self.prefill.price.per_token(self.curve.line()),
+                "price_f_p_s": self.prefill.price.price(self.curve.line()),
             },
             "hook_s": self.hook_s,
             "hook_by": dict(self.hook_by),
@@ -244,25 +243,26 @@ def h_retraction_order(result: List[int], *args: Any, **kwargs: Any) -> List[int
     return G_RETRACT.run(order, default=result)
 
 
-def _over_allowance(adder: Any, req: Any) -> Optional[int]:
-    """-1 for a speculative request whose prompt tokens the step's prefill allowance cannot pay for (skip it);
-    its prompt tokens (to spend once admitted) for one it can; None where no allowance applies."""
+def _over_allowance(adder: Any, req: Any) -> Tuple[Optional[str], int]:
+    """(None, -1) for a speculative request the step's prefill allowance cannot pay for (skip it); (who pays, its
+    prompt tokens) to charge once admitted for one it can; (None, 0) where no allowance applies."""
     state = sa.attached_state(sa.adder_tree_cache(adder))
-    if state is None or state.gate.spec_tokens is None or not is_spec(req):
-        return None
+    if state is None or state.gate.spec_prefill is None or not is_spec(req):
+        return None, 0
     tokens = sa.pending_prefill_tokens(req)
-    if tokens > state.gate.spec_tokens:
+    payer = state.gate.spec_prefill.pays(tokens, sa.worth_s(req))
+    if payer is None:
         state.bump("spec_prefill_deferred")
-        return -1
-    return tokens
+        return None, -1
+    return payer, tokens
 
 
-def _spend(adder: Any, req: Any, tokens: int) -> None:
+def _charge(adder: Any, req: Any, payer: str, tokens: int) -> None:
     admitted = sa.adder_can_run(adder)
     if admitted and admitted[-1] is req:
         state = sa.attached_state(sa.adder_tree_cache(adder))
-        state.gate.spec_tokens -= tokens
-        state.prefill.spend(tokens, state.curve.line())
+        state.prefill.spend(state.gate.spec_prefill.take(tokens, payer))
+        state.bump("spec_prefill_" + payer)
 
 
 def h_add_one_req(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
@@ -270,12 +270,12 @@ def h_add_one_req(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
     step's prefill allowance (else skipped: it stays queued); a primary short of KV preempts lower-ranked
     running requests."""
     req = sa.hook_args(type(adder).add_one_req, adder, *args, **kwargs)["req"]
-    tokens = G_ALLOW.run(_over_allowance, adder, req)
-    if tokens is not None and tokens < 0:
+    payer, tokens = G_ALLOW.run(_over_allowance, adder, req, default=(None, 0)) or (None, 0)
+    if tokens < 0:
         return AddReqResult.CONTINUE  # SGLang's adder goes on to the next request; this one stays waiting
     res = original(adder, *args, **kwargs)
-    if tokens is not None:
-        G_ALLOW.run(_spend, adder, req, tokens)
+    if payer is not None:
+        G_ALLOW.run(_charge, adder, req, payer, tokens)
     if res is not AddReqResult.NO_TOKEN:
         return res
 
@@ -306,16 +306,22 @@ class _Census:
     primary_chunked: bool = False  # a primary is being prefilled in chunks (a prefill runs anyway)
     waiting_spec: List[Any] = field(default_factory=list)
     waiting_primary: List[Any] = field(default_factory=list)
+    primary_searches: Set[Any] = field(default_factory=set)  # searches (or plain requests) with live primary requests
 
     @property
     def primary_live(self) -> int:
         return self.primary_decoding + int(self.primary_chunked) + len(self.waiting_primary)
 
 
+def _search_of(req: Any) -> Any:
+    return classify(req)[1] or id(req)  # a request outside any search counts as its own
+
+
 def _census(scheduler: Any, batch: Any) -> _Census:
     c = _Census()
     reqs = sa.batch_reqs(batch)
     live = [r for r in reqs if not r.finished()]
+    c.primary_searches = {_search_of(r) for r in live if not is_spec(r)}
     c.spec_running = sum(1 for r in live if is_spec(r))
     c.primary_decoding = len(live) - c.spec_running
     chunked = sa.chunked_req(scheduler)
@@ -324,8 +330,13 @@ def _census(scheduler: Any, batch: Any) -> _Census:
             c.spec_running += 1
         else:
             c.primary_chunked = True
+            c.primary_searches.add(_search_of(chunked))
     for r in sa.waiting(scheduler):
-        (c.waiting_spec if is_spec(r) else c.waiting_primary).append(r)
+        if is_spec(r):
+            c.waiting_spec.append(r)
+        else:
+            c.waiting_primary.append(r)
+            c.primary_searches.add(_search_of(r))
     return c
 
 
@@ -407,8 +418,8 @@ def _gate_prefill(scheduler: Any, running_batch: Any) -> Tuple[List[Any], List[A
     room = spec_room(state_of(scheduler), census)
     victims = _trim_to_room(scheduler, running_batch, room, census.spec_running)
     state = state_of(scheduler)
-    allowance = state.prefill.tokens(state.curve.line(), census.primary_live > 0)
-    state.gate.spec_tokens = state.gate.spec_tokens_given = allowance
+    primary_prefills = bool(census.waiting_primary) or census.primary_chunked
+    state.gate.spec_prefill = state.prefill.open(state.curve.line(), len(census.primary_searches), primary_prefills)
     return victims, _hold_waiting(scheduler, running_batch, census, room, census.spec_running - len(victims))
 
 

@@ -12,7 +12,9 @@ Request identity conventions (read by the scheduler hooks in ``srt/``):
   ``"r.0.2"``). SGLang aborts by rid *prefix*, so ``spex:{search_id}:`` names a whole search,
   ``spex:{search_id}:r.0:`` one node (either role) and ``spex:{search_id}:r.0.`` a subtree.
 - ``custom_params = {"spex_role": "primary"|"spec", "spex_search": search_id, "spex_node": path}``; where a proxy
-  drops ``custom_params`` (sglang-router rebuilds the body), the scheduler reads the role from the rid.
+  drops ``custom_params`` (sglang-router rebuilds the body), the scheduler reads the role from the rid. A
+  speculative request may add ``"spex_worth_s"``: the seconds its expected hit saves its search, which the
+  scheduler weighs against what its prefill costs the primaries (``srt/prefill_allowance.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class GenRequest:
     node_path: str = ""
     priority: Optional[int] = None
     dp_rank: Optional[int] = None  # SGLang's routed_dp_rank: every request of a search on one DP rank
+    worth_s: Optional[float] = None  # speculative: seconds its expected hit saves the search (the prefill allowance)
 
     def sampling_params(self) -> Dict[str, Any]:
         sp: Dict[str, Any] = {
@@ -70,6 +73,8 @@ class GenRequest:
             "top_p": self.top_p,
             "custom_params": {"spex_role": self.role, "spex_search": self.search_id, "spex_node": self.node_path},
         }
+        if self.worth_s is not None:
+            sp["custom_params"]["spex_worth_s"] = float(self.worth_s)
         if self.stop:
             sp["stop"] = list(self.stop)
         if self.seed is not None:
