@@ -276,6 +276,8 @@ TRACE_COUNTERS = (
     "promoted",
     "spec_before_primary",
     "spec_prefill_deferred",
+    "spec_prefill_bucket",
+    "spec_prefill_worth",
 )
 
 

@@ -38,6 +38,17 @@ def test_the_prior_ages_like_the_measurements():
     assert p.min_use(0.1, 0.01) > 0.99
 
 
+def test_measured_saved_per_hit_leaves_the_prior_out():
+    p = Payoff(prior_tokens=48.0, decay=0.9)
+    assert p.measured_saved_per_hit() == 0.0  # nothing measured: a speculative request claims no worth yet
+    p.record_miss(10)
+    assert p.measured_saved_per_hit() == 0.0
+    p.record_wave(saved_steps=6.0, hits=2)
+    p.record_wave(saved_steps=0.0, hits=1)
+    assert p.measured_saved_per_hit() == pytest.approx(6.0 * 0.9 / (2 * 0.9 + 1))  # aged like every measurement
+    assert p.saved_per_hit() > p.measured_saved_per_hit()  # the prior (48 steps a hit) is in the other one
+
+
 def test_min_use_rises_as_hits_stop_saving_steps_and_falls_when_they_save_again():
     p = Payoff(prior_tokens=48.0)
     start = p.min_use(0.09, 0.013)

@@ -50,12 +50,14 @@ class Payoff:
     hits: float = 0.0
     wasted: float = 0.0  # tokens of speculative nodes never adopted
     misses: float = 0.0
+    prior_weight: float = PRIOR_EVENTS  # what is left of the prior in ``hits`` and ``misses``
 
     def __post_init__(self) -> None:
         self.saved = self.wasted = PRIOR_EVENTS * self.prior_tokens
         self.hits = self.misses = PRIOR_EVENTS
 
     def _age(self) -> None:
+        self.prior_weight *= self.decay
         self.saved, self.hits = self.saved * self.decay, self.hits * self.decay
         self.wasted, self.misses = self.wasted * self.decay, self.misses * self.decay
 
@@ -73,6 +75,14 @@ class Payoff:
 
     def saved_per_hit(self) -> float:
         return self.saved / self.hits
+
+    def measured_saved_per_hit(self) -> float:
+        """Steps saved per hit without the prior (0 before a hit was measured): what a speculative request's worth
+        is priced at, so speculation never claims a saving it has not shown on this engine."""
+        hits = self.hits - self.prior_weight
+        if hits < 0.5:
+            return 0.0
+        return max(self.saved - self.prior_weight * self.prior_tokens, 0.0) / hits
 
     def wasted_per_miss(self) -> float:
         return self.wasted / self.misses

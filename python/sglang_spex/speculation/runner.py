@@ -270,10 +270,11 @@ class SpexContext(SearchContext):
         return floor
 
     def worth_s(self, use: float) -> Optional[float]:
-        """Seconds a candidate adopted with probability ``use`` is expected to save this search: the measured
-        decode steps saved per hit at the live step's fixed cost (None while the step curve is unknown)."""
+        """Seconds a candidate adopted with probability ``use`` is expected to save this search: the decode steps
+        saved per hit measured on this engine (no prior) at the live step's fixed cost (None while the step curve
+        is unknown)."""
         line = self.budget.step_line(self.dp_rank)
-        return None if line is None else use * self.payoff().saved_per_hit() * line[0]
+        return None if line is None else use * self.payoff().measured_saved_per_hit() * line[0]
 
     def _on_wave(self, saved_steps: float, hits: int) -> None:
         self.payoff().record_wave(saved_steps, hits)

@@ -20,8 +20,9 @@ speculative *requests* against the knee does not see this; pricing the step does
   a prefill step). What it admits is spent. With no primary live nothing is limited: speculation then fills an
   engine the search left idle at its reward barrier, where it costs nobody a step.
 - **Worth**: a speculative request the bucket cannot pay for is still admitted if its search says it is worth it:
-  ``custom_params["spex_worth_s"]`` (the runner's expected use times the measured steps saved per hit, at the live
-  step's fixed cost) at least the price times the searches with live primaries (each of them waits it out).
+  ``custom_params["spex_worth_s"]`` (the runner's expected use times the steps saved per hit measured on this
+  engine, without a prior, at the live step's fixed cost) at least the price times the searches with live
+  primaries (each of them waits it out).
   A DFS rollout whose hits save whole steps passes; a BFS node on a path-bound tree (saves ~0) does not.
 
 ``share`` is ``--tot-spec-prefill-share`` (0: nothing that costs a measurable time beside primaries).
