@@ -283,7 +283,7 @@ class SpexConfig(_Section):
         "prefill runs in the primaries' decode step instead of waiting for a free step (on/off)",
     )
     spec_prefill_share: float = _opt(
-        0.1,
+        0.02,
         check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
         help="scheduler: share of the primaries' step time speculative prefill beside them may take, at its "
         "measured price (0: only what is measured free)",

@@ -122,7 +122,7 @@ class StepAllowance:
 class PrefillAllowance:
     """The bucket of primary step time speculative prefill may take, and the price it is spent at."""
 
-    share: float = 0.1
+    share: float = 0.02  # SpexConfig.spec_prefill_share
     credit_s: float = 0.0
     price: PrefillPrice = field(default_factory=PrefillPrice)
 
