@@ -196,3 +196,49 @@ def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mo
     beside = [r for r in spec_prefill if r["primary_live"] > 0 or r["n_primary"] > 0]
     assert not beside, beside[:3]  # ... but only once no primary was live
     assert after.get("spec_prefill_deferred", 0) > before.get("spec_prefill_deferred", 0)  # not vacuous
+
+
+def _fit_the_decode_line(url: str, ex: cf.Executor) -> None:
+    """Decode steps at several batch sizes until the scheduler's live line is fitted (the allowance's price)."""
+    for attempt in range(6):
+        if requests.get(url + "/spex/stats", timeout=60).json()["batch"]["counters"]["curve_a_s"] > 0:
+            return
+        for n in (1, 2, 3, 4):
+            for f in _submit(ex, url, _primary(f"line{attempt}n{n}", n, 24)):
+                f.result()
+    raise AssertionError("the live decode line was never fitted")
+
+
+def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_zero(spex_server_in_mode):
+    """The allowance's second payer: a speculative request whose search says its hit saves more than its prefill
+    costs every search with live primaries (``custom_params["spex_worth_s"]``) is prefilled beside them even with
+    no bucket; one worth nothing still waits."""
+    url = spex_server_in_mode.url
+    post(url, "/spex/release", {})
+    post(url, "/spex/knobs", {"spec_prefill_share": 0.0})
+    try:
+        with cf.ThreadPoolExecutor(8) as ex:
+            _fit_the_decode_line(url, ex)
+            wait_idle(url)
+            before = sched(url)["counters"]
+            seq0 = _seq(url)
+            primaries = _submit(ex, url, _primary("w0", 2, 128))
+            wait_running(url, 2)
+            worthy = _spec("w0s", 2, 16)
+            for b in worthy:
+                b["sampling_params"]["custom_params"]["spex_worth_s"] = 1e3
+            worthless = _spec("w1s", 2, 16)
+            for b in worthless:
+                b["sampling_params"]["custom_params"]["spex_worth_s"] = 0.0
+            spec = _submit(ex, url, worthy + worthless)
+            outs = [f.result().json() for f in primaries + spec]
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+        wait_idle(url, timeout=300)
+        rows = _history(url, seq0)
+        after = sched(url)["counters"]
+    finally:
+        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
+    beside = [r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0]
+    assert beside  # the worthy ones rode the primaries' steps ...
+    assert after.get("spec_prefill_worth", 0) - before.get("spec_prefill_worth", 0) == 2
+    assert after.get("spec_prefill_deferred", 0) > before.get("spec_prefill_deferred", 0)  # ... the others waited
