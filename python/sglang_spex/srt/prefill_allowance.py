@@ -2,10 +2,10 @@
 
 A speculative prefill that runs while primary requests are live lengthens the primaries' step: SGLang mixes it
 into their decode step (``--enable-mixed-chunk``) or into the prefill a waiting primary starts anyway. On a GPU a
-few hundred prompt tokens ride a memory-bound decode step almost free. On this CPU a decode step that becomes a
-mixed one costs ~0.2 s more (about one more decode step) even for a handful of prompt tokens, so speculative
-children mixed into decode steps made REBASE-8 at 2 queries slower than the baseline (session 11). Counting
-speculative *requests* against the knee does not see this; pricing the step does.
+few hundred prompt tokens ride a memory-bound decode step almost free. On this CPU (SmolLM2, float32) a decode
+step that becomes a mixed one costs ~30 ms more, plus ~3 ms per prompt token, against a ~110 ms step; session 11
+saw REBASE-8 at 2 queries run twice as many such steps with speculation as without. Counting speculative
+*requests* against the knee does not see this; pricing the step does.
 
 - **Price** (:class:`PrefillPrice`), measured here: a step that prefilled ``E`` prompt tokens beside ``D`` decode
   rows took ``t``; the live decode line (``live_curve.LiveCurve``) says ``D`` rows alone take ``a + b·D``; the
