@@ -101,7 +101,6 @@ class SpexContext(SearchContext):
         self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
         self.meter = WaveMeter(self._on_wave, time.monotonic)  # steps speculation took off the critical path
         self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
-        self._worth: Dict[str, Optional[float]] = {}  # issued speculative node path -> worth_s, until it is sent
         budget.register(self)
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
@@ -453,16 +452,16 @@ class SpexContext(SearchContext):
             if self._taken(path):
                 continue
             node = Node(path=path, parent=cand.parent, kind=cand.kind, seed=node_seed(self.tree.search_seed, path))
-            self._worth[path] = self.worth_s(self._expected_use(cand))
-            self.store.issue(node, cand.distance, self._generate_spec)
+            worth = self.worth_s(self._expected_use(cand))
+            self.store.issue(node, cand.distance, functools.partial(self._generate_spec, worth_s=worth))
             self.acc.on_issue(cand.distance, depth=node.depth)
             self._version += 1
 
-    async def _generate_spec(self, node: Node) -> None:
+    async def _generate_spec(self, node: Node, worth_s: Optional[float] = None) -> None:
         node.status, node.rid = GENERATING, node_rid(self.search_id, node.path, ROLE_SPEC)
         req = self.request_for(node)
         req.role, req.priority = ROLE_SPEC, self.settings.spec_priority
-        req.worth_s = self._worth.pop(node.path, None)
+        req.worth_s = worth_s
         try:
             res = await self.port.generate(req)
         except Exception as e:

@@ -270,7 +270,7 @@ def h_add_one_req(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
     step's prefill allowance (else skipped: it stays queued); a primary short of KV preempts lower-ranked
     running requests."""
     req = sa.hook_args(type(adder).add_one_req, adder, *args, **kwargs)["req"]
-    payer, tokens = G_ALLOW.run(_over_allowance, adder, req, default=(None, 0)) or (None, 0)
+    payer, tokens = G_ALLOW.run(_over_allowance, adder, req, default=(None, 0))
     if tokens < 0:
         return AddReqResult.CONTINUE  # SGLang's adder goes on to the next request; this one stays waiting
     res = original(adder, *args, **kwargs)
