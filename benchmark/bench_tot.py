@@ -11,7 +11,9 @@ is the baseline search on identical server flags, and modes can be interleaved w
 
 For each repeat, each (policy, concurrency) cell runs every mode back to back (the order alternates between
 repeats), the radix cache flushed before each run. Reported per cell: median q/min of each mode, the median and
-min–max of the per-repeat SPEX/baseline q/min ratio, hits/issued, wasted tokens, per-query p50/p99 completion
+min–max of the per-repeat SPEX/baseline q/min ratio, the same ratio of the runs' *priced schedules*
+(``priced x``: every scheduler step at one step price fitted over all runs, :mod:`step_cost`; it moves only with
+what was scheduled, not with the host's noise), hits/issued, wasted tokens, per-query p50/p99 completion
 time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
 ``--gate-mode`` adds SPEX with the pay-off gate on (``spex_gate``; speculation/payoff.py), interleaved too;
 ``--variant NAME=JSON`` adds SPEX with more per-search settings (server-side), e.g. ``bfs2='{"bfs_lookahead": 2}'``;
@@ -43,6 +45,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import httpx
 import numpy as np
 import requests
+from sched_trace import scheduler_trace, spex_stats
+from step_cost import StepPrice, fit_price
 from tqdm import tqdm
 
 from sglang_spex.config import SpexConfig
@@ -250,7 +254,7 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
     spec = build_spec(
         policy, args.max_depth, args.step_tokens, seed, args.task, speculation=args.overrides[mode], reward=args.reward
     )
-    before = _spex_stats(url)
+    before = spex_stats(url)
     _set_knobs(args, url, before["scheduler"]["knobs"], mode)
     row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
     row["trace"] = scheduler_trace(url, before)
@@ -267,58 +271,6 @@ def _set_knobs(args, url: str, current: Dict[str, Any], mode: str) -> None:
     if change:
         r = requests.post(url + "/spex/knobs", json=change, timeout=120)
         r.raise_for_status()
-
-
-# ---------------------------------------------------------------- scheduler trace (batch-stats rows of a run)
-TRACE_COUNTERS = (
-    "spec_retracted_for_budget",
-    "preempt_for_primary",
-    "promoted",
-    "spec_before_primary",
-    "spec_prefill_deferred",
-    "spec_prefill_bucket",
-    "spec_prefill_worth",
-)
-
-
-def _spex_stats(url: str, since: Optional[int] = None) -> Dict[str, Any]:
-    params = {} if since is None else {"history_since": since}
-    return requests.get(url + "/spex/stats", params=params, timeout=120).json()
-
-
-def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
-    """What the scheduler did during a run, from the batch-stats rows written since ``before`` (a
-    ``/spex/stats`` answer): steps by kind, their time, batch sizes, speculative work, primaries left waiting,
-    and the gate's counters (deltas)."""
-    after = _spex_stats(url, before["batch"]["seq"])
-    hist = after["batch"]["history"]
-    rows = [r for r in hist["rows"] if r["step_s"] is not None and r["step_s"] == r["step_s"]]
-    decode = [r for r in rows if r["mode"] == 2]
-    prefill = [r for r in rows if r["mode"] in (1, 3)]
-    mixed = [r for r in rows if r["mode"] == 3]  # a prefill that also runs the running batch's decode step
-    c0, c1 = before["scheduler"].get("counters", {}), after["scheduler"].get("counters", {})
-    return {
-        "steps": len(rows),
-        "rows_lost": hist["lost"],
-        "step_s": round(sum(r["step_s"] for r in rows), 3),
-        "decode_steps": len(decode),
-        "decode_s": round(sum(r["step_s"] for r in decode), 3),
-        "mean_decode_batch": round(statistics.mean(r["batch_size"] for r in decode), 2) if decode else 0.0,
-        "decode_spec_seqs": int(sum(r["n_spec"] for r in decode)),
-        "prefill_steps": len(prefill),
-        "prefill_s": round(sum(r["step_s"] for r in prefill), 3),
-        "mixed_steps": len(mixed),
-        "mixed_s": round(sum(r["step_s"] for r in mixed), 3),
-        "spec_prefill_steps": sum(1 for r in prefill if r["n_spec"] > 0),
-        "prefill_tokens": int(sum(r.get("prefill_tokens") or 0 for r in prefill)),
-        "spec_prefill_tokens": int(sum(r.get("spec_prefill_tokens") or 0 for r in prefill)),
-        "spec_prefill_tokens_beside_primaries": int(
-            sum(r.get("spec_prefill_tokens") or 0 for r in prefill if r["primary_live"] > 0)
-        ),
-        "decode_with_primary_waiting": sum(1 for r in decode if r["waiting"] - r["waiting_spec"] > 0),
-        "spec_held_steps": sum(1 for r in rows if r["spec_held"] > 0),
-        **{k: c1.get(k, 0) - c0.get(k, 0) for k in TRACE_COUNTERS},
-    }
 
 
 # ---------------------------------------------------------------- aggregation
@@ -364,6 +316,9 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One line per (policy, concurrency, mode): medians over repeats, the per-repeat ratio to the baseline of
     the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time."""
     base = {(r["policy"], r["concurrency"], r["repeat"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
+    price = step_price(rows)
+    cost = {id(r): price.cost_s(r["trace"]["step_rows"]) for r in rows if price and "step_rows" in r.get("trace", {})}
+    base_cost = {(r["policy"], r["concurrency"], r["repeat"]): cost.get(id(r)) for r in rows if r["mode"] == "baseline"}
     base_tps = {(r["policy"], r["concurrency"], r["repeat"]): _tps(r) for r in rows if r["mode"] == "baseline"}
     base_tree = {(r["policy"], r["concurrency"], r["repeat"]): tree_key(r) for r in rows if r["mode"] == "baseline"}
     cells: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
@@ -381,6 +336,11 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         spec = [r["speculation"] for r in rs if r["speculation"]]
         paired = [r for r in rs if (policy, conc, r["repeat"]) in base_tree]
         same = [tree_key(r) == base_tree[(policy, conc, r["repeat"])] for r in paired]
+        cost_ratios = [
+            base_cost[(policy, conc, r["repeat"])] / cost[id(r)]
+            for r in rs
+            if cost.get(id(r)) and base_cost.get((policy, conc, r["repeat"]))
+        ]
 
         def total(key: str) -> int:
             return int(sum(s.get(key, 0) for s in spec))
@@ -392,14 +352,13 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "mode": mode,
                 "repeats": len(rs),
                 "q_per_min": round(statistics.median(r["q_per_min"] for r in rs), 3),
-                "ratio": round(statistics.median(ratios), 3) if ratios else None,
-                "ratio_min": round(min(ratios), 3) if ratios else None,
-                "ratio_max": round(max(ratios), 3) if ratios else None,
+                **_spread("ratio", ratios),
                 "accuracy": round(statistics.mean(r["accuracy"] for r in rs), 3),
                 "tokens": int(statistics.median(r["tokens"] for r in rs)),
                 "tokens_per_s": round(statistics.median(_tps(r) for r in rs), 2),
                 "tokens_per_s_ratio": round(statistics.median(tps_ratios), 3) if tps_ratios else None,
                 "same_tree": f"{sum(same)}/{len(same)}",
+                **_spread("cost_ratio", cost_ratios),
                 **_time_split(rs, conc),
                 "hits": total("hits"),
                 "issued": total("issued"),
@@ -413,18 +372,34 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
+def step_price(rows: List[Dict[str, Any]]) -> Optional[StepPrice]:
+    """One step price over every traced run of the benchmark, all modes (:mod:`step_cost`)."""
+    return fit_price(r["trace"]["step_rows"] for r in rows if "step_rows" in r.get("trace", {}))
+
+
+def _spread(key: str, xs: List[float]) -> Dict[str, Optional[float]]:
+    """``key``, ``key_min``, ``key_max``: median, min and max of ``xs`` (None when empty)."""
+    vals = (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
+    return {k: None if v is None else round(v, 3) for k, v in zip((key, f"{key}_min", f"{key}_max"), vals)}
+
+
 def print_table(summary: List[Dict[str, Any]]) -> None:
     print(
         f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio (min-max)':>18} {'acc':>5} {'tokens':>7} "
-        f"{'tok/s x':>7} {'same tree':>9} {'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7}"
+        f"{'tok/s x':>7} {'same tree':>9} {'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7} "
+        f"{'priced x (min-max)':>18}"
     )
+
+    def fmt(s: Dict[str, Any], key: str) -> str:
+        return f"{s[key]:.2f} ({s[key + '_min']:.2f}-{s[key + '_max']:.2f})" if s.get(key) is not None else "-"
+
     for s in summary:
-        ratio = f"{s['ratio']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})" if s["ratio"] is not None else "-"
+        ratio = fmt(s, "ratio")
         hits = f"{s['hits']}/{s['issued']}" if s["issued"] else "-"
         print(
             f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {s['q_per_min']:>7.2f} {ratio:>18} "
             f"{s['accuracy']:>5.2f} {s['tokens']:>7} {s['tokens_per_s_ratio'] or 0:>7.2f} {s.get('same_tree', '-'):>9} {hits:>12} {s['wasted_tokens']:>7} "
-            f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7}"
+            f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7} {fmt(s, 'cost_ratio'):>18}"
         )
 
 
@@ -550,7 +525,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     rows: List[Dict[str, Any]] = []
     started = time.time()
     if args.knob_variants:
-        args.server_knobs = _spex_stats(url)["scheduler"]["knobs"]  # restored for every mode but a knob variant
+        args.server_knobs = spex_stats(url)["scheduler"]["knobs"]  # restored for every mode but a knob variant
     try:
         warm = argparse.Namespace(**{**vars(args), "max_depth": 1, "step_tokens": 4})
         for policy in policies:  # warm-up (not measured, tiny): first-request costs must land on no mode
@@ -573,6 +548,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     summary = summarise(rows)
     print_table(summary)
     print_time_split(summary)
+    price = step_price(rows)
+    print(f"step price (priced x): {price.as_dict() if price else '-'}")
     meta = {
         "host_cpus": os.cpu_count(),
         "load_avg_at_end": os.getloadavg(),
@@ -581,6 +558,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "path": "client-side (HttpPort)" if args.client_side else "server-side (POST /tot/search)",
         "baseline": "same --tot-speculation server, per-search speculation.enabled=false",
         "args": {k: v for k, v in vars(args).items() if k != "k_total_client"},
+        "step_price": price.as_dict() if price else None,
         "source": f"real CPU SGLang server, SmolLM2-135M ({args.dtype})" if not args.url else f"server at {args.url}",
     }
     out = {"meta": meta, "summary": summary, "rows": rows}

@@ -1,0 +1,63 @@
+"""What the scheduler did during one benchmark run, from the batch-stats rows (``GET /spex/stats``) written
+during it: steps by kind, their time, batch sizes, speculative work, primaries left waiting, the gate's counters,
+and every step compacted for :mod:`step_cost`."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, Optional
+
+import requests
+from step_cost import compact
+
+TRACE_COUNTERS = (
+    "spec_retracted_for_budget",
+    "preempt_for_primary",
+    "promoted",
+    "spec_before_primary",
+    "spec_prefill_deferred",
+    "spec_prefill_bucket",
+    "spec_prefill_worth",
+)
+
+
+def spex_stats(url: str, since: Optional[int] = None) -> Dict[str, Any]:
+    """The server's ``/spex/stats`` (batch-stats rows since ``since`` when given)."""
+    params = {} if since is None else {"history_since": since}
+    return requests.get(url + "/spex/stats", params=params, timeout=120).json()
+
+
+def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
+    """What the scheduler did during a run, from the batch-stats rows written since ``before`` (a
+    ``/spex/stats`` answer): steps by kind, their time, batch sizes, speculative work, primaries left waiting,
+    and the gate's counters (deltas)."""
+    after = spex_stats(url, before["batch"]["seq"])
+    hist = after["batch"]["history"]
+    rows = [r for r in hist["rows"] if r["step_s"] is not None and r["step_s"] == r["step_s"]]
+    decode = [r for r in rows if r["mode"] == 2]
+    prefill = [r for r in rows if r["mode"] in (1, 3)]
+    mixed = [r for r in rows if r["mode"] == 3]  # a prefill that also runs the running batch's decode step
+    c0, c1 = before["scheduler"].get("counters", {}), after["scheduler"].get("counters", {})
+    return {
+        "steps": len(rows),
+        "rows_lost": hist["lost"],
+        "step_s": round(sum(r["step_s"] for r in rows), 3),
+        "decode_steps": len(decode),
+        "decode_s": round(sum(r["step_s"] for r in decode), 3),
+        "mean_decode_batch": round(statistics.mean(r["batch_size"] for r in decode), 2) if decode else 0.0,
+        "decode_spec_seqs": int(sum(r["n_spec"] for r in decode)),
+        "prefill_steps": len(prefill),
+        "prefill_s": round(sum(r["step_s"] for r in prefill), 3),
+        "mixed_steps": len(mixed),
+        "mixed_s": round(sum(r["step_s"] for r in mixed), 3),
+        "spec_prefill_steps": sum(1 for r in prefill if r["n_spec"] > 0),
+        "prefill_tokens": int(sum(r.get("prefill_tokens") or 0 for r in prefill)),
+        "spec_prefill_tokens": int(sum(r.get("spec_prefill_tokens") or 0 for r in prefill)),
+        "spec_prefill_tokens_beside_primaries": int(
+            sum(r.get("spec_prefill_tokens") or 0 for r in prefill if r["primary_live"] > 0)
+        ),
+        "decode_with_primary_waiting": sum(1 for r in decode if r["waiting"] - r["waiting_spec"] > 0),
+        "spec_held_steps": sum(1 for r in rows if r["spec_held"] > 0),
+        **{k: c1.get(k, 0) - c0.get(k, 0) for k in TRACE_COUNTERS},
+        "step_rows": compact(hist["rows"]),
+    }
