@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import httpx
 import numpy as np
 import requests
-from sched_trace import scheduler_trace, spex_stats
+from sched_trace import cpu_delta, cpu_seconds, scheduler_trace, spex_stats
 from step_cost import StepPrice, fit_price
 from tqdm import tqdm
 
@@ -254,10 +254,10 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
     spec = build_spec(
         policy, args.max_depth, args.step_tokens, seed, args.task, speculation=args.overrides[mode], reward=args.reward
     )
-    before = spex_stats(url)
+    before, cpu0 = spex_stats(url), cpu_seconds(args.server_pid)
     _set_knobs(args, url, before["scheduler"]["knobs"], mode)
     row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
-    row["trace"] = scheduler_trace(url, before)
+    row["trace"] = {**scheduler_trace(url, before), "cpu_s": cpu_delta(cpu0, cpu_seconds(args.server_pid))}
     return row
 
 
@@ -301,6 +301,9 @@ def _time_split(rs: List[Dict[str, Any]], conc: int) -> Dict[str, Any]:
         "prefill_s": round(med(t["prefill_s"] - t.get("mixed_s", 0.0) for t in traced), 2),
         "mean_decode_batch": round(med(t["mean_decode_batch"] for t in traced), 2),
     }
+    cpu = [t["cpu_s"] for t in traced if t.get("cpu_s")]
+    if cpu:  # CPU seconds per server process role (sched_trace.cpu_seconds)
+        out["cpu_s"] = {k: round(med(c.get(k, 0.0) for c in cpu), 2) for k in sorted({k for c in cpu for k in c})}
     bounds = [steps_bound(r["critical_path_tokens"], conc) for r in rs if r.get("critical_path_tokens")]
     if bounds:
         out["steps_bound"] = round(med(bounds), 1)
@@ -405,12 +408,13 @@ def print_table(summary: List[Dict[str, Any]]) -> None:
 
 def print_time_split(summary: List[Dict[str, Any]]) -> None:
     """Where the time goes, per cell: baseline vs SPEX steps that decode, ms per such step, mean decode batch,
-    prefill-only seconds, and the critical-path bound on decode steps (baseline steps / bound = the most that fewer
-    steps could give)."""
+    prefill-only seconds, the critical-path bound on decode steps (baseline steps / bound = the most that fewer
+    steps could give), and the CPU seconds of the server's launcher process (HTTP, TokenizerManager, server-side
+    searches) and scheduler: on a host with few cores the launcher's work slows the scheduler's steps."""
     base = {(s["policy"], s["concurrency"]): s for s in summary if s["mode"] == "baseline"}
     print(
         f"\n{'policy':10} {'conc':>4} {'mode':12} {'decode steps':>14} {'ms/step':>13} {'batch':>11} "
-        f"{'prefill s':>13} {'path bound':>10} {'max x':>6}"
+        f"{'prefill s':>13} {'path bound':>10} {'max x':>6} {'CPU s: launcher':>16} {'scheduler':>13}"
     )
     for s in summary:
         b = base.get((s["policy"], s["concurrency"]))
@@ -421,8 +425,15 @@ def print_time_split(summary: List[Dict[str, Any]]) -> None:
         print(
             f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {b['decode_steps']:>6g} -> {s['decode_steps']:<5g} "
             f"{b['decode_ms']:>5} -> {s['decode_ms']:<5} {b['mean_decode_batch']:>4} -> {s['mean_decode_batch']:<4} "
-            f"{b['prefill_s']:>5} -> {s['prefill_s']:<5} {bound or '-':>10} {best:>6}"
+            f"{b['prefill_s']:>5} -> {s['prefill_s']:<5} {bound or '-':>10} {best:>6} "
+            f"{_cpu(b, s, 'tokenizer_manager'):>16} {_cpu(b, s, 'scheduler'):>13}"
         )
+
+
+def _cpu(base: Dict[str, Any], spex: Dict[str, Any], role: str) -> str:
+    """``base -> spex`` CPU seconds of one server process role ("-" when not measured)."""
+    b, x = (base.get("cpu_s") or {}).get(role), (spex.get("cpu_s") or {}).get(role)
+    return "-" if b is None or x is None else f"{b:g} -> {x:g}"
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -522,6 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), "--dtype", args.dtype, *args.server_arg]
     server = None if args.url else ServerProcess(server_args).start()
     url = args.url or server.url
+    args.server_pid = server.proc.pid if server is not None else None
     rows: List[Dict[str, Any]] = []
     started = time.time()
     if args.knob_variants:

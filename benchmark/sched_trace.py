@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, Optional
 
+import psutil
 import requests
 from step_cost import compact
 
@@ -61,3 +62,31 @@ def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
         **{k: c1.get(k, 0) - c0.get(k, 0) for k in TRACE_COUNTERS},
         "step_rows": compact(hist["rows"]),
     }
+
+
+def cpu_seconds(pid: Optional[int]) -> Dict[str, float]:
+    """CPU seconds (user + system) so far of a server started by this benchmark, per process role: the launcher
+    (HTTP, the TokenizerManager and the server-side searches on its event loop), SGLang's scheduler and
+    detokenizer, anything else. Empty for a server this process did not start (``pid`` None) or that is gone."""
+    if pid is None:
+        return {}
+    try:
+        root = psutil.Process(pid)
+        procs = [("tokenizer_manager", root)] + [(_role(c), c) for c in root.children(recursive=True)]
+        out: Dict[str, float] = {}
+        for role, p in procs:
+            t = p.cpu_times()
+            out[role] = out.get(role, 0.0) + t.user + t.system
+        return out
+    except psutil.Error:
+        return {}
+
+
+def _role(p: "psutil.Process") -> str:
+    name = " ".join(p.cmdline()[:1]) or p.name()
+    return next((r for r in ("scheduler", "detokenizer") if r in name), "other")
+
+
+def cpu_delta(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    """Per-role CPU seconds between two :func:`cpu_seconds` snapshots."""
+    return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
