@@ -4,8 +4,9 @@
 written for a real engine (the search, SPEX's runner) runs unchanged; a simulated run that spans hours of
 engine time finishes in the wall time its Python work takes, and — with no real I/O — deterministically.
 
-Work handed to threads (``asyncio.to_thread``, e.g. ETS's ILP solve) takes zero virtual time: while any
-executor job is pending the loop waits for it in real time and does not advance the clock.
+Work handed to threads (``asyncio.to_thread``, e.g. ETS's ILP solve) takes zero virtual time: the loop runs it
+inline when it is handed over, so a run does not depend on how fast a thread finishes (deterministic given the
+seed).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ class _VirtualSelector(selectors.DefaultSelector):
         ready = super().select(0)
         if ready or timeout == 0 or self.loop is None:
             return ready
-        if self.loop.executor_jobs > 0:  # a thread is working: wait for it without moving the clock
-            return super().select(None)
         if timeout is None:  # no timer at all: only real I/O could wake us
             ready = super().select(DEADLOCK_WALL_S)
             if not ready:
@@ -50,7 +49,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = float(start)
-        self.executor_jobs = 0
 
     def time(self) -> float:
         return self._now
@@ -59,14 +57,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if seconds > 0:
             self._now += seconds
 
-    def run_in_executor(self, executor, func, *args):
-        fut = super().run_in_executor(executor, func, *args)
-        self.executor_jobs += 1
-
-        def _done(_f: Any) -> None:
-            self.executor_jobs -= 1
-
-        fut.add_done_callback(_done)
+    def run_in_executor(self, executor, func, *args) -> "asyncio.Future[Any]":
+        """Run ``func`` here, now, and return its finished future: work handed to a thread takes no virtual time,
+        and nothing else at the same virtual instant runs before it, whatever the thread's real speed."""
+        fut = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except Exception as e:  # the awaiting task sees it, as from a thread
+            fut.set_exception(e)
         return fut
 
 

@@ -57,7 +57,6 @@ __all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
 CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
 T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
-MIN_DEEP_HIT_RATE = 0.25  # BFS: a depth below the next one is speculated while its resolved hit rate is above this
 
 
 class SpexContext(SearchContext):
@@ -97,6 +96,7 @@ class SpexContext(SearchContext):
         self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
         self._bfs_epoch = 0  # bumped when a BFS frontier is decided
         self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
+        self._predicting: Optional[bool] = None  # one in a thread: whether another was asked for meanwhile
         self._promotions: Set["asyncio.Future"] = set()  # promote messages still being sent
         self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
         self.meter = WaveMeter(self._on_wave, time.monotonic)  # steps speculation took off the critical path
@@ -238,9 +238,10 @@ class SpexContext(SearchContext):
         if cand.use is not None:
             return cand.use
         parent, index, distance = cand.parent, cand.index, cand.distance
-        if self.bfs is not None:
+        if self.bfs is not None:  # below the next depth, the hit rate measured at that distance caps the chance
             chances = self._bfs_targets.get(parent.path, ())
-            return chances[index] if index < len(chances) else 0.0
+            use = chances[index] if index < len(chances) else 0.0
+            return use if distance < 2 else min(use, running_hit_rate(*self.acc.resolved(distance)))
         hits, issued = self.acc.hit_distance.get(distance, (0, 0))
         return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
 
@@ -388,21 +389,14 @@ class SpexContext(SearchContext):
         node = self._finished(path)
         return None if node is None or node.is_terminal else node
 
-    def _bfs_levels(self) -> int:
-        """Depths to predict: the undecided one, plus each next one while its hit rate (prior 0.5) says speculating
-        there pays, up to ``bfs_lookahead``. The rate counts resolved nodes only (adopted, or cancelled when their
-        depth was decided): a node two depths ahead waits two decisions for its fate."""
-        levels = 1
-        while levels < self.settings.bfs_lookahead:
-            if running_hit_rate(*self.acc.resolved(levels + 1)) < MIN_DEEP_HIT_RATE:
-                break
-            levels += 1
-        return levels
-
     def _bfs_early(self, policy: Rebase) -> None:
         """A node of the undecided depth (or a speculative one below it) is scored: predict the widths from the
-        scores known so far (a solver-based prediction, ETS's ILP, runs in a thread and applies only if the
-        frontier is still undecided)."""
+        scores known so far. A solver-based prediction (ETS's ILP) runs in a thread, one at a time per search (a
+        request while one runs starts one more when it returns, from the state then); it applies only if the
+        frontier is still undecided, else it is made again."""
+        if self._predicting is not None:
+            self._predicting = True
+            return
         depth = self._bfs_depth
         finished = sum(1 for n in self.tree if 0 < n.depth < depth and n.status == DONE and n.is_terminal)
         width = bfs_early.remaining_width(policy.width, finished)
@@ -411,24 +405,30 @@ class SpexContext(SearchContext):
         for e in self.store:
             if e.node.kind == KIND_STEP and e.node.depth > depth and e.state != SPEC_CANCELLED:
                 below.setdefault(e.node.parent.path, []).append(e.node)
-        costly = bfs_early.predict_is_costly(policy)  # a solver per depth: only the undecided one (in a thread)
-        if costly:
-            levels, worlds = 1, 1
-        else:  # extra worlds add unlikely children, which only a large share reaches: fewer with more searches
-            levels = self._bfs_levels()
-            worlds = max(1, bfs_early.WORLDS // max(1, len(self.budget.on_rank(self.dp_rank))))
+        # extra worlds add unlikely children, which only a large share reaches: fewer with more searches
+        worlds = max(1, bfs_early.WORLDS // max(1, len(self.budget.on_rank(self.dp_rank))))
         known = sum(1 for n in level if n.status == DONE)
-        args = (policy, level, below, width, levels, worlds, f"{self.tree.search_seed}:{depth}:{known}:{len(below)}")
-        if not costly:
+        seed = f"{self.tree.search_seed}:{depth}:{known}:{len(below)}"
+        levels = bfs_early.planned_levels(
+            self.settings.bfs_lookahead, lambda d: running_hit_rate(*self.acc.resolved(d))
+        )
+        args = (policy, level, below, width, levels, worlds, seed)
+        if not bfs_early.predict_is_costly(policy):
             self._set_bfs_targets(bfs_early.use_chances(*args))
             return
-        epoch = self._bfs_epoch
+        epoch, self._predicting = self._bfs_epoch, False
 
         async def predict() -> None:
-            predicted = await asyncio.to_thread(bfs_early.use_chances, *args)
-            if epoch == self._bfs_epoch and not self._finalized:
+            try:
+                predicted = await asyncio.to_thread(bfs_early.use_chances, *args)
+            finally:
+                again, self._predicting = self._predicting, None
+            stale = epoch != self._bfs_epoch  # the frontier was decided meanwhile: predict from the new one
+            if not stale and not self._finalized:
                 self._set_bfs_targets(predicted)
                 self.pump()
+            if (again or stale) and not self._finalized:
+                self._bfs_early(policy)
 
         task = asyncio.ensure_future(predict())
         self._predictions.add(task)
@@ -483,8 +483,7 @@ class SpexContext(SearchContext):
         self._note_finished(node)
         bfs = self.bfs
         if bfs is not None and node.kind == KIND_STEP and node.status == DONE and not node.is_terminal:
-            if not bfs_early.predict_is_costly(bfs):  # a node below the undecided depth: predict its width too
-                self._bfs_early(bfs)
+            self._bfs_early(bfs)  # a node below the undecided depth: predict its width too
         if self.t1:
             asyncio.get_running_loop().call_soon(self.pump)
 

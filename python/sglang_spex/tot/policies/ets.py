@@ -14,9 +14,11 @@ ones and the still-pending siblings), so a leaf the ILP would drop is not expand
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 from pulp import PULP_CBC_CMD, LpMaximize, LpProblem, LpVariable, lpSum
 
 from sglang_spex.tot.embed import cluster_texts
@@ -26,6 +28,8 @@ from sglang_spex.tot.tree import Node
 from sglang_spex.tot.validation import check
 
 EMBEDDERS = ("auto", "minilm", "tfidf")
+TIE_WEIGHT = 1e-9  # ilp_select_exact's tie-break weight (objective differences are >= ~1e-5 at these sizes)
+EXACT_MAX_LEAVES = 16  # up to this many candidates a prediction enumerates every subset (<= 2^16) instead of CBC
 
 
 @dataclass
@@ -87,6 +91,40 @@ def ilp_select(
     return [bool(round(v.value() or 0)) for v in x]
 
 
+def ilp_select_exact(
+    outcome: Sequence[float],
+    leaf_ancestors: Sequence[Sequence[str]],
+    clusters: Optional[Sequence[int]] = None,
+    lambda_c: float = 1.0,
+    lambda_s: float = 1.5,
+    prefer: Optional[Sequence[float]] = None,
+) -> List[bool]:
+    """:func:`ilp_select`'s program solved by enumerating every non-empty set of leaves, in process (numpy; for a
+    few leaves: 2^n sets). Same optimum; among equal optima it keeps the one with the largest sum of ``prefer``
+    (e.g. the leaves' scores: a cluster is covered by its best leaf), then the smallest bitmask, where CBC may
+    return another."""
+    n = len(outcome)
+    branches: Dict[str, int] = {}  # ancestor -> bitmask of its leaves
+    for i, anc in enumerate(leaf_ancestors):
+        for a in anc:
+            branches[a] = branches.get(a, 0) | (1 << i)
+    cost = lambda_c / (len(branches) + n)
+    value = np.zeros(1 << n)  # value[s]: the objective of the set with bitmask s, built up one leaf at a time
+    for i in range(n):
+        tie = TIE_WEIGHT * prefer[i] if prefer is not None else 0.0  # below any real difference of the objective
+        value[1 << i : 2 << i] = value[: 1 << i] + (outcome[i] - cost + tie)
+    sets = np.arange(1 << n, dtype=np.int64)
+    for leaves in branches.values():
+        value -= cost * ((sets & leaves) != 0)
+    if clusters is not None and lambda_s > 0:
+        labels = sorted(set(clusters))
+        for k in labels:
+            members = sum(1 << i for i in range(n) if clusters[i] == k)
+            value += (lambda_s / len(labels)) * ((sets & members) != 0)
+    best = int(np.argmax(value[1:])) + 1  # a non-empty set
+    return [bool(best >> i & 1) for i in range(n)]
+
+
 class Ets(Rebase):
     """REBASE's BFS loop with the ILP choosing which candidates keep a width."""
 
@@ -102,9 +140,16 @@ class Ets(Rebase):
         return cluster_texts(texts, p.cluster_threshold, p.embedder)
 
     def predict_keep(self, cands: Sequence[Node], width: int) -> List[bool]:
-        """The ILP's keep/drop of each candidate (ETS's frontier rule), same order."""
+        """The ILP's keep/drop of each candidate (ETS's frontier rule), same order, for SPEX's prediction: solved in
+        process up to :data:`EXACT_MAX_LEAVES` candidates (:func:`ilp_select_exact`), else by CBC."""
+        if len(cands) > EXACT_MAX_LEAVES:
+            return self.keep(cands, width, ilp_select)
+        return self.keep(cands, width, functools.partial(ilp_select_exact, prefer=[self.score(n) for n in cands]))
+
+    def keep(self, cands: Sequence[Node], width: int, solve: Callable[..., List[bool]] = ilp_select) -> List[bool]:
+        """The ILP's keep/drop of each candidate, same order, solved by ``solve``."""
         p = self.params
-        return ilp_select(
+        return solve(
             outcome_scores([self.score(n) for n in cands], width, p.softmax_temperature),
             [[a.path for a in n.ancestors()] for n in cands],
             self.clusters(cands),
@@ -115,8 +160,7 @@ class Ets(Rebase):
     def select_widths(self, cands: Sequence[Node], width: int) -> List[int]:
         """ILP keep/drop over the candidates, then the REBASE allocation over the kept ones."""
         scores = [self.score(n) for n in cands]
-        keep = self.predict_keep(cands, width)
-        kept = [i for i, k in enumerate(keep) if k]
+        kept = [i for i, k in enumerate(self.keep(cands, width)) if k]  # CBC, as ETS's own code
         sub = self.predict_widths([scores[i] for i in kept], width)
         out = [0] * len(cands)
         for i, w in zip(kept, sub):
