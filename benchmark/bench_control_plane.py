@@ -226,15 +226,25 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for n in args.searches:
         mine = [r for r in runs if r["searches"] == n]
         summary[str(n)] = {k: spread([r[k] for r in mine]) for k in (*keys, "control_share", "hook_share")}
+        parts = sorted({k for r in mine for k in r if k.startswith("hook_ms_per_step.")})
+        summary[str(n)]["hook_parts"] = {k.split(".", 1)[1]: spread([r.get(k, 0.0) for r in mine]) for k in parts}
     data.update(runs=runs, summary=summary, target_share=TARGET_SHARE)
     print("live: per scheduler step, median (min-max) over repeats")
-    print(f"{'searches':>8} {'step ms':>18} {'plan ms':>18} {'pump ms':>18} {'hooks ms':>18} {'control %':>18}")
+    print(
+        f"{'searches':>8} {'step ms':>18} {'plan ms':>18} {'pump ms':>18} {'T2 share ms':>18} {'hooks ms':>18} "
+        f"{'control %':>18}"
+    )
     for n, s in summary.items():
         share = {k: 100 * v if isinstance(v, float) else v for k, v in s["control_share"].items()}
         print(
             f"{n:>8} {fmt(s['step_ms'], 2):>18} {fmt(s['plan_ms_per_step'], 3):>18} "
-            f"{fmt(s['pump_ms_per_step'], 3):>18} {fmt(s['hook_ms_per_step'], 3):>18} {fmt(share, 2):>18}"
+            f"{fmt(s['pump_ms_per_step'], 3):>18} {fmt(s['share_ms_per_step'], 3):>18} "
+            f"{fmt(s['hook_ms_per_step'], 3):>18} {fmt(share, 2):>18}"
         )
+    print("hooks by part, ms per step (median), largest first")
+    for n, s in summary.items():
+        parts = sorted(s["hook_parts"].items(), key=lambda kv: -kv[1]["median"])
+        print(f"{n:>8} " + ", ".join(f"{k} {v['median']:.3f}" for k, v in parts))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1))
     print(f"wrote {args.out}")

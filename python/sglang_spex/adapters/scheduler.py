@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import operator
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -74,6 +75,31 @@ def hook_args(method: Callable, *args: Any, **kwargs: Any) -> Dict[str, Any]:
     return out
 
 
+_REQUIRED = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _param_index(fn: Callable, name: str) -> int:
+    names = _param_names(fn)
+    return names.index(name) if name in names else -1
+
+
+def hook_arg(
+    method: Callable, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any], default: Any = _REQUIRED
+) -> Any:
+    """One argument of a call to the hooked ``method`` by SGLang's parameter name, given the call's positional
+    arguments after ``self`` and its keyword arguments: ``hook_args(method, self, *args, **kwargs)[name]`` without
+    building the dict (``default`` if given and the call has no such argument, else ``KeyError``)."""
+    if name in kwargs:
+        return kwargs[name]
+    i = _param_index(method, name) - 1  # the parameter list starts with self
+    if 0 <= i < len(args):
+        return args[i]
+    if default is _REQUIRED:
+        raise KeyError(name)
+    return default
+
+
 # ---------------------------------------------------------------- request identity
 def _classify(req: Any) -> ReqClass:
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
@@ -106,6 +132,56 @@ def is_spec(req: Any) -> bool:
     """Whether ``req`` is speculative (called per request per step: one cached attribute read)."""
     flag = getattr(req, _SPEC_ATTR, None)
     return classify(req)[0] == ROLE_SPEC if flag is None else flag
+
+
+_SPEC_FLAG = operator.attrgetter(_SPEC_ATTR)
+
+
+def count_spec(reqs: Sequence[Any]) -> int:
+    """How many of ``reqs`` are speculative: the cached flags summed in C; a request not classified yet sends the
+    count through :func:`is_spec` one by one."""
+    try:
+        return sum(map(_SPEC_FLAG, reqs))
+    except AttributeError:
+        pass
+    n = 0
+    for r in reqs:
+        flag = getattr(r, _SPEC_ATTR, None)
+        if flag is None:
+            flag = is_spec(r)
+        if flag:
+            n += 1
+    return n
+
+
+def live_roles(
+    reqs: Iterable[Any], skip: Optional[Set[int]] = None, searches: Optional[Set[Any]] = None
+) -> Tuple[int, int]:
+    """(speculative, primary) counts of the unfinished requests of ``reqs`` whose ``id`` is not in ``skip``; adds
+    the search of each such primary (its ``id`` outside any search) to ``searches`` when given. One pass, roles
+    read from the cached attributes (the gate's census and the batch-stats row run it every step)."""
+    spec = primary = 0
+    for r in reqs:
+        if r.finished() or (skip is not None and id(r) in skip):
+            continue
+        flag = getattr(r, _SPEC_ATTR, None)
+        if flag is None:
+            flag = is_spec(r)
+        if flag:
+            spec += 1
+        else:
+            primary += 1
+            if searches is not None:
+                searches.add(search_of(r))
+    return spec, primary
+
+
+def search_of(req: Any) -> Any:
+    """The search a request belongs to; a request outside any search counts as its own (its ``id``)."""
+    cls = getattr(req, _CLASS_ATTR, None)
+    if cls is None:
+        cls = classify(req)
+    return cls[1] or id(req)
 
 
 def make_primary(req: Any, priority: int) -> None:
@@ -190,6 +266,11 @@ def batch_reqs(batch: Optional[Any]) -> List[Any]:
     return list(getattr(batch, "reqs", None) or []) if batch is not None else []
 
 
+def reqs_view(batch: Optional[Any]) -> Sequence[Any]:
+    """``batch``'s requests without a copy (read only; :func:`batch_reqs` for a list the caller may keep)."""
+    return (getattr(batch, "reqs", None) or ()) if batch is not None else ()
+
+
 def chunked_req(scheduler: Any) -> Optional[Any]:
     return scheduler.chunked_req
 
@@ -255,6 +336,17 @@ def pool(scheduler: Any) -> Dict[str, int]:
         "waiting": len(scheduler.waiting_queue),
         "running": len(rb.reqs) if rb is not None else 0,
     }
+
+
+def kv_figures(scheduler: Any) -> Tuple[int, int, int, int]:
+    """(KV pool size, free, evictable, protected) in tokens: the KV part of :func:`pool` (read every step)."""
+    tree = scheduler.tree_cache
+    return (
+        int(scheduler.max_total_num_tokens),
+        int(scheduler.token_to_kv_pool_allocator.available_size()),
+        int(tree.evictable_size()),
+        int(tree.protected_size()),
+    )
 
 
 def kv_total(scheduler: Any) -> int:
@@ -336,6 +428,8 @@ def retract(batch: Any, victims: Iterable[Any]) -> List[Any]:
     """Take ``victims`` out of the running ``batch`` and free their KV, as SGLang's priority preemption does
     (``ScheduleBatch.release_req`` per request, then ``filter_batch``); returns them for :func:`requeue`."""
     drop = set(victims)
+    if not drop:
+        return []
     keep, released, out = [], 0, []
     for i, r in enumerate(batch.reqs):
         if r in drop:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
@@ -210,6 +211,9 @@ class BudgetClient(Protocol):
 Rank = Optional[int]  # a search's DP rank (``SearchContext.dp_rank``); None without data parallelism
 
 
+_INFLIGHT = operator.attrgetter("inflight")
+
+
 def _rank(ctx: BudgetClient) -> Rank:
     return getattr(ctx, "dp_rank", None)
 
@@ -259,6 +263,10 @@ class SpecBudget:
         self._avail: Dict[Rank, int] = {}
         self._clocks_started: Set[Rank] = set()
         self._by_rank: Optional[Dict[Rank, List[BudgetClient]]] = None
+        # the searches grouped by rank, kept across rounds until one registers, unregisters or changes its rank;
+        # only while every registered search reports a rank change (``rank_watchers``), else grouped every round
+        self._groups: Optional[Dict[Rank, List[BudgetClient]]] = None
+        self._untracked: Set[BudgetClient] = set()
         self._round_end_scheduled = False
         self.step_cost: Optional[Callable[..., Any]] = None
         self._cost: Dict[Rank, Any] = {}
@@ -288,24 +296,45 @@ class SpecBudget:
 
     def register(self, ctx: BudgetClient) -> None:
         self.contexts.add(ctx)
+        watchers = getattr(ctx, "rank_watchers", None)
+        if isinstance(watchers, list):
+            if self._rank_changed not in watchers:
+                watchers.append(self._rank_changed)
+        else:
+            self._untracked.add(ctx)
+        self._groups = None
         self._round.clear()
         self._avail.clear()
         self._by_rank = None
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
+        self._untracked.discard(ctx)
+        watchers = getattr(ctx, "rank_watchers", None)
+        if isinstance(watchers, list) and self._rank_changed in watchers:
+            watchers.remove(self._rank_changed)
+        self._groups = None
         self._starved_since.pop(ctx.search_id, None)
         self._round.clear()
         self._avail.clear()
         self._by_rank = None
 
+    def _rank_changed(self, ctx: BudgetClient) -> None:
+        """A registered search was pinned to another rank: group again (this round keeps its grouping, as before)."""
+        self._groups = None
+
     def on_rank(self, rank: Rank) -> List[BudgetClient]:
-        """The registered searches pinned to ``rank`` (grouped once per event-loop round)."""
+        """The registered searches pinned to ``rank`` (grouped once per event-loop round, and kept across rounds
+        while no search registers, unregisters or changes its rank)."""
         groups = self._by_rank
         if groups is None:
-            groups = {}
-            for c in self.contexts:
-                groups.setdefault(_rank(c), []).append(c)
+            groups = self._groups
+            if groups is None:
+                groups = {}
+                for c in self.contexts:
+                    groups.setdefault(_rank(c), []).append(c)
+                if not self._untracked:
+                    self._groups = groups
             if self._end_round_soon():
                 self._by_rank = groups
         return groups.get(rank, [])
@@ -315,7 +344,7 @@ class SpecBudget:
         Read once per event-loop round, like the engine's load (a refill in the same round sees the same room)."""
         if rank in self._avail:
             return self._avail[rank]
-        primary = sum(len(c.inflight) for c in self.on_rank(rank))
+        primary = sum(map(len, map(_INFLIGHT, self.on_rank(rank))))
         if self.engine_primary is not None:
             live = self._engine_load(rank)
             primary = max(primary, live) if live is not None else primary

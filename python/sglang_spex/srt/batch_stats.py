@@ -27,9 +27,12 @@ from __future__ import annotations
 import atexit
 import glob
 import logging
+import math
+import operator
 import os
+import struct
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -105,6 +108,18 @@ _HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, dp_rank
 _F = {name: i for i, name in enumerate(FIELDS)}
 _C = {name: i for i, name in enumerate(COUNTERS)}
 _NBYTES = 8 * (_HDR + len(COUNTERS) + RING * len(FIELDS))
+# the writer packs rows and counters straight into the file (one struct call each, no numpy scalar per field)
+_COUNTERS_AT = 8 * _HDR
+_RING_AT = 8 * (_HDR + len(COUNTERS))
+_ROW_BYTES = 8 * len(FIELDS)
+_ROW = struct.Struct(f"{len(FIELDS)}d")
+_ALL_COUNTERS = struct.Struct(f"{len(COUNTERS)}d")
+_DOUBLE = struct.Struct("d")
+_INT64 = struct.Struct("q")
+_STEP_S_AT = 8 * _F["step_s"]
+_COUNTER_VALUES = operator.itemgetter(*COUNTERS)
+_DONE_VALUES = operator.itemgetter(*(_F[k] for k in DONE_FIELDS))  # a row's DONE_FIELDS values, in order
+_SEQ_AT = 8 * 4  # header slot 4
 
 
 # row fields and counters that add up over DP ranks (the others, e.g. knee or step time, are per rank only)
@@ -148,6 +163,11 @@ def rank_paths(base: Optional[str] = None) -> Dict[Optional[int], str]:
     return dict(sorted(ranks.items())) if ranks else {None: base}
 
 
+def _float(v: Any) -> Any:
+    """A value as the ring stores it: None is NaN (unknown)."""
+    return math.nan if v is None else v
+
+
 def _views(mm: np.memmap):
     header = np.ndarray((_HDR,), dtype=np.int64, buffer=mm, offset=0)
     counters = np.ndarray((len(COUNTERS),), dtype=np.float64, buffer=mm, offset=8 * _HDR)
@@ -175,28 +195,35 @@ class StatsWriter:
         self.last_t: Optional[float] = None
         self.ema: Optional[float] = None
         self.gauges: Optional[Any] = None  # metrics.RankGauges, set by the scheduler hook
+        self._done: Tuple[float, ...] = ()  # the last row's DONE_FIELDS values, as written
 
     def write(self, row: Dict[str, float], counters: Dict[str, float]) -> Optional[Dict[str, float]]:
         """Write ``row``; returns the previous row's ``DONE_FIELDS`` and its ``step_s`` once its step time is known."""
+        return self.write_values([_float(row.get(k)) for k in FIELDS], counters)
+
+    def write_values(self, values: Sequence[float], counters: Dict[str, float]) -> Optional[Dict[str, float]]:
+        """:meth:`write` of a row given as its ``FIELDS`` values in order (floats; NaN for unknown)."""
         now = time.monotonic()
         done = None
         if self.last_t is not None and self.seq > 0:
             dt = now - self.last_t
-            prev = self.ring[(self.seq - 1) % RING]
-            prev[_F["step_s"]] = dt
-            done = {k: float(prev[_F[k]]) for k in DONE_FIELDS}
+            _DOUBLE.pack_into(self.mm, _RING_AT + _ROW_BYTES * ((self.seq - 1) % RING) + _STEP_S_AT, dt)
+            done = dict(zip(DONE_FIELDS, map(float, self._done)))
             done["step_s"] = dt
             self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
             counters = {**counters, "last_step_s": dt, "ema_step_s": self.ema}
         self.last_t = now
-        self.ring[self.seq % RING] = [row.get(k, np.nan) for k in FIELDS]  # one array write per row
-        if counters.keys() >= _C.keys():
-            self.counters[:] = [counters[k] for k in COUNTERS]
-        else:
+        _ROW.pack_into(self.mm, _RING_AT + _ROW_BYTES * (self.seq % RING), *values)  # one write per row
+        self._done = _DONE_VALUES(values)
+        try:
+            every = _COUNTER_VALUES(counters)
+        except KeyError:  # some counters only: the others keep their values
             for k, v in counters.items():
-                self.counters[_C[k]] = v
+                _DOUBLE.pack_into(self.mm, _COUNTERS_AT + 8 * _C[k], _float(v))
+        else:
+            _ALL_COUNTERS.pack_into(self.mm, _COUNTERS_AT, *(map(_float, every) if None in every else every))
         self.seq += 1
-        self.header[4] = self.seq
+        _INT64.pack_into(self.mm, _SEQ_AT, self.seq)
         return done
 
     def idle(self) -> None:
@@ -272,30 +299,25 @@ def _writer_of(state: scheduling.SpexSchedulerState) -> StatsWriter:
     return state.stats
 
 
+_ROW_VALUES = operator.itemgetter(*FIELDS)  # a row dict's values in FIELDS order, one C call
+
+
 def _publish(plan: Any, scheduler: Any) -> None:
     t0 = time.perf_counter()
     state = scheduling.state_of(scheduler)
     writer = _writer_of(state)
     batch = plan.batch_to_run
-    reqs = sa.batch_reqs(batch)
+    reqs = sa.reqs_view(batch)
     if not reqs:
         writer.idle()
         return
-    n_spec = sum(map(sa.is_spec, reqs))
+    n_spec = sa.count_spec(reqs)
     spec_rest = primary_running = 0  # live requests of the running batch that do not run in this step's batch
     if plan.running_batch is not batch:  # a decode step runs the running batch itself: nothing else to count
-        seen = set(map(id, reqs))
-        for r in sa.batch_reqs(plan.running_batch):
-            if id(r) not in seen and not r.finished():
-                if sa.is_spec(r):
-                    spec_rest += 1
-                else:
-                    primary_running += 1
-    spec_total = n_spec + spec_rest
+        spec_rest, primary_running = sa.live_roles(sa.reqs_view(plan.running_batch), skip=set(map(id, reqs)))
     prefill, spec_prefill, decode_rows = sa.prefill_tokens(batch)
-    pool = sa.pool(scheduler)
+    total, available, evictable, protected = sa.kv_figures(scheduler)
     waiting = sa.waiting(scheduler)
-    total, available, evictable = pool["kv_total"], pool["kv_available"], pool["kv_evictable"]
     gate = state.gate
     allowance = gate.spec_prefill
     row = {
@@ -305,15 +327,16 @@ def _publish(plan: Any, scheduler: Any) -> None:
         "batch_size": len(reqs),
         "n_primary": len(reqs) - n_spec,
         "n_spec": n_spec,
-        "spec_total": spec_total,
+        "spec_total": n_spec + spec_rest,
         "budget": -1 if state.budget is None else state.budget,
         "kv_used": total - available - evictable,
         "kv_available": available,
         "kv_evictable": evictable,
-        "kv_protected": pool["kv_protected"],
+        "kv_protected": protected,
         "kv_total": total,
         "waiting": len(waiting),
-        "waiting_spec": sum(map(sa.is_spec, waiting)),
+        "waiting_spec": sa.count_spec(waiting),
+        "step_s": math.nan,  # written with the next row
         "spec_room": -1 if gate.room is None else gate.room,
         "knee": -1 if gate.knee is None else gate.knee,
         "primary_live": gate.primary_live,
@@ -344,9 +367,10 @@ def _publish(plan: Any, scheduler: Any) -> None:
         counters.update(zip(_EXTRA_NAMES[mode], hist))
     state.hook_s_published = state.hook_s
     state.gate.step_done()  # a step without a prefill attempt holds nothing and has no allowance
-    done = writer.write(row, counters)
-    if writer.gauges is not None:
-        writer.gauges.update(row, {**counters, "ema_step_s": writer.ema})
+    done = writer.write_values(_ROW_VALUES(row), counters)
+    gauges = writer.gauges
+    if gauges is not None and gauges.due():
+        gauges.update(row, {**counters, "ema_step_s": writer.ema})
     if done is not None:
         state.measured(**done)  # the live decode curve, the price of a prefill token, the allowance's earnings
     sa.charge_hook_time(scheduler, t0, "publish")

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, Optional, Set, Tuple
 
 KNEE_ELASTICITY = 0.5  # profile.roofline's knee: half of the decode step time scales with the batch
 
@@ -29,17 +29,25 @@ class LiveCurve:
     _adds: int = 0
     _knee: Optional[int] = None
     _line: Optional[Tuple[float, float]] = None  # (a, b) of the last fit
+    _medians: Dict[int, float] = field(default_factory=dict)  # batch size -> median of its samples at the last fit
+    _changed: Set[int] = field(default_factory=set)  # batch sizes sampled since the last fit
 
     def add(self, batch: int, step_s: float) -> None:
         if batch <= 0 or not step_s > 0 or math.isinf(step_s):
             return
         self.samples.setdefault(batch, deque(maxlen=self.window)).append(step_s)
+        self._changed.add(batch)
         self._adds += 1
         if self._adds % self.refit_every == 0:
             self._knee = self._fit()
 
     def _fit(self) -> Optional[int]:
-        pts = [(b, statistics.median(q)) for b, q in self.samples.items() if len(q) >= self.min_samples]
+        for b in self._changed:  # a median is recomputed only for the batch sizes sampled since the last fit
+            q = self.samples[b]
+            if len(q) >= self.min_samples:
+                self._medians[b] = statistics.median(q)
+        self._changed.clear()
+        pts = [(b, self._medians[b]) for b in self.samples if b in self._medians]
         if len(pts) < 2:
             return None
         n = len(pts)

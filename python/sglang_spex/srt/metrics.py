@@ -131,6 +131,11 @@ class RankGauges:
         gauges = _rank_gauges() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else {}
         self._g: Dict[str, Any] = {key: g.labels(**{RANK_LABEL: self.label}) for key, g in gauges.items()}
 
+    def due(self) -> bool:
+        """Whether :meth:`update` would set the gauges now (metrics on and ``interval`` passed): the caller can
+        skip building its arguments."""
+        return bool(self._g) and time.monotonic() >= self._next
+
     def update(self, row: Mapping[str, Any], counters: Mapping[str, Any]) -> None:
         if not self._g:
             return

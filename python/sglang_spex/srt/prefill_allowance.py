@@ -31,6 +31,7 @@ saw REBASE-8 at 2 queries run twice as many such steps with speculation as witho
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Optional, Tuple
@@ -48,10 +49,12 @@ def fit_price(samples: Deque[Tuple[int, float]]) -> Optional[Price]:
     n = len(samples)
     if n < 2:
         return None
-    se = sum(e for e, _ in samples)
-    se2 = sum(e * e for e, _ in samples)
-    sx = sum(x for _, x in samples)
-    sex = sum(e * x for e, x in samples)
+    es, xs = zip(*samples)  # the sums below run in C, in sample order (the same floats as a loop)
+    return solve_price(n, sum(es), sum(map(operator.mul, es, es)), sum(xs), sum(map(operator.mul, es, xs)))
+
+
+def solve_price(n: int, se: float, se2: float, sx: float, sex: float) -> Optional[Price]:
+    """:func:`fit_price` from its sums over ``n`` samples: of ``E``, ``E²``, the excess ``x`` and ``E·x``."""
     denom = n * se2 - se * se
     if denom <= 1e-9 * max(n * se2, 1.0):
         return None  # one size only: f and p cannot be told apart
@@ -70,6 +73,7 @@ class PrefillPrice:
 
     samples: Deque[Tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     _fit: Optional[Price] = None
+    _stale: bool = False  # samples were added since ``_fit`` was computed (it is fitted when next asked for)
 
     def add(self, line: Optional[Line], decode_rows: int, tokens: int, step_s: float) -> None:
         """One step that prefilled ``tokens`` beside ``decode_rows`` decode rows took ``step_s``."""
@@ -77,12 +81,19 @@ class PrefillPrice:
             return
         a, b = line
         self.samples.append((int(tokens), max(step_s - a - b * max(decode_rows, 0), 0.0)))
-        self._fit = fit_price(self.samples)
+        self._stale = True
+
+    def fit(self) -> Optional[Price]:
+        """:func:`fit_price` of the samples, computed once per change of them."""
+        if self._stale:
+            self._fit, self._stale = fit_price(self.samples), False
+        return self._fit
 
     def price(self, line: Optional[Line]) -> Optional[Price]:
         """``(f, p)`` in seconds (None: neither a fit nor a decode line yet)."""
-        if self._fit is not None:
-            return self._fit
+        fit = self.fit()
+        if fit is not None:
+            return fit
         return None if line is None else (0.0, line[1])
 
 

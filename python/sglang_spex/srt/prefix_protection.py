@@ -164,9 +164,9 @@ def _on_release(tree_cache: Any, args: tuple, kwargs: dict) -> None:
     state = sa.attached_state(tree_cache)
     if state is None:
         return  # no scheduling step has run yet, so no search can be live
-    a = sa.hook_args(type(tree_cache).on_release, tree_cache, *args, **kwargs)
-    req = a["req"]
-    if a.get("checkpointed") and req.finished() and not sa.finished_by_abort(req):
+    method = type(tree_cache).on_release
+    req = sa.hook_arg(method, "req", args, kwargs)
+    if sa.hook_arg(method, "checkpointed", args, kwargs, None) and req.finished() and not sa.finished_by_abort(req):
         state.protection.note_finished(req)
 
 

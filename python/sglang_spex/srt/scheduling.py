@@ -42,13 +42,14 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult
 
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import SpexConfig
+from sglang_spex.srt.census import Census, census
 from sglang_spex.srt.hook_guard import HookGuard
 from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.srt.prefill_allowance import PrefillAllowance, StepAllowance
@@ -227,7 +228,7 @@ def promote(scheduler: Any, rid: str) -> None:
 def h_assign_priority(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler._add_request_to_queue: speculative work ranks below every primary request."""
     t0 = time.perf_counter()
-    req = sa.hook_args(type(scheduler)._add_request_to_queue, scheduler, *args, **kwargs)["req"]
+    req = sa.hook_arg(type(scheduler)._add_request_to_queue, "req", args, kwargs)
     G_RANK.run(_assign_priority, scheduler, req)
     sa.charge_hook_time(scheduler, t0, "assign_priority")
     return None
@@ -269,7 +270,7 @@ def h_add_one_req(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND PrefillAdder.add_one_req: a speculative request is admitted beside primary work only within the
     step's prefill allowance (else skipped: it stays queued); a primary short of KV preempts lower-ranked
     running requests."""
-    req = sa.hook_args(type(adder).add_one_req, adder, *args, **kwargs)["req"]
+    req = sa.hook_arg(type(adder).add_one_req, "req", args, kwargs)
     payer, tokens = G_ALLOW.run(_over_allowance, adder, req, default=(None, 0))
     if tokens < 0:
         return AddReqResult.CONTINUE  # SGLang's adder goes on to the next request; this one stays waiting
@@ -297,54 +298,11 @@ def h_add_one_req(original: Any, adder: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 # ---------------------------------------------------------------- admission cap (the speculative gate)
-@dataclass
-class _Census:
-    """One pass over the running batch, the chunked request and the waiting queue (a gate decision's inputs)."""
-
-    spec_running: int = 0  # live speculative requests of the running batch (+ a speculative chunked request)
-    primary_decoding: int = 0  # live primary requests of the running batch
-    primary_chunked: bool = False  # a primary is being prefilled in chunks (a prefill runs anyway)
-    waiting_spec: List[Any] = field(default_factory=list)
-    waiting_primary: List[Any] = field(default_factory=list)
-    primary_searches: Set[Any] = field(default_factory=set)  # searches (or plain requests) with live primary requests
-
-    @property
-    def primary_live(self) -> int:
-        return self.primary_decoding + int(self.primary_chunked) + len(self.waiting_primary)
-
-
-def _search_of(req: Any) -> Any:
-    return classify(req)[1] or id(req)  # a request outside any search counts as its own
-
-
-def _census(scheduler: Any, batch: Any) -> _Census:
-    c = _Census()
-    reqs = sa.batch_reqs(batch)
-    live = [r for r in reqs if not r.finished()]
-    c.primary_searches = {_search_of(r) for r in live if not is_spec(r)}
-    c.spec_running = sum(1 for r in live if is_spec(r))
-    c.primary_decoding = len(live) - c.spec_running
-    chunked = sa.chunked_req(scheduler)
-    if chunked is not None and all(chunked is not r for r in reqs):
-        if is_spec(chunked):
-            c.spec_running += 1
-        else:
-            c.primary_chunked = True
-            c.primary_searches.add(_search_of(chunked))
-    for r in sa.waiting(scheduler):
-        if is_spec(r):
-            c.waiting_spec.append(r)
-        else:
-            c.waiting_primary.append(r)
-            c.primary_searches.add(_search_of(r))
-    return c
-
-
-def spec_room(state: SpexSchedulerState, census: _Census) -> Optional[int]:
+def spec_room(state: SpexSchedulerState, counts: Census) -> Optional[int]:
     """Speculative requests allowed in the running batch this step: the budget and the room primary work leaves
     below the knee, whichever is smaller (None: no limit known). Recorded in ``state.gate``."""
     knee = state.knee_in_force()
-    primary = census.primary_live
+    primary = counts.primary_live
     caps = [] if state.budget is None else [state.budget]
     if knee is not None:
         caps.append(knee - primary)
@@ -381,17 +339,17 @@ def _trim_to_room(scheduler: Any, batch: Any, room: Optional[int], running: int)
     return victims
 
 
-def _hold_waiting(scheduler: Any, batch: Any, census: _Census, room: Optional[int], running: int) -> List[Any]:
+def _hold_waiting(scheduler: Any, batch: Any, counts: Census, room: Optional[int], running: int) -> List[Any]:
     """Take the waiting speculative requests this step may not admit out of the queue (returned, in order);
     the rest stay behind every waiting primary. ``running``: live speculative requests after the trim."""
     state = state_of(scheduler)
-    spec, primary = list(census.waiting_spec), census.waiting_primary
+    spec, primary = list(counts.waiting_spec), counts.waiting_primary
     if not spec:
         return []
-    prefill_anyway = bool(primary) or census.primary_chunked
+    prefill_anyway = bool(primary) or counts.primary_chunked
     # a spec-only prefill would replace their decode step, unless SGLang mixes it into that step
     protect = (
-        census.primary_decoding > 0 and not prefill_anyway and not sa.mixes_prefill_with_decode(scheduler, batch, spec)
+        counts.primary_decoding > 0 and not prefill_anyway and not sa.mixes_prefill_with_decode(scheduler, batch, spec)
     )
     if protect:
         allowed = 0
@@ -414,13 +372,13 @@ def _hold_waiting(scheduler: Any, batch: Any, census: _Census, room: Optional[in
 
 
 def _gate_prefill(scheduler: Any, running_batch: Any) -> Tuple[List[Any], List[Any]]:
-    census = _census(scheduler, running_batch)
-    room = spec_room(state_of(scheduler), census)
-    victims = _trim_to_room(scheduler, running_batch, room, census.spec_running)
+    c = census(scheduler, running_batch)
+    room = spec_room(state_of(scheduler), c)
+    victims = _trim_to_room(scheduler, running_batch, room, c.spec_running)
     state = state_of(scheduler)
-    primary_prefills = bool(census.waiting_primary) or census.primary_chunked
-    state.gate.spec_prefill = state.prefill.open(state.curve.line(), len(census.primary_searches), primary_prefills)
-    return victims, _hold_waiting(scheduler, running_batch, census, room, census.spec_running - len(victims))
+    primary_prefills = bool(c.waiting_primary) or c.primary_chunked
+    state.gate.spec_prefill = state.prefill.open(state.curve.line(), len(c.primary_searches), primary_prefills)
+    return victims, _hold_waiting(scheduler, running_batch, c, room, c.spec_running - len(victims))
 
 
 def _check_order(scheduler: Any, result: Any) -> None:
@@ -436,13 +394,12 @@ def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
     prefill that would replace a primary decode step (the rest stay queued, in order). Requests trimmed here
     are re-queued after this step's admission."""
     t0 = time.perf_counter()
-    running_batch = sa.hook_args(type(scheduler)._get_new_batch_prefill_raw, scheduler, *args, **kwargs).get(
-        "running_batch"
-    )
     hidden: List[Any] = []
     victims: List[Any] = []
-    if running_batch is not None and not sa.nothing_to_admit(scheduler):  # else the decode path's trim runs
-        victims, hidden = G_CAP.run(_gate_prefill, scheduler, running_batch, default=([], [])) or ([], [])
+    if not sa.nothing_to_admit(scheduler):  # else the decode path's trim runs
+        running_batch = sa.hook_arg(type(scheduler)._get_new_batch_prefill_raw, "running_batch", args, kwargs, None)
+        if running_batch is not None:
+            victims, hidden = G_CAP.run(_gate_prefill, scheduler, running_batch, default=([], [])) or ([], [])
     t1 = time.perf_counter()
     result = None
     try:
@@ -460,15 +417,15 @@ def h_cap_prefill(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> A
 
 
 def _cap_decode(scheduler: Any, batch: Any) -> None:
-    census = _census(scheduler, batch)
-    room = spec_room(state_of(scheduler), census)
-    sa.requeue(scheduler, _trim_to_room(scheduler, batch, room, census.spec_running))  # no admission in decode
+    c = census(scheduler, batch, full=False)  # the counts: no admission in decode
+    room = spec_room(state_of(scheduler), c)
+    sa.requeue(scheduler, _trim_to_room(scheduler, batch, room, c.spec_running))
 
 
 def h_cap_decode(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler.update_running_batch: the decode-only path's trim to this step's room."""
     t0 = time.perf_counter()
-    batch = sa.hook_args(type(scheduler).update_running_batch, scheduler, *args, **kwargs)["batch"]
+    batch = sa.hook_arg(type(scheduler).update_running_batch, "batch", args, kwargs)
     G_CAP.run(_cap_decode, scheduler, batch)
     sa.charge_hook_time(scheduler, t0, "cap_decode")
     return None
@@ -501,7 +458,7 @@ def _after_abort(scheduler: Any, recv_req: Any, seen: List[Any]) -> None:
 def h_abort(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND Scheduler.abort_request: watch cancelled running requests; end the searches they belong to."""
     t0 = time.perf_counter()
-    recv_req = sa.hook_args(type(scheduler).abort_request, scheduler, *args, **kwargs)["recv_req"]
+    recv_req = sa.hook_arg(type(scheduler).abort_request, "recv_req", args, kwargs)
     seen = G_CANCEL.run(_before_abort, scheduler, recv_req, default=[]) or []
     t1 = time.perf_counter()
     result = original(scheduler, *args, **kwargs)
@@ -560,7 +517,10 @@ def h_pre_step(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE Scheduler.get_next_batch_to_run: finish cancelled running requests now (no extra decode step),
     with or without overlap scheduling."""
     t0 = time.perf_counter()
-    a = sa.hook_args(type(scheduler).get_next_batch_to_run, scheduler, *args, **kwargs)
-    G_CANCEL.run(_pre_step, scheduler, a.get("running_batch"), a.get("last_batch"))
+    state = sa.attached_state(scheduler)
+    if state is None or state.cancelled or state.watch:  # else nothing to do this step
+        method = type(scheduler).get_next_batch_to_run
+        running = sa.hook_arg(method, "running_batch", args, kwargs, None)
+        G_CANCEL.run(_pre_step, scheduler, running, sa.hook_arg(method, "last_batch", args, kwargs, None))
     sa.charge_hook_time(scheduler, t0, "pre_step")
     return None

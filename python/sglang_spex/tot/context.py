@@ -89,8 +89,20 @@ class SearchContext:
         self.inflight: Set[str] = set()
         self.started = time.monotonic()
         self.limits: Optional[SearchLimits] = None  # the server's (server-side): a path that fills the context ends
-        self.dp_rank: Optional[int] = None  # the DP rank every request of this search goes to (--dp-size > 1)
+        self.rank_watchers: List[Callable[["SearchContext"], None]] = []  # called after ``dp_rank`` is set
+        self.dp_rank = None
         self._running: Dict[str, "asyncio.Future[Node]"] = {}
+
+    @property
+    def dp_rank(self) -> Optional[int]:
+        """The DP rank every request of this search goes to (``--dp-size`` > 1); None without DP."""
+        return self._dp_rank
+
+    @dp_rank.setter
+    def dp_rank(self, rank: Optional[int]) -> None:
+        self._dp_rank = rank
+        for fn in list(getattr(self, "rank_watchers", ())):  # e.g. SPEX's budget, which groups searches by rank
+            fn(self)
 
     # ---- generation (the single path to the engine) -------------------------------------------------
 

@@ -1,0 +1,141 @@
+"""The scheduler hooks' one-pass helpers count what the plain loops they replaced counted (fake requests, no
+engine): roles of live requests, the gate's census (full and counts only), one hook argument by name, a retract
+of nothing; and a search's rank change reaches its watchers."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, List, Optional
+
+import pytest
+
+from sglang_spex.adapters import scheduler as sa
+from sglang_spex.srt.census import census
+from sglang_spex.tot.context import SearchContext
+from sglang_spex.tot.search_spec import SearchSpec
+
+from .fake_port import FakePort
+
+
+class Params:
+    def __init__(self, custom: dict):
+        self.custom_params = custom
+
+
+class Req:
+    def __init__(self, i: int, spec: bool, search: Optional[str], done: bool = False):
+        self.rid = f"spex:{search}:0.{i}:{'s' if spec else ''}" if search else f"plain-{i}"
+        custom = {"spex_role": "spec" if spec else "primary"} if search else {}
+        self.sampling_params = Params(custom)
+        self.finished_reason = "length" if done else None
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+class Batch:
+    def __init__(self, reqs: List[Req]):
+        self.reqs = reqs
+
+
+class Sched:
+    def __init__(self, running: List[Req], waiting: List[Req], chunked: Optional[Req] = None):
+        self.running_batch, self.waiting_queue, self.chunked_req = Batch(running), waiting, chunked
+
+
+def _reqs(n: int, seed: int) -> List[Req]:
+    rng = random.Random(seed)
+    return [Req(i, rng.random() < 0.4, rng.choice(["a", "b", "c", None]), done=rng.random() < 0.1) for i in range(n)]
+
+
+def _naive_roles(reqs, skip=()):
+    live = [r for r in reqs if not r.finished() and id(r) not in skip]
+    spec = sum(1 for r in live if sa.is_spec(r))
+    return spec, len(live) - spec, {sa.classify(r)[1] or id(r) for r in live if not sa.is_spec(r)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_live_roles_and_count_spec_equal_the_plain_loops(seed):
+    reqs = _reqs(60, seed)
+    skip = {id(r) for r in reqs[::7]}
+    searches: set = set()
+    spec, primary = sa.live_roles(reqs, skip=skip, searches=searches)
+    assert (spec, primary, searches) == _naive_roles(reqs, skip)
+    fresh = _reqs(60, seed)  # not classified yet: the count classifies them one by one
+    assert sa.count_spec(fresh) == sum(map(sa.is_spec, fresh)) == sa.count_spec(fresh)
+    assert sa.count_spec([]) == 0
+
+
+def test_a_promoted_request_counts_as_primary():
+    r = Req(0, True, "a")
+    assert sa.count_spec([r]) == 1
+    sa.make_primary(r, 0)
+    assert sa.count_spec([r]) == 0 and sa.live_roles([r]) == (0, 1)
+
+
+@pytest.mark.parametrize("chunked_role", [None, "spec", "primary", "in batch"])
+def test_census_counts_equal_with_and_without_the_lists(chunked_role):
+    running, waiting = _reqs(40, 1), _reqs(15, 2)
+    for r in waiting:
+        r.finished_reason = None
+    chunked = {None: None, "spec": Req(99, True, "z"), "primary": Req(98, False, "y"), "in batch": running[0]}
+    sched = Sched(running, waiting, chunked[chunked_role])
+    full, lean = census(sched, sched.running_batch), census(sched, sched.running_batch, full=False)
+    for c in (full, lean):
+        assert (c.spec_running, c.primary_decoding, c.primary_chunked, c.primary_waiting, c.primary_live) == (
+            full.spec_running,
+            full.primary_decoding,
+            full.primary_chunked,
+            full.primary_waiting,
+            full.primary_live,
+        )
+    spec, primary, searches = _naive_roles(running)
+    extra = chunked[chunked_role] if chunked_role in ("spec", "primary") else None
+    assert full.spec_running == spec + (chunked_role == "spec")
+    assert full.primary_decoding == primary and full.primary_chunked == (chunked_role == "primary")
+    assert full.waiting_spec == [r for r in waiting if sa.is_spec(r)]
+    assert full.waiting_primary == [r for r in waiting if not sa.is_spec(r)]
+    searches |= {sa.classify(r)[1] or id(r) for r in full.waiting_primary}
+    if chunked_role == "primary":
+        searches.add(sa.classify(extra)[1] or id(extra))
+    assert full.primary_searches == searches
+    assert not lean.waiting_spec and not lean.waiting_primary and not lean.primary_searches
+
+
+class Hooked:
+    def method(self, req: Any, is_retracted: bool = False, running_batch: Any = None) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [((1,), {}), ((1, True), {}), ((), {"req": 1}), ((1,), {"running_batch": 3}), ((1, False, 3), {})],
+)
+def test_hook_arg_is_hook_args_by_name(args, kwargs):
+    named = sa.hook_args(Hooked.method, Hooked(), *args, **kwargs)
+    for name in ("req", "is_retracted", "running_batch"):
+        assert sa.hook_arg(Hooked.method, name, args, kwargs, None) == named.get(name)
+    assert sa.hook_arg(Hooked.method, "req", args, kwargs) == named["req"]
+    with pytest.raises(KeyError):
+        sa.hook_arg(Hooked.method, "missing", args, kwargs)
+
+
+def test_retract_of_nothing_leaves_the_batch_alone():
+    class Untouchable(Batch):
+        def release_req(self, *a):
+            raise AssertionError("released")
+
+        def filter_batch(self, *a, **k):
+            raise AssertionError("filtered")
+
+    batch = Untouchable(_reqs(5, 0))
+    assert sa.retract(batch, []) == [] and len(batch.reqs) == 5
+
+
+def test_a_search_tells_its_watchers_when_it_is_pinned_to_a_rank():
+    ctx = SearchContext(SearchSpec.from_dict({"policy": {"name": "rstar"}}), "1 + 1?", FakePort())
+    seen: List[Optional[int]] = []
+    assert ctx.dp_rank is None
+    ctx.rank_watchers.append(lambda c: seen.append(c.dp_rank))
+    ctx.dp_rank = 1
+    ctx.dp_rank = 0
+    assert seen == [1, 0] and ctx.dp_rank == 0
