@@ -144,11 +144,13 @@ def _check_gate_at_share(url: str) -> None:
     assert not over_knee, over_knee[:3]
     over_allowance = [r for r in rows if 0 <= r["spec_prefill_credit_s"] < r["spec_prefill_cost_s"] - 1e-9]
     assert not over_allowance, over_allowance[:3]
-    unpriced = [
-        r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0 and r["spec_prefill_cost_s"] <= 0
-    ]
-    unpriced = [r for r in unpriced if r["spec_prefill_credit_s"] >= 0]  # -1: before any price was known
-    assert not unpriced, unpriced[:3]  # speculative prompt tokens beside primaries were paid for
+    # speculative prompt tokens beside primaries went through the allowance: every such step charged at least
+    # one admission to the bucket or to a worth (its price may be 0: a noisy host can fit a zero per-token price)
+    beside_live = [
+        r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0 and r["spec_prefill_credit_s"] >= 0
+    ]  # credit -1: before any price was known
+    charged = sum(after.get(k, 0) - before.get(k, 0) for k in ("spec_prefill_bucket", "spec_prefill_worth"))
+    assert charged >= len(beside_live), (charged, beside_live[:3])
     assert after.get("spec_before_primary", 0) == before.get("spec_before_primary", 0)
 
     # not vacuous: the knee switched speculation off (retracting it), and decode protection held some back
@@ -209,6 +211,24 @@ def _fit_the_decode_line(url: str, ex: cf.Executor) -> None:
     raise AssertionError("the live decode line was never fitted")
 
 
+def _price_the_prefill(url: str, ex: cf.Executor, tokens: int) -> None:
+    """Prefill beside decoding primaries until the scheduler prices a prompt token above zero (a busy host can hide
+    the tiny model's prefill cost in its step-time noise; a zero price pays itself, from any bucket)."""
+    for attempt in range(8):
+        f, p = sched(url)["spec_prefill"]["price_f_p_s"]
+        if 0 < p * tokens < float("inf"):
+            return
+        decoding = _submit(ex, url, _primary(f"price{attempt}d", 2, 64))
+        wait_running(url, 2)
+        for n, size in enumerate((40, 120, 240)):
+            long = [body(words(size, 300 + n), 4, f"spex:price{attempt}n{n}p0:r:", "primary")]
+            for fut in _submit(ex, url, long):
+                fut.result()
+        for fut in decoding:
+            fut.result()
+    raise AssertionError(f"the prefill price stayed {sched(url)['spec_prefill']['price_f_p_s']} on this host")
+
+
 def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_zero(spex_server_in_mode):
     """The allowance's second payer: a speculative request whose search says its hit saves more than its prefill
     costs every search with live primaries (``custom_params["spex_worth_s"]``) is prefilled beside them even with
@@ -219,6 +239,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
     try:
         with cf.ThreadPoolExecutor(8) as ex:
             _fit_the_decode_line(url, ex)
+            _price_the_prefill(url, ex, 16)
             wait_idle(url)
             before = sched(url)["counters"]
             seq0 = _seq(url)
@@ -240,5 +261,8 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
         post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
     beside = [r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0]
     assert beside  # the worthy ones rode the primaries' steps ...
-    assert after.get("spec_prefill_worth", 0) - before.get("spec_prefill_worth", 0) == 2
-    assert after.get("spec_prefill_deferred", 0) > before.get("spec_prefill_deferred", 0)  # ... the others waited
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
+    # both worthy ones paid by their worth (a retracted one pays again when it is readmitted beside primaries)
+    assert 2 <= delta.get("spec_prefill_worth", 0) <= 2 + delta.get("spec_retracted_for_budget", 0), delta
+    assert delta.get("spec_prefill_bucket", 0) == 0, delta  # share 0: the bucket paid for nothing
+    assert delta.get("spec_prefill_deferred", 0) > 0  # ... the others waited
