@@ -46,6 +46,7 @@ def sim_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
             seed=args.seed,
             k_total=args.k_total,
             lookahead=args.lookahead,
+            max_lookahead=args.max_lookahead,
             bfs_lookahead=args.bfs_lookahead,
             gate=not args.no_gate,
             mixed=not args.no_mixed,
@@ -199,6 +200,7 @@ def main() -> None:
     ap.add_argument("--lookahead", type=int, default=None, help="DFS lookahead k (default: SpexConfig's)")
     ap.add_argument("--no-gate", action="store_true", help="simulate the engine without the scheduler's gate")
     ap.add_argument("--no-mixed", action="store_true", help="prefill passes replace decode steps (no mixed chunk)")
+    ap.add_argument("--max-lookahead", type=int, default=None, help="DFS lookahead cap (default: SpexConfig's)")
     ap.add_argument("--bfs-lookahead", type=int, default=None, help="BFS depths ahead (default: SpexConfig's)")
     ap.add_argument("--reward-latency-ms", type=float, default=0.0, help="virtual PRM latency per scored node")
     ap.add_argument("--seed", type=int, default=0)

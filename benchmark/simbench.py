@@ -110,6 +110,7 @@ def run_mode(
     seed: int = 0,
     k_total: Optional[int] = None,
     lookahead: Optional[int] = None,
+    max_lookahead: Optional[int] = None,
     bfs_lookahead: Optional[int] = None,
     reward_latency_s: float = 0.0,
     workload: Optional[Workload] = None,
@@ -130,10 +131,8 @@ def run_mode(
     kw: Dict[str, Any] = {"engine_kwargs": engine}
     if mode is not None:
         cfg = SpexConfig(enabled=True, k_total=k_total, **mode)
-        if lookahead is not None:
-            cfg = replace(cfg, lookahead=lookahead)
-        if bfs_lookahead is not None:
-            cfg = replace(cfg, bfs_lookahead=bfs_lookahead)
+        knobs = {"lookahead": lookahead, "max_lookahead": max_lookahead, "bfs_lookahead": bfs_lookahead}
+        cfg = replace(cfg, **{k: v for k, v in knobs.items() if v is not None})
         kw["context_factory"] = spex_factory(cfg, cost_model)
         if gate:  # the scheduler's gate keeps speculation below the knee SPEX was given, as on a real server
             engine.setdefault("spec_knee", cfg.k_total if cfg.k_total is not None else cost_model.k_total())

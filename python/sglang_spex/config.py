@@ -268,6 +268,12 @@ class SpexConfig(_Section):
         help="which SPEX techniques run (comma list of t1,t2,t3)",
     )
     lookahead: int = _opt(4, check=(lambda v: v >= 1, "must be >= 1"), help="DFS: UCB simulation steps (k)")
+    max_lookahead: int = _opt(
+        16,
+        check=(lambda v: v >= 1, "must be >= 1"),
+        help="DFS: rollouts planned ahead at most; past --tot-lookahead a distance is planned while its measured "
+        "hit rate holds (no deeper than --tot-lookahead when smaller)",
+    )
     bfs_lookahead: int = _opt(
         3,
         check=(lambda v: v >= 1, "must be >= 1"),

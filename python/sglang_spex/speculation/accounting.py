@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+MIN_DEEP_HIT_RATE = 0.25  # a prediction distance past the nearest is planned while its resolved hit rate is at least this
+
 
 @dataclass
 class SpecAccounting:
@@ -114,3 +116,44 @@ class SpecAccounting:
 def _bump(counts: Dict[int, Tuple[int, int]], key: int, hits: int, issued: int) -> None:
     h, i = counts.get(key, (0, 0))
     counts[key] = (h + hits, i + issued)
+
+
+@dataclass
+class DistanceRates:
+    """Hit rates of DFS predictions by distance (rollouts ahead), pooled over an engine's searches of one policy.
+
+    A prediction made for rollout ``r`` is *resolved* as a miss once rollout ``r`` has passed without using it, and
+    as a hit when the search adopts it (a late adoption turns its miss into a hit). Predictions whose rollout never
+    came (the search ended first) count as neither. Each distance's sums decay by ``decay`` per event there, so a
+    changed workload moves them."""
+
+    decay: float = 0.995
+    hits: Dict[int, float] = field(default_factory=dict)
+    misses: Dict[int, float] = field(default_factory=dict)
+
+    def _age(self, distance: int) -> None:
+        self.hits[distance] = self.hits.get(distance, 0.0) * self.decay
+        self.misses[distance] = self.misses.get(distance, 0.0) * self.decay
+
+    def record_hit(self, distance: int, was_miss: bool = False) -> None:
+        """A prediction ``distance`` ahead was adopted (``was_miss``: after it had been resolved as a miss)."""
+        if was_miss:
+            self.misses[distance] = max(self.misses.get(distance, 0.0) - 1.0, 0.0)
+        self._age(distance)
+        self.hits[distance] += 1.0
+
+    def record_miss(self, distance: int) -> None:
+        """A prediction ``distance`` ahead was not used by the rollout it was made for."""
+        self._age(distance)
+        self.misses[distance] += 1.0
+
+    def resolved(self, distance: int) -> Tuple[float, float]:
+        """(hits, hits + misses) at ``distance``."""
+        hits = self.hits.get(distance, 0.0)
+        return hits, hits + self.misses.get(distance, 0.0)
+
+    def to_dict(self) -> Dict[str, Dict[str, float]]:
+        return {
+            str(d): {"hits": round(h, 3), "resolved": round(h + self.misses.get(d, 0.0), 3)}
+            for d, h in sorted(self.hits.items())
+        }

@@ -30,6 +30,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE
 from sglang_spex.tot.policies.rebase import Rebase
 from sglang_spex.tot.tree import CANCELLED, DONE, FAILED, Node, child_path
 
@@ -44,7 +45,6 @@ def child_index(path: str) -> int:
 
 
 WORLDS = 8  # worlds per prediction
-MIN_DEEP_HIT_RATE = 0.25  # a depth below the next one is planned while its resolved hit rate is at least this
 
 Chances = Dict[str, List[float]]  # parent path -> chance that its child i is in the baseline's tree
 KeepRule = Callable[[Sequence[Node], int], List[bool]]  # a policy's frontier rule (ETS: its ILP): keep each node?

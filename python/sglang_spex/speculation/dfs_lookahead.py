@@ -8,17 +8,25 @@ enters the copy with what is known of it (a finished speculative node's terminal
 simulated rollout the copy gets the policy's ``virtual_backup``, with the reward of the rollout's terminal when
 a speculative node already produced it, else 0 (a virtual loss), so the next simulated rollout moves on; and
 the expansions are ranked by how many rollouts ahead they are needed.
+
+How many rollouts ahead (:func:`planned_distance`): always the configured ``lookahead`` (the paper's k); beyond
+it, doubling up to ``max_lookahead`` while the deepest planned distance's hit rate, resolved over the engine's
+searches (:class:`~sglang_spex.speculation.accounting.DistanceRates`), holds; the first measured distance whose
+rate falls below :data:`MIN_DEEP_HIT_RATE` ends the plan before it.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, DistanceRates
 from sglang_spex.tot.policies.base import Stat, Stats
 from sglang_spex.tot.policies.mcts import MCTSPolicy
 from sglang_spex.tot.tree import child_path
+
+MIN_RESOLVED = 2.0  # resolved predictions a distance needs before its rate counts
 
 
 @dataclass(frozen=True)
@@ -125,3 +133,58 @@ def predict_expansions(
         if len(out) >= limit:
             break
     return out[:limit]
+
+
+def planned_distance(lookahead: int, max_lookahead: int, resolved: Callable[[int], Tuple[float, float]]) -> int:
+    """Rollouts to plan ahead: ``lookahead``, doubled (up to ``max_lookahead``) while the deepest planned distance
+    has ``MIN_RESOLVED`` resolved predictions at a rate of at least ``MIN_DEEP_HIT_RATE``; then cut before the first
+    distance past ``lookahead`` whose measured rate is below it. ``resolved(d)`` is (hits, resolved) at ``d``."""
+
+    def rate(d: int) -> Optional[float]:
+        hits, total = resolved(d)
+        return hits / total if total >= MIN_RESOLVED else None
+
+    n = lookahead
+    while n < max_lookahead:
+        r = rate(n)
+        if r is None or r < MIN_DEEP_HIT_RATE:
+            break
+        n = min(max_lookahead, 2 * n)
+    for d in range(lookahead + 1, n + 1):
+        r = rate(d)
+        if r is not None and r < MIN_DEEP_HIT_RATE:
+            return d - 1
+    return n
+
+
+class DuePredictions:
+    """A search's issued DFS predictions and the rollout each was made for, resolved into
+    :class:`~sglang_spex.speculation.accounting.DistanceRates`: a miss once that rollout has passed unused, a hit
+    when adopted (a late adoption undoes its miss)."""
+
+    def __init__(self, rates: Callable[[], DistanceRates]):
+        self.rates = rates  # the pooled rates of the search's engine (known once the search has its DP rank)
+        self._due: Dict[str, Tuple[int, int]] = {}  # path -> (rollout it was predicted for, distance)
+        self._missed: Set[str] = set()
+
+    def issued(self, path: str, rollout: int, distance: int) -> None:
+        self._due[path] = (rollout, distance)
+
+    def passed(self, rollout: int, pending: Callable[[str], bool]) -> None:
+        """Rollouts before ``rollout`` are over: a prediction for one of them still ``pending`` (not adopted) is a
+        miss; one no longer pending (adopted, or cancelled) stops being tracked."""
+        for path, (due, distance) in list(self._due.items()):
+            if due >= rollout or path in self._missed:
+                continue
+            if pending(path):
+                self._missed.add(path)
+                self.rates().record_miss(distance)
+            else:
+                del self._due[path]
+
+    def adopted(self, path: str) -> None:
+        got = self._due.pop(path, None)
+        if got is not None:
+            was_miss = path in self._missed
+            self._missed.discard(path)
+            self.rates().record_hit(got[1], was_miss=was_miss)

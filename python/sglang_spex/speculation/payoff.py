@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
+
+from sglang_spex.speculation.accounting import DistanceRates
 
 DECAY = 0.995  # per recorded event: a half-life of ~140 events (a few searches: BFS savings come in rare, large waves)
 PRIOR_EVENTS = 1.0  # the prior's weight at the start: one hit that saved a step's tokens, one miss that wasted them
@@ -51,6 +53,7 @@ class Payoff:
     wasted: float = 0.0  # tokens of speculative nodes never adopted
     misses: float = 0.0
     prior_weight: float = PRIOR_EVENTS  # what is left of the prior in ``hits`` and ``misses``
+    distances: DistanceRates = field(default_factory=DistanceRates)  # DFS predictions' hit rates by distance
 
     def __post_init__(self) -> None:
         self.saved = self.wasted = PRIOR_EVENTS * self.prior_tokens

@@ -102,6 +102,7 @@ class SpexContext(SearchContext):
         self.meter = WaveMeter(self._on_wave, time.monotonic)  # steps speculation took off the critical path
         self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
         budget.register(self)
+        self._dues = dfs_lookahead.DuePredictions(lambda: self.payoff().distances)  # DFS: each prediction's rollout
 
     # ---- consumer: serve the policy's requests from the store ---------------------------------------
 
@@ -154,6 +155,7 @@ class SpexContext(SearchContext):
 
     def _adopt(self, node: Node, entry: SpecEntry, in_flight: bool) -> None:
         adopt(node, entry.node)
+        self._dues.adopted(node.path)
         self.acc.on_hit(entry.distance, in_flight, depth=node.depth)
         self.tokens_generated += node.num_tokens
         if node.kind == KIND_STEP:  # rollout samples are no tree children: no MCTS statistic, no answer
@@ -242,8 +244,7 @@ class SpexContext(SearchContext):
             chances = self._bfs_targets.get(parent.path, ())
             use = chances[index] if index < len(chances) else 0.0
             return use if distance < 2 else min(use, running_hit_rate(*self.acc.resolved(distance)))
-        hits, issued = self.acc.hit_distance.get(distance, (0, 0))
-        return running_hit_rate(hits, issued, prior=1.0 / max(1, distance))
+        return running_hit_rate(*self.payoff().distances.resolved(distance), prior=1.0 / max(1, distance))
 
     def _refill_order(self, cands: List[Candidate]) -> Tuple[List[Candidate], List[float]]:
         """``cands`` best first, and their expected uses."""
@@ -286,6 +287,7 @@ class SpexContext(SearchContext):
 
     def on_rollout(self, index: int) -> None:
         self.next_rollout = max(self.next_rollout, index + 1)
+        self._dues.passed(index, self.store.__contains__)
 
     def _taken(self, path: str) -> bool:
         return path in self.tree.nodes or path in self.store
@@ -324,9 +326,12 @@ class SpexContext(SearchContext):
             if (n := self.tree.nodes.get(p)) is not None and n.kind == KIND_STEP and n.status == GENERATING
         }
         busy |= {e.node.parent.path for e in self.store if e.state == RUNNING}
-        # the current rollout (its simulation path is replayed exactly) and the next k-1
+        # the current rollout (its simulation path is replayed exactly) and the next ones the measured rates allow
         start = max(0, self.next_rollout - 1)
-        rngs = [policy.rollout_rng(self.rng, i) for i in range(start, start + self.settings.lookahead)]
+        ahead = dfs_lookahead.planned_distance(
+            self.settings.lookahead, self.settings.max_lookahead, self.payoff().distances.resolved
+        )
+        rngs = [policy.rollout_rng(self.rng, i) for i in range(start, min(start + ahead, policy.num_rollouts))]
         for exp in dfs_lookahead.predict_expansions(
             self.stats, self.tree.root.path, policy, rngs, busy, lookup=self._facts, limit=4 * limit
         ):
@@ -454,6 +459,8 @@ class SpexContext(SearchContext):
             node = Node(path=path, parent=cand.parent, kind=cand.kind, seed=node_seed(self.tree.search_seed, path))
             worth = self.worth_s(self._expected_use(cand))
             self.store.issue(node, cand.distance, functools.partial(self._generate_spec, worth_s=worth))
+            if self.mcts is not None and cand.use is None:  # a DFS lookahead prediction: for a known rollout
+                self._dues.issued(path, max(0, self.next_rollout - 1) + cand.distance - 1, cand.distance)
             self.acc.on_issue(cand.distance, depth=node.depth)
             self._version += 1
 
@@ -579,6 +586,7 @@ class SpexContext(SearchContext):
         d["settings"] = {
             "components": list(self.settings.components),
             "lookahead": self.settings.lookahead,
+            "max_lookahead": self.settings.max_lookahead,
             "early_stop": self.early.enabled,
             "k_total": self.budget.k_total,
         }

@@ -13,6 +13,7 @@ OVERRIDABLE = (
     "enabled",
     "components",
     "lookahead",
+    "max_lookahead",
     "bfs_lookahead",
     "payoff_gate",
     "early_stop",

@@ -47,6 +47,11 @@ class MCTSPolicy(Policy):
         """The random stream of rollout ``index``, from the search's ``make_rng(label)``."""
         return make_rng(f"{self.rng_label}:{index}")
 
+    @property
+    def num_rollouts(self) -> int:
+        """Rollouts the search runs at most."""
+        return int(self.params.num_rollouts)
+
     def enough_answers(self, num_answers: int) -> bool:
         """``target_answers`` answer nodes exist (never, without a target)."""
         target = self.params.target_answers

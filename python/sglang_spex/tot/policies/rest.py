@@ -63,6 +63,10 @@ class Rest(MCTSPolicy):
     params_type = RestParams
     rng_label = "iteration"
 
+    @property
+    def num_rollouts(self) -> int:
+        return int(self.params.iterations)
+
     def best_child(self, stats: Stats, path: str, rng: random.Random) -> str:
         """argmax UCT over the live children; ties are broken by ``rng.choice`` (as the reference does)."""
         n_p, p = stats[path].visits, self.params
