@@ -35,6 +35,7 @@ NON_DEFAULT = {
     "--tot-min-share": (["3"], 3),
     "--tot-components": (["t1,t3"], ("t1", "t3")),
     "--tot-lookahead": (["6"], 6),
+    "--tot-max-lookahead": (["9"], 9),
     "--tot-bfs-lookahead": (["2"], 2),
     "--tot-budget-temperature": (["0.5"], 0.5),
     "--tot-early-stop": (["on"], True),

@@ -15,7 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-MIN_DEEP_HIT_RATE = 0.25  # a prediction distance past the nearest is planned while its resolved hit rate is at least this
+MIN_DEEP_HIT_RATE = (
+    0.25  # a prediction distance past the nearest is planned while its resolved hit rate is at least this
+)
 
 
 @dataclass
