@@ -449,6 +449,12 @@ class LearnerConfig(_Section):
         help="reward weights (reward variant): linear = the paper's w(r) = r normalised and clipped; zscore, max, none",
     )
     w_max: float = _opt(2.0, flag=None, help="largest reward weight")
+    kd_target: Literal["auto", "copy"] = _opt(
+        "auto",
+        flag=None,
+        help="KD target p: auto = the served top-k log-probs when every rollout of an update carries them, else the "
+        "policy copy; copy = always the copy",
+    )
     probe_steps: int = _opt(5, flag=None, check=_POSITIVE, help="draft steps in the probe acceptance estimate")
     collapse_ratio: float = _opt(
         0.5, flag=None, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="rollback below this acceptance ratio"

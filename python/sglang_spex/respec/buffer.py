@@ -1,9 +1,12 @@
 """Replay buffer of RL rollouts for the online learner, with strict validation of incoming payloads.
 
-A rollout is ``{"prompt_ids": [int], "response_ids": [int], "reward": float, "target_logprobs": [float]?}``
-(``target_logprobs``: the log-prob SGLang returned for each response token, optional). Anything else —
-unknown fields, wrong types, empty or out-of-vocabulary ids, NaN/inf, a log-prob list of the wrong length —
-raises :class:`RolloutError` naming the field; ``add_batch`` validates the whole batch before storing any.
+A rollout is ``{"prompt_ids": [int], "response_ids": [int], "reward": float, "target_logprobs": [float]?,
+"target_top_logprobs": [[[int, float], ...], ...]?}``, both optional and from the served target: ``target_logprobs``
+is the log-prob SGLang returned for each response token, ``target_top_logprobs`` its top-k per response token as
+``[token_id, logprob]`` pairs (:func:`served_fields` builds both from a ``/generate`` ``meta_info``). Anything else —
+unknown fields, wrong types, empty or out-of-vocabulary ids, NaN/inf, a positive log-prob, a list of the wrong
+length, a repeated id or a top-k row whose probabilities sum past 1 — raises :class:`RolloutError` naming the
+field; ``add_batch`` validates the whole batch before storing any.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
-FIELDS = ("prompt_ids", "response_ids", "reward", "target_logprobs")
+FIELDS = ("prompt_ids", "response_ids", "reward", "target_logprobs", "target_top_logprobs")
 REQUIRED = ("prompt_ids", "response_ids", "reward")
+MAX_TOP_K = 256  # top-k entries per response token (a bound on the buffer's memory)
+LOGP_TOL = 1e-4  # a served log-prob may exceed 0 by rounding, no more
 
 
 class RolloutError(ValueError):
@@ -30,7 +35,8 @@ class Rollout:
     prompt_ids: tuple
     response_ids: tuple
     reward: float
-    target_logprobs: Optional[tuple] = None
+    target_logprobs: Optional[tuple] = None  # (logprob,) per response token
+    target_top_logprobs: Optional[tuple] = None  # ((token_id, logprob), ...) per response token
 
     @property
     def num_tokens(self) -> int:
@@ -76,16 +82,80 @@ def validate_rollout(payload: Any, vocab_size: Optional[int] = None, max_len: in
     logprobs = payload.get("target_logprobs")
     if logprobs is not None:
         field = f"{where}target_logprobs"
-        if not isinstance(logprobs, (list, tuple)):
-            raise RolloutError(field, f"must be a list of floats, got {type(logprobs).__name__}")
-        if len(logprobs) != len(response):
-            raise RolloutError(field, f"has {len(logprobs)} entries for {len(response)} response tokens")
-        values = [_number(x, f"{field}[{i}]") for i, x in enumerate(logprobs)]
-        bad = [i for i, x in enumerate(values) if x > 1e-4]
-        if bad:
-            raise RolloutError(f"{field}[{bad[0]}]", f"a log-probability must be <= 0, got {values[bad[0]]}")
-        logprobs = tuple(values)
-    return Rollout(prompt, response, reward, logprobs)
+        _rows(logprobs, field, len(response), "floats")
+        logprobs = tuple(_logprob(x, f"{field}[{i}]") for i, x in enumerate(logprobs))
+    top = payload.get("target_top_logprobs")
+    if top is not None:
+        field = f"{where}target_top_logprobs"
+        _rows(top, field, len(response), "top-k rows")
+        top = tuple(_top_row(row, f"{field}[{i}]", vocab_size) for i, row in enumerate(top))
+    return Rollout(prompt, response, reward, logprobs, top)
+
+
+def _rows(value: Any, field: str, n: int, what: str) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise RolloutError(field, f"must be a list of {what}, got {type(value).__name__}")
+    if len(value) != n:
+        raise RolloutError(field, f"has {len(value)} entries for {n} response tokens")
+
+
+def _logprob(value: Any, field: str) -> float:
+    x = _number(value, field)
+    if x > LOGP_TOL:
+        raise RolloutError(field, f"a log-probability must be <= 0, got {x}")
+    return min(x, 0.0)
+
+
+def _top_row(row: Any, field: str, vocab_size: Optional[int]) -> tuple:
+    """One response token's top-k: a non-empty list of distinct ``[token_id, logprob]`` pairs."""
+    if not isinstance(row, (list, tuple)) or not row:
+        raise RolloutError(field, "must be a non-empty list of [token_id, logprob] pairs")
+    if len(row) > MAX_TOP_K:
+        raise RolloutError(field, f"has {len(row)} entries, more than {MAX_TOP_K}")
+    pairs = []
+    for k, pair in enumerate(row):
+        where = f"{field}[{k}]"
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise RolloutError(where, "must be a [token_id, logprob] pair")
+        (token,) = _ids([pair[0]], where, vocab_size, 1)
+        pairs.append((token, _logprob(pair[1], f"{where}[1]")))
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise RolloutError(field, "repeats a token id")
+    mass = sum(math.exp(x) for _, x in pairs)
+    if mass > 1.0 + 1e-3:
+        raise RolloutError(field, f"probabilities sum to {mass:.4f} > 1")
+    return tuple(pairs)
+
+
+def served_fields(meta_info: Mapping[str, Any], num_tokens: int) -> dict:
+    """``target_logprobs`` / ``target_top_logprobs`` of a rollout from SGLang's ``/generate`` ``meta_info``
+    (request ``return_logprob: true``, ``top_logprobs_num: k``). SGLang gives ``output_token_logprobs`` as
+    ``[logprob, token_id, text | null]`` per output token and ``output_top_logprobs`` as a list (per output token,
+    ``null`` for an empty row) of such triples; ``text`` is only filled with ``return_text_in_logprobs``. Non-finite
+    (JSON ``null``) top-k entries carry no probability and are dropped; a field that does not cover the
+    ``num_tokens`` response tokens, or whose sampled-token log-prob is missing, is left out (the learner then
+    uses its copy)."""
+    out: dict = {}
+    token = meta_info.get("output_token_logprobs")
+    if isinstance(token, list) and len(token) == num_tokens:
+        values = [e[0] if isinstance(e, (list, tuple)) and e else None for e in token]
+        if all(_finite(v) for v in values):
+            out["target_logprobs"] = [min(float(v), 0.0) for v in values]
+    top = meta_info.get("output_top_logprobs")
+    if isinstance(top, list) and len(top) == num_tokens:
+        rows = [[[e[1], min(float(e[0]), 0.0)] for e in row or () if _entry(e)][:MAX_TOP_K] for row in top]
+        if all(rows):
+            out["target_top_logprobs"] = rows
+    return out
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _entry(e: Any) -> bool:
+    """An SGLang ``[logprob, token_id, text]`` entry with a finite log-prob and an int id."""
+    return isinstance(e, (list, tuple)) and len(e) >= 2 and _finite(e[0]) and isinstance(e[1], int)
 
 
 def validate_batch(payloads: Any, vocab_size: Optional[int] = None, max_len: int = 32768) -> List[Rollout]:

@@ -7,6 +7,9 @@ step on the client's HF copy (:class:`~sglang_spex.respec.policy.Policy`), push 
 through SGLang's own weight-update session (``/update_weights_from_tensor``, ``selector="target"``; the
 in-memory path works on CPU and needs no shared filesystem), and post the rollouts to the learner
 (``POST /respec/rollouts``; with ``sync_learner_policy`` also ``POST /respec/policy`` so KD follows the policy).
+When the rollouts go to a learner and ``top_logprobs_num`` > 0, the rollout requests also ask SGLang for
+``return_logprob`` and the top-``top_logprobs_num`` log-probs per output token, and each posted rollout carries
+them (``target_logprobs``, ``target_top_logprobs``): the learner's KD target then comes from the served model.
 
 Each step also reports what speculation did for its rollouts (SGLang's ``meta_info``: tokens per verify pass =
 acceptance length) and rollout throughput, which is what ``benchmark/bench_respec_learner.py`` plots.
@@ -24,6 +27,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import httpx
 import torch
 
+from sglang_spex.respec.buffer import served_fields
 from sglang_spex.respec.hotswap import HotSwapClient, serialize_named_tensors
 from sglang_spex.respec.policy import Policy
 from sglang_spex.tot.tasks import Question, TaskSet
@@ -76,10 +80,16 @@ class GRPOConfig:
     split: str = "dev"
     sync_learner_policy: bool = True
     seed_rollouts: bool = True  # each rollout request gets SGLang's sampling_seed from (seed, step, index)
+    # served top-k log-probs per token posted with the rollouts (0: none, KD uses the copy). Off by default: a batch
+    # asking for log-probs takes SGLang's speculative path on a ReSpec server, so its off steps stop being plain
+    # decode steps (adapters/spec_workers.keeps_spec_path)
+    top_logprobs_num: int = 0
 
     def validate(self) -> "GRPOConfig":
         if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.inner_steps) < 1:
             raise ValueError("prompts_per_step, group_size, max_new_tokens and inner_steps must be >= 1")
+        if self.top_logprobs_num < 0:
+            raise ValueError("top_logprobs_num must be >= 0")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (GRPO needs distinct samples in a group)")
         return self
@@ -133,6 +143,19 @@ def chat_prompt_ids(tokenizer, text: str) -> List[int]:
     return list(ids)
 
 
+def rollout_payloads(samples: Sequence[Sample]) -> List[dict]:
+    """The ``POST /respec/rollouts`` entries of ``samples``, with the served log-probs their ``meta`` holds."""
+    return [
+        {
+            "prompt_ids": s.prompt_ids,
+            "response_ids": s.response_ids,
+            "reward": s.reward,
+            **served_fields(s.meta, len(s.response_ids)),
+        }
+        for s in samples
+    ]
+
+
 class ServerClient:
     """The few SGLang HTTP calls the loop makes (``/generate``, ``/model_info``, the learner routes)."""
 
@@ -142,14 +165,18 @@ class ServerClient:
         self.timeout = timeout
         self.last_active_batch = 0.0
 
-    def generate(self, input_ids: List[List[int]], params, concurrency: int = 0) -> List[dict]:
+    def generate(
+        self, input_ids: List[List[int]], params, concurrency: int = 0, extra: Optional[dict] = None
+    ) -> List[dict]:
         """One request per sequence when ``concurrency`` > 0 (finish independently, like RL rollouts); then
         ``last_active_batch`` is the time-averaged number of requests still running. ``params``: one sampling-params
-        dict for all, or a list with one per sequence."""
+        dict for all, or a list with one per sequence; ``extra``: more ``/generate`` fields (e.g. ``return_logprob``).
+        """
+        extra = extra or {}
         if concurrency <= 0:
-            return self._post(self.url + "/generate", {"input_ids": input_ids, "sampling_params": params})
+            return self._post(self.url + "/generate", {"input_ids": input_ids, "sampling_params": params, **extra})
         per = params if isinstance(params, list) else [params] * len(input_ids)
-        bodies = [{"input_ids": ids, "sampling_params": p} for ids, p in zip(input_ids, per)]
+        bodies = [{"input_ids": ids, "sampling_params": p, **extra} for ids, p in zip(input_ids, per)]
         t0 = time.perf_counter()
 
         def one(body: dict):
@@ -221,8 +248,11 @@ class GRPOLoop:
         self._pool = task.questions(256, split=self.config.split, seed=self.config.seed)
         self.step_index = 0
 
-    def sample(self, questions: Sequence[Question], client: Optional[ServerClient] = None) -> List[Sample]:
-        """G completions per question from the server (default: the rollout one) at the policy's temperature."""
+    def sample(
+        self, questions: Sequence[Question], client: Optional[ServerClient] = None, logprobs: bool = False
+    ) -> List[Sample]:
+        """G completions per question from the server (default: the rollout one) at the policy's temperature; with
+        ``logprobs`` each ``meta`` also holds the served log-probs (``config.top_logprobs_num`` per token)."""
         cfg = self.config
         prompts = [chat_prompt_ids(self.tokenizer, q.text) for q in questions]
         ids = [p for p in prompts for _ in range(cfg.group_size)]
@@ -230,7 +260,8 @@ class GRPOLoop:
         if cfg.seed_rollouts:
             base = (cfg.seed * 100_003 + self.step_index) * 1_000
             params = [{**params, "sampling_seed": base + i} for i in range(len(ids))]
-        outs = (client or self.client).generate(ids, params, concurrency=len(ids))
+        extra = {"return_logprob": True, "top_logprobs_num": cfg.top_logprobs_num} if logprobs else None
+        outs = (client or self.client).generate(ids, params, concurrency=len(ids), extra=extra)
         samples = []
         for i, out in enumerate(outs):
             q = questions[i // cfg.group_size]
@@ -274,7 +305,7 @@ class GRPOLoop:
         cfg = self.config
         t0 = time.perf_counter()
         questions = self.last_questions = self._rng.sample(self._pool, cfg.prompts_per_step)
-        samples = self.sample(questions)
+        samples = self.sample(questions, logprobs=self.post and cfg.top_logprobs_num > 0)
         t_roll = time.perf_counter() - t0
         rewards = [s.reward for s in samples]
         adv = group_advantages(rewards, cfg.group_size)
@@ -285,9 +316,7 @@ class GRPOLoop:
         learner = None
         if self.post:
             t = time.perf_counter()
-            rollouts = [
-                {"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "reward": s.reward} for s in samples
-            ]
+            rollouts = rollout_payloads(samples)
             learner = [c.post_rollouts(rollouts) for c in self.servers][0]
             learner_s += time.perf_counter() - t
         tokens = sum(len(s.response_ids) for s in samples)

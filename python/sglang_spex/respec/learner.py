@@ -10,7 +10,15 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
   or when publishing fails;
 - replicas: a publisher that feeds several (``hotswap.ReplicaPublisher``) returns each replica's outcome; the
   version is published once one replica took it, and the record names the replicas that failed (they keep their
-  old drafter); ``state()["replicas"]`` is each replica's drafter version.
+  old drafter); ``state()["replicas"]`` is each replica's drafter version;
+- KD target p: when every rollout of the update batch carries the served target's top-k log-probs
+  (``target_top_logprobs``) and ``kd_target="auto"`` (default), p is that top-k renormalised over the draft
+  vocabulary (``target.served_target``; ``target_source="served"``); otherwise — a mixed batch included — p comes
+  from the policy copy's logits for the whole batch (``"copy"``). The copy runs either way: the drafter's input
+  features (the aux hidden states) only come from it. ``target_logp_gap`` is the mean |copy − served| log p of the
+  sampled tokens that carry a served log-prob (``target_logprobs``, else their top-k entry): a stale copy shows;
+- timing: a record's ``seconds`` is the update's duration; the time ``submit`` blocked its caller (the RL loop's
+  stall: validation, plus the whole update in sync mode) is ``state()``'s ``last/max/total_submit_seconds``.
 """
 
 from __future__ import annotations
@@ -28,13 +36,14 @@ from sglang_spex.config import LearnerConfig
 from sglang_spex.respec.buffer import ReplayBuffer, Rollout
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.kd import WEIGHT_MODES, reward_weighted_kd, reward_weights
-from sglang_spex.respec.target import Batch
+from sglang_spex.respec.target import Batch, sampled_logp_gap, served_target
 from sglang_spex.respec.ttt import acceptance_length
 
 Sequences = Sequence[Tuple[Sequence[int], Sequence[int]]]
 FeatureFn = Callable[[Sequences], Batch]
 PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], Optional[dict]]  # a dict: per-replica outcomes
 PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
+KD_TARGETS = ("auto", "copy")
 
 
 @dataclass
@@ -51,6 +60,9 @@ class UpdateRecord:
     acceptance_after: Optional[float]
     seconds: float
     replicas: Optional[List[dict]] = None  # the publisher's per-replica outcomes (ReplicaPublisher), else None
+    target_source: str = ""  # "served" (the server's top-k log p) | "copy" (the policy copy's logits) | "" (none)
+    target_logp_gap: Optional[float] = None  # mean |copy − served| log p of the sampled tokens (None: none served)
+    served_masked: int = 0  # trained positions without a draft-vocabulary token in their served top-k (no target)
 
 
 def _json_safe(x):
@@ -75,10 +87,14 @@ class OnlineLearner:
         publish: Optional[PublishFn] = None,
         policy_sync: Optional[PolicySyncFn] = None,
         weight_mode: Optional[str] = None,
+        kd_target: str = "auto",
     ):
         self.config = (config or LearnerConfig()).validate()
         if weight_mode is not None and weight_mode not in WEIGHT_MODES:
             raise ValueError(f"unknown weight mode {weight_mode!r}; choose from {WEIGHT_MODES}")
+        if kd_target not in KD_TARGETS:
+            raise ValueError(f"unknown KD target {kd_target!r}; choose from {KD_TARGETS}")
+        self.kd_target = kd_target
         self.weight_mode = weight_mode or self.config.weight_mode
         self.policy_sync = policy_sync
         self.policy_version: Optional[int] = None
@@ -98,6 +114,8 @@ class OnlineLearner:
         self.attempts = 0
         self.history: List[UpdateRecord] = []
         self.max_submit_seconds = 0.0
+        self.last_submit_seconds = 0.0
+        self.total_submit_seconds = 0.0
 
     # -- serving side ---------------------------------------------------------------------------------------------
     @property
@@ -124,7 +142,10 @@ class OnlineLearner:
                 self._update_once()
             else:
                 self._start_async()
-        self.max_submit_seconds = max(self.max_submit_seconds, time.perf_counter() - t0)
+        blocked = time.perf_counter() - t0
+        self.last_submit_seconds = blocked
+        self.total_submit_seconds += blocked
+        self.max_submit_seconds = max(self.max_submit_seconds, blocked)
         return {"accepted": n, "buffer_size": len(self.buffer), "version": self.version, "update_due": due}
 
     def set_policy(self, version: int, named: List[Tuple[str, torch.Tensor]]) -> int:
@@ -152,6 +173,7 @@ class OnlineLearner:
             "variant": self.config.variant,
             "mode": self.config.mode,
             "weight_mode": "none" if self.config.variant == "unweighted" else self.weight_mode,
+            "kd_target": self.kd_target,
             "update_interval": self.config.update_interval,
             "steps": self.steps,
             "policy_version": self.policy_version,
@@ -169,10 +191,14 @@ class OnlineLearner:
                     "acceptance_before": r.acceptance_before,
                     "acceptance_after": r.acceptance_after,
                     "seconds": r.seconds,
+                    "target_source": r.target_source,
+                    "target_logp_gap": r.target_logp_gap,
                 }
                 for r in self.history
             ],
             "max_submit_seconds": self.max_submit_seconds,
+            "last_submit_seconds": self.last_submit_seconds,
+            "total_submit_seconds": self.total_submit_seconds,
             "replicas": self.publish.status() if hasattr(self.publish, "status") else None,
         }
 
@@ -214,10 +240,25 @@ class OnlineLearner:
         self.history.append(record)
         return record
 
+    def _kd_batch(self, rollouts: List[Rollout], batch: Batch, base: Eagle3Drafter, record: UpdateRecord) -> Batch:
+        """The copy's feature batch with its KD target from the served top-k when every rollout has one."""
+        prompt_lens = [len(r.prompt_ids) for r in rollouts]
+        record.target_logp_gap = sampled_logp_gap(batch, prompt_lens, [_served_token_logp(r) for r in rollouts])
+        if self.kd_target == "copy" or any(r.target_top_logprobs is None for r in rollouts):
+            record.target_source = "copy"
+            return batch
+        record.target_source = "served"
+        batch, record.served_masked = served_target(
+            batch, prompt_lens, [r.target_top_logprobs for r in rollouts], base.t2d
+        )
+        return batch
+
     def _train_and_publish(self, rollouts: List[Rollout], base: Eagle3Drafter, record: UpdateRecord) -> None:
         cfg = self.config
         record.tokens = sum(r.num_tokens for r in rollouts)
-        batch = self.features([(r.prompt_ids, r.response_ids) for r in rollouts])
+        batch = self._kd_batch(
+            rollouts, self.features([(r.prompt_ids, r.response_ids) for r in rollouts]), base, record
+        )
         probe = self.features(self.probe) if self.probe else None
         if probe is not None:
             record.acceptance_before = acceptance_length(base, probe, cfg.probe_steps)
@@ -269,3 +310,12 @@ class OnlineLearner:
         with self._lock:
             self._drafter, self._version = cand, new_version
         record.outcome, record.version_after = "published", new_version
+
+
+def _served_token_logp(r: Rollout) -> Optional[List[Optional[float]]]:
+    """The served log p of each sampled response token: ``target_logprobs``, else its top-k entry (None if absent)."""
+    if r.target_logprobs is not None:
+        return list(r.target_logprobs)
+    if r.target_top_logprobs is None:
+        return None
+    return [dict(row).get(tok) for tok, row in zip(r.response_ids, r.target_top_logprobs)]

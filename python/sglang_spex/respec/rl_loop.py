@@ -4,7 +4,8 @@ server, ``--respec-adaptive``, plus the online learner inside, reward-weighted K
 
 The policy starts from the same directory with the same seed in every mode and GRPO (``respec/grpo.py``) samples
 its rollouts through the server at the configured temperature; its weights go back through SGLang's own
-``update_weights_from_tensor``. Also a rule reward a random tiny model can learn within a few steps (tests).
+``update_weights_from_tensor``. With the learner, each rollout also carries the server's log-probs (top
+``GRPOConfig.top_logprobs_num`` per token), from which the learner builds its KD target. Also a rule reward a random tiny model can learn within a few steps (tests).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """``/respec/*`` routes for the online learner, installable on SGLang's FastAPI app.
 
-- ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?}]}``:
-  200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad payload → 400
-  ``{"error": {"field", "reason"}}`` and the buffer is unchanged.
+- ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?,
+  "target_top_logprobs"?}]}`` (the last two from the served target, see ``buffer.py``; with top-k on every rollout
+  of an update the KD target comes from them): 200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad
+  payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged.
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload, the copy unchanged.
@@ -148,7 +149,9 @@ def build_learner(
         publish = ReplicaPublisher([*([url] if url else []), *replica_urls], begin_retries=240)
     probe = [(list(p), list(r)) for p, r in spec.probe]
     cfg = spec.learner
-    return OnlineLearner(drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights)
+    return OnlineLearner(
+        drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights, kd_target=cfg.kd_target
+    )
 
 
 class LocalServerPublisher:

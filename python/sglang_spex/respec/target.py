@@ -2,23 +2,31 @@
 served model (``output_hidden_states``), restricted to the draft vocabulary and packed into a :class:`Batch`.
 
 HF ``hidden_states[i]`` is the input of decoder layer i, the same tensor SGLang captures for EAGLE-3 at
-``layers_to_capture = [i]``.
+``layers_to_capture = [i]``. The copy is always run: the drafter's input features (aux hidden states) come only
+from it. Its KD target (``target_logp``) can be replaced by the served target's top-k log-probs
+(:func:`served_target`), and :func:`sampled_logp_gap` measures how far the copy's log p is from the served one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+LOG_ZERO = -1e4  # log p of a draft token outside the served top-k (exp() is exactly 0, the KL term is 0)
+
 
 @dataclass
 class Batch:
     """Right-padded training batch. Index j is token x_j; ``target_logp[:, j]`` is the target's next-token
     distribution after x_j (log-softmax over the draft vocabulary), ``loss_mask[:, j]`` says whether that
-    prediction is trained (response tokens), ``target_argmax`` is the full-vocabulary greedy token."""
+    prediction is trained (response tokens), ``target_argmax`` is the full-vocabulary greedy token,
+    ``token_logp[:, j]`` the copy's full-vocabulary log-prob of the next data token x_{j+1} (0 at the last index;
+    None in batches saved before it existed)."""
 
     input_ids: torch.Tensor  # [B, L] long
     attention_mask: torch.Tensor  # [B, L] bool
@@ -26,23 +34,17 @@ class Batch:
     aux_hidden: torch.Tensor  # [B, L, k*H]
     target_logp: torch.Tensor  # [B, L, Vd]
     target_argmax: torch.Tensor  # [B, L] long
+    token_logp: Optional[torch.Tensor] = None  # [B, L] float32
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, idx: Sequence[int]) -> "Batch":
         idx = torch.as_tensor(list(idx), dtype=torch.long)
-        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+        return Batch(*(None if (t := getattr(self, f)) is None else t[idx] for f in self.__dataclass_fields__))
 
     def to(self, dtype: torch.dtype) -> "Batch":
-        return Batch(
-            self.input_ids,
-            self.attention_mask,
-            self.loss_mask,
-            self.aux_hidden.to(dtype),
-            self.target_logp.to(dtype),
-            self.target_argmax,
-        )
+        return dataclasses.replace(self, aux_hidden=self.aux_hidden.to(dtype), target_logp=self.target_logp.to(dtype))
 
     @staticmethod
     def cat(batches: Sequence["Batch"]) -> "Batch":
@@ -57,8 +59,65 @@ class Batch:
             shape[1] = extra
             return torch.cat([t, torch.zeros(shape, dtype=t.dtype)], 1)
 
-        fields = list(Batch.__dataclass_fields__)
-        return Batch(*(torch.cat([pad(getattr(b, f)) for b in batches], 0) for f in fields))
+        def cat(ts: List[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+            return None if any(t is None for t in ts) else torch.cat([pad(t) for t in ts], 0)
+
+        return Batch(*(cat([getattr(b, f) for b in batches]) for f in Batch.__dataclass_fields__))
+
+
+def served_target(
+    batch: Batch, prompt_lens: Sequence[int], top: Sequence[Sequence[Sequence[Tuple[int, float]]]], t2d: torch.Tensor
+) -> Tuple[Batch, int]:
+    """``batch`` with its KD target taken from the served target's top-k instead of the copy's logits (the copy's
+    aux hidden states are kept: the drafter reads them). ``top[b][i]``: (target token id, log p) pairs of the
+    distribution response token i of rollout b was sampled from, i.e. ``target_logp[b, prompt_lens[b] - 1 + i]``.
+    Ids outside the draft vocabulary (``t2d``) are dropped, the rest renormalised; every other draft token gets
+    p = 0. A trained position whose top-k has no draft token has no target and leaves the loss mask. Returns
+    (batch, number of positions so masked)."""
+    bsz, length, vd = batch.target_logp.shape
+    to_draft = torch.full((t2d.numel(),), -1, dtype=torch.long)
+    to_draft[t2d.bool()] = torch.arange(int(t2d.sum()))
+    flat = [
+        (b * length + plen - 1 + i, tok, lp)
+        for b, (plen, rows) in enumerate(zip(prompt_lens, top))
+        for i, row in enumerate(rows)
+        if plen - 1 + i < length
+        for tok, lp in row
+    ]
+    pos = torch.tensor([f[0] for f in flat], dtype=torch.long)
+    draft = to_draft[torch.tensor([f[1] for f in flat], dtype=torch.long)]
+    lps = torch.tensor([f[2] for f in flat], dtype=torch.float64)
+    keep = draft >= 0
+    pos, draft, lps = pos[keep], draft[keep], lps[keep]
+    peak = torch.full((bsz * length,), -math.inf, dtype=torch.float64).scatter_reduce(0, pos, lps, "amax")
+    mass = torch.zeros(bsz * length, dtype=torch.float64).index_add_(0, pos, (lps - peak[pos]).exp())
+    logp = torch.full((bsz * length, vd), LOG_ZERO, dtype=batch.target_logp.dtype)
+    logp[pos, draft] = (lps - peak[pos] - mass[pos].log()).to(logp.dtype)
+    covered = torch.zeros(bsz * length, dtype=torch.bool)
+    covered[pos] = True
+    trained = batch.loss_mask & batch.attention_mask
+    mask = trained & covered.view(bsz, length)
+    target = logp.view(bsz, length, vd)
+    return dataclasses.replace(batch, target_logp=target, loss_mask=mask), int((trained & ~mask).sum())
+
+
+def sampled_logp_gap(
+    batch: Batch, prompt_lens: Sequence[int], served: Sequence[Optional[Sequence[Optional[float]]]]
+) -> Optional[float]:
+    """Mean |copy log p − served log p| of the sampled response tokens where both exist (``served[b][i]``: the
+    served log-prob of response token i of rollout b, or None); None when there is no such token. A gap well
+    above numerical noise says the copy no longer matches the served policy (or, with sampling temperature ≠ 1,
+    that the server returned tempered log-probs)."""
+    if batch.token_logp is None:
+        return None
+    length = batch.token_logp.shape[1]
+    gaps = [
+        abs(float(batch.token_logp[b, plen - 1 + i]) - lp)
+        for b, (plen, values) in enumerate(zip(prompt_lens, served))
+        for i, lp in enumerate(values or ())
+        if lp is not None and plen - 1 + i < length - 1
+    ]
+    return sum(gaps) / len(gaps) if gaps else None
 
 
 class TargetFeatures:
@@ -89,11 +148,15 @@ class TargetFeatures:
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """(aux hidden, draft-vocab log p, full-vocab argmax, full-vocab log p of the next input token)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), output_hidden_states=True)
         aux = torch.cat([out.hidden_states[i] for i in self.aux_layer_ids], -1).to(self.feature_dtype)
         logits = out.logits.float()
         logp = torch.log_softmax(logits[..., self.t2d], -1).to(self.feature_dtype)
-        return aux, logp, logits.argmax(-1)
+        nxt = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], 1)
+        token = logits.gather(-1, nxt[..., None])[..., 0] - logits.logsumexp(-1)
+        token[:, -1] = 0.0
+        return aux, logp, logits.argmax(-1), token
 
     def batch(
         self,
@@ -121,6 +184,5 @@ class TargetFeatures:
                 attn[i, : len(q)] = True
                 # position j predicts x_{j+1}: train where x_{j+1} is a response token
                 loss[i, max(len(prompt) - 1, 0) : len(q) - 1] = True
-            aux, logp, argmax = self.forward(ids, attn)
-            parts.append(Batch(ids, attn, loss, aux, logp, argmax))
+            parts.append(Batch(ids, attn, loss, *self.forward(ids, attn)))
         return Batch.cat(parts)
