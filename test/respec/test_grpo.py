@@ -150,7 +150,8 @@ def test_grpo_step_push_changes_what_the_server_computes(healthy, tiny_model):
         return (sum(map(ord, text)) % 7) / 7.0
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    cfg = GRPOConfig(prompts_per_step=2, group_size=3, max_new_tokens=8, inner_steps=2)
+    # with the served top-k log-probs: the learner's KD target comes from SGLang's real meta_info through EAGLE3
+    cfg = GRPOConfig(prompts_per_step=2, group_size=3, max_new_tokens=8, inner_steps=2, top_logprobs_num=4)
     before = {n: t.clone() for n, t in pol.named_tensors()}
     loop = GRPOLoop(ServerClient(live.url), pol, tok, ToyAdd(2, 10), cfg, reward_fn=reward)
     (stats,) = list(loop.run(1, progress=False))
@@ -168,6 +169,9 @@ def test_grpo_step_push_changes_what_the_server_computes(healthy, tiny_model):
         time.sleep(0.2)
     assert state["policy_version"] == 1 and state["rollouts_received"] == 6  # the loop posted its rollouts
     assert state["version"] == 1 and state["updates"][-1]["outcome"] == "published", state["updates"]
+    update = state["updates"][-1]
+    # served KD target; the copy was synced to the new policy before the rollouts (sampled from the old one) came
+    assert update["target_source"] == "served" and 0 < update["target_logp_gap"] < 5, update
     # the learner's push reached this very server (the drafter changed under the served policy), and the drafter's
     # version is kept apart from the policy's (SGLang's weight_version)
     assert requests.get(live.url + "/model_info", timeout=60).json()["weight_version"] == "policy-1"

@@ -92,3 +92,23 @@ def test_plans_stop_at_the_last_rollout():
     res = asyncio.run(run_search(spec, "q", JitterPort(), context_factory=context_factory(cfg)))
     assert res.speculation["issued"] > 0
     assert max(_distances(res)) <= 2
+
+
+def test_a_far_prediction_is_never_expected_above_a_near_one():
+    """Pooled rates that read better far than near (noise, or a far distance with few samples) do not move a far
+    candidate ahead of a near one: a prediction further ahead rests on the nearer ones."""
+    from unit.fake_port import FakePort
+
+    from sglang_spex.speculation.candidates import Candidate
+
+    factory = context_factory(SpexConfig(enabled=True, k_total=8, components=("t1", "t2")))
+    ctx = factory(make_spec(RSTAR), "q", FakePort())
+    rates = ctx.payoff().distances
+    for _ in range(40):
+        rates.record_hit(3)
+        rates.record_hit(1)
+    for _ in range(20):
+        rates.record_miss(1)
+    uses = [ctx._expected_use(Candidate(ctx.tree.root, 0, d)) for d in (1, 2, 3)]
+    assert uses[0] < 0.75 and uses == sorted(uses, reverse=True)
+    assert rates.resolved(3)[0] / rates.resolved(3)[1] > uses[0]  # distance 3 alone would have read better

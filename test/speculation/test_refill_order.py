@@ -43,14 +43,21 @@ def plan(ctx, widths):
     return [(c.parent.path, c.index) for c in ctx._candidates(limit=16)]
 
 
-def test_refill_key_orders_expected_use_then_cache_then_recency():
+def test_refill_key_orders_expected_use_then_distance_then_cache_then_recency():
     keys = {
-        "likely_cold": refill_key(0.9, 0, 1),
-        "likely_cached": refill_key(0.9, 40, 1),
-        "likely_cached_recent": refill_key(0.9, 40, 5),
-        "unlikely_cached": refill_key(0.2, 400, 9),
+        "likely_cold": refill_key(0.9, 1, 0, 1),
+        "likely_cached": refill_key(0.9, 1, 40, 1),
+        "likely_cached_recent": refill_key(0.9, 1, 40, 5),
+        "likely_far_cached": refill_key(0.9, 3, 400, 9),
+        "unlikely_cached": refill_key(0.2, 1, 400, 9),
     }
-    assert sorted(keys, key=keys.get) == ["likely_cached_recent", "likely_cached", "likely_cold", "unlikely_cached"]
+    assert sorted(keys, key=keys.get) == [
+        "likely_cached_recent",
+        "likely_cached",
+        "likely_cold",
+        "likely_far_cached",
+        "unlikely_cached",
+    ]
 
 
 def test_cached_prefix_candidate_wins_when_otherwise_equal():

@@ -21,7 +21,7 @@ class Candidate(NamedTuple):
         return child_path(self.parent.path, self.index, self.kind)
 
 
-def refill_key(expected_use: float, cached_tokens: int, recency: int) -> Tuple[float, int, int]:
-    """Sort key of a speculative candidate (ascending = issued first): expected use, then the prefix tokens the
-    radix cache holds for it, then how recently its parent finished."""
-    return (-round(expected_use, 9), -int(cached_tokens), -int(recency))
+def refill_key(expected_use: float, distance: int, cached_tokens: int, recency: int) -> Tuple[float, int, int, int]:
+    """Sort key of a speculative candidate (ascending = issued first): expected use, then the nearer (needed
+    sooner), then the prefix tokens the radix cache holds for it, then how recently its parent finished."""
+    return (-round(expected_use, 9), int(distance), -int(cached_tokens), -int(recency))

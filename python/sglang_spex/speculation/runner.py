@@ -244,12 +244,20 @@ class SpexContext(SearchContext):
             chances = self._bfs_targets.get(parent.path, ())
             use = chances[index] if index < len(chances) else 0.0
             return use if distance < 2 else min(use, running_hit_rate(*self.acc.resolved(distance)))
-        return running_hit_rate(*self.payoff().distances.resolved(distance), prior=1.0 / max(1, distance))
+        # DFS: the resolved hit rate pooled on this engine, never above a nearer distance's (a prediction further
+        # ahead rests on the nearer ones)
+        rates = self.payoff().distances
+        return min(running_hit_rate(*rates.resolved(d), prior=1.0 / d) for d in range(1, max(1, distance) + 1))
 
     def _refill_order(self, cands: List[Candidate]) -> Tuple[List[Candidate], List[float]]:
         """``cands`` best first, and their expected uses."""
         keys = [
-            refill_key(self._expected_use(c), self.child_prefix(c.parent)[1], self._finish_order.get(c.parent.path, 0))
+            refill_key(
+                self._expected_use(c),
+                c.distance,
+                self.child_prefix(c.parent)[1],
+                self._finish_order.get(c.parent.path, 0),
+            )
             for c in cands
         ]
         order = sorted(range(len(cands)), key=keys.__getitem__)  # stable: equal keys keep the plan's order
