@@ -17,12 +17,14 @@ def rates_of(table):
     return lambda d: table.get(d, (0.0, 0.0))
 
 
-def test_planned_distance_doubles_while_the_deepest_rate_holds():
+def test_planned_distance_grows_while_the_deepest_rate_holds():
     assert planned_distance(4, 16, rates_of({})) == 4  # nothing measured: the configured k
     assert planned_distance(4, 16, rates_of({4: (3, 4)})) == 8
     assert planned_distance(4, 16, rates_of({4: (3, 4), 8: (2, 2)})) == 16
     assert planned_distance(4, 12, rates_of({4: (3, 4), 8: (2, 2)})) == 12  # the cap
     assert planned_distance(4, 16, rates_of({4: (0, 4)})) == 4  # a poor rate at k: no deeper
+    assert planned_distance(4, 16, rates_of({4: (1.2, 4)})) == 5  # borderline (0.3): one rollout at a time
+    assert planned_distance(4, 16, rates_of({4: (3, 4)}), min_rate=0.8) == 4  # the live curve's floor
     assert planned_distance(4, 16, rates_of({4: (1, 1)})) == 4  # too few resolved to count
 
 
@@ -52,6 +54,19 @@ def test_a_late_adoption_turns_its_miss_into_a_hit():
     assert rates.resolved(3) == (1.0, 2.0)
     dues.adopted("0.1.0")  # not tracked any more: no second hit
     assert rates.resolved(3) == (1.0, 2.0)
+
+
+def test_what_a_search_never_used_is_a_miss_when_it_ends():
+    rates = DistanceRates(decay=1.0)
+    dues = DuePredictions(lambda: rates)
+    dues.issued("0.0", rollout=0, distance=1)
+    dues.issued("0.1", rollout=0, distance=1)
+    dues.issued("0.0.0", rollout=5, distance=4)  # its rollout never comes
+    dues.passed(1, lambda path: path != "0.0")  # 0.1 missed its rollout; 0.0 was adopted meanwhile
+    dues.ended()
+    assert rates.resolved(1) == (0.0, 1.0) and rates.resolved(4) == (0.0, 1.0)
+    dues.ended()  # once
+    assert rates.resolved(1) == (0.0, 1.0) and rates.resolved(4) == (0.0, 1.0)
 
 
 def test_an_adoption_in_time_is_a_hit():

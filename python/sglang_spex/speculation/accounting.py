@@ -124,9 +124,9 @@ def _bump(counts: Dict[int, Tuple[int, int]], key: int, hits: int, issued: int) 
 class DistanceRates:
     """Hit rates of DFS predictions by distance (rollouts ahead), pooled over an engine's searches of one policy.
 
-    A prediction made for rollout ``r`` is *resolved* as a miss once rollout ``r`` has passed without using it, and
-    as a hit when the search adopts it (a late adoption turns its miss into a hit). Predictions whose rollout never
-    came (the search ended first) count as neither. Each distance's sums decay by ``decay`` per event there, so a
+    A prediction made for rollout ``r`` is *resolved* as a miss once rollout ``r`` has passed without using it or
+    the search ended without it (also before rollout ``r`` came: the work was wasted all the same), and as a hit
+    when the search adopts it (a late adoption turns its miss into a hit). Each distance's sums decay by ``decay`` per event there, so a
     changed workload moves them."""
 
     decay: float = 0.995

@@ -10,9 +10,10 @@ a speculative node already produced it, else 0 (a virtual loss), so the next sim
 the expansions are ranked by how many rollouts ahead they are needed.
 
 How many rollouts ahead (:func:`planned_distance`): always the configured ``lookahead`` (the paper's k); beyond
-it, doubling up to ``max_lookahead`` while the deepest planned distance's hit rate, resolved over the engine's
-searches (:class:`~sglang_spex.speculation.accounting.DistanceRates`), holds; the first measured distance whose
-rate falls below :data:`MIN_DEEP_HIT_RATE` ends the plan before it.
+it, growing up to ``max_lookahead`` while the deepest planned distance's hit rate, resolved over the engine's
+searches (:class:`~sglang_spex.speculation.accounting.DistanceRates`), holds (doubling while it is high, one
+rollout at a time while it is near the floor); the first measured distance whose rate falls below the floor
+(:data:`MIN_DEEP_HIT_RATE`, or what pays on the live step curve) ends the plan before it.
 """
 
 from __future__ import annotations
@@ -135,10 +136,17 @@ def predict_expansions(
     return out[:limit]
 
 
-def planned_distance(lookahead: int, max_lookahead: int, resolved: Callable[[int], Tuple[float, float]]) -> int:
-    """Rollouts to plan ahead: ``lookahead``, doubled (up to ``max_lookahead``) while the deepest planned distance
-    has ``MIN_RESOLVED`` resolved predictions at a rate of at least ``MIN_DEEP_HIT_RATE``; then cut before the first
-    distance past ``lookahead`` whose measured rate is below it. ``resolved(d)`` is (hits, resolved) at ``d``."""
+def planned_distance(
+    lookahead: int,
+    max_lookahead: int,
+    resolved: Callable[[int], Tuple[float, float]],
+    min_rate: float = MIN_DEEP_HIT_RATE,
+) -> int:
+    """Rollouts to plan ahead: ``lookahead``, grown (up to ``max_lookahead``) while the deepest planned distance
+    has ``MIN_RESOLVED`` resolved predictions at a rate of at least ``min_rate`` — doubled at twice that rate, else by
+    one; then cut before the first distance past ``lookahead`` whose measured rate is below it. ``resolved(d)`` is (hits, resolved) at ``d``.
+    """
+    min_rate = max(min_rate, MIN_DEEP_HIT_RATE)
 
     def rate(d: int) -> Optional[float]:
         hits, total = resolved(d)
@@ -147,20 +155,20 @@ def planned_distance(lookahead: int, max_lookahead: int, resolved: Callable[[int
     n = lookahead
     while n < max_lookahead:
         r = rate(n)
-        if r is None or r < MIN_DEEP_HIT_RATE:
+        if r is None or r < min_rate:
             break
-        n = min(max_lookahead, 2 * n)
+        n = min(max_lookahead, 2 * n if r >= 2 * min_rate else n + 1)  # a borderline rate: one step at a time
     for d in range(lookahead + 1, n + 1):
         r = rate(d)
-        if r is not None and r < MIN_DEEP_HIT_RATE:
+        if r is not None and r < min_rate:
             return d - 1
     return n
 
 
 class DuePredictions:
     """A search's issued DFS predictions and the rollout each was made for, resolved into
-    :class:`~sglang_spex.speculation.accounting.DistanceRates`: a miss once that rollout has passed unused, a hit
-    when adopted (a late adoption undoes its miss)."""
+    :class:`~sglang_spex.speculation.accounting.DistanceRates`: a miss once that rollout has passed unused or the
+    search ended without it, a hit when adopted (a late adoption undoes its miss)."""
 
     def __init__(self, rates: Callable[[], DistanceRates]):
         self.rates = rates  # the pooled rates of the search's engine (known once the search has its DP rank)
@@ -181,6 +189,15 @@ class DuePredictions:
                 self.rates().record_miss(distance)
             else:
                 del self._due[path]
+
+    def ended(self) -> None:
+        """The search ended: a prediction never adopted is a miss, also one whose rollout never came (the search
+        finished first: its work was wasted all the same)."""
+        for path, (_, distance) in self._due.items():
+            if path not in self._missed:
+                self.rates().record_miss(distance)
+        self._due.clear()
+        self._missed.clear()
 
     def adopted(self, path: str) -> None:
         got = self._due.pop(path, None)

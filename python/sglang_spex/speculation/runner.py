@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead
-from sglang_spex.speculation.accounting import SpecAccounting
+from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
 from sglang_spex.speculation.candidates import Candidate, refill_key
 from sglang_spex.speculation.early_stop import EarlyStop
@@ -278,6 +278,14 @@ class SpexContext(SearchContext):
         self.acc.min_use, self.acc.step_line = floor, line
         return floor
 
+    def _deep_floor(self) -> float:
+        """The hit rate a DFS distance past ``lookahead`` needs: what pays on the live step curve with this many
+        searches on the engine (the pay-off gate's floor, whether or not the gate is on), at least 0.25."""
+        line = self.budget.step_line(self.dp_rank)
+        if line is None:
+            return MIN_DEEP_HIT_RATE
+        return max(MIN_DEEP_HIT_RATE, self.payoff().min_use(*line, searches=len(self.budget.on_rank(self.dp_rank))))
+
     def worth_s(self, use: float) -> Optional[float]:
         """Seconds a candidate adopted with probability ``use`` is expected to save this search: the decode steps
         saved per hit measured on this engine (no prior) at the live step's fixed cost (None while the step curve
@@ -337,7 +345,7 @@ class SpexContext(SearchContext):
         # the current rollout (its simulation path is replayed exactly) and the next ones the measured rates allow
         start = max(0, self.next_rollout - 1)
         ahead = dfs_lookahead.planned_distance(
-            self.settings.lookahead, self.settings.max_lookahead, self.payoff().distances.resolved
+            self.settings.lookahead, self.settings.max_lookahead, self.payoff().distances.resolved, self._deep_floor()
         )
         rngs = [policy.rollout_rng(self.rng, i) for i in range(start, min(start + ahead, policy.num_rollouts))]
         for exp in dfs_lookahead.predict_expansions(
@@ -562,6 +570,7 @@ class SpexContext(SearchContext):
                 self._cancel(self.store.pop(e.path))
         if self._cancels or self._promotions:
             await asyncio.gather(*self._cancels, *self._promotions, return_exceptions=True)
+        self._dues.ended()
         for e in self.store:
             self.acc.never_used += 1
             self.acc.wasted_tokens += e.node.num_tokens
