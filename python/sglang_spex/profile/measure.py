@@ -217,7 +217,8 @@ async def ensure_profile(
 
 
 class ProfileManager:
-    """Holds a server's current profile; re-measures in the background when observations drift.
+    """Holds a server's current profile; re-measures in the background, once the engine is idle, when observations
+    drift.
 
     The SPEX runner calls :meth:`observe` with step times it sees (e.g. a request's decode latency divided
     by its completion tokens, at the engine batch size it observed) and reads :attr:`k_total`.
@@ -240,6 +241,7 @@ class ProfileManager:
         self._lock = asyncio.Lock()
         self._last_measure = 0.0
         self.reprofiles = 0
+        self.due = False  # drift seen: re-profile when the engine is next idle
 
     @property
     def k_total(self) -> Optional[int]:
@@ -260,14 +262,25 @@ class ProfileManager:
             return self.profile
 
     def observe(self, batch: int, step_time: float) -> bool:
-        """Feed one observed step time; starts a background re-profile on drift. True if one started."""
+        """Feed one observed step time; on drift (past the cooldown) a re-profile becomes *due*. It runs when the
+        engine is next idle (:meth:`reprofile_if_due`), never under live traffic: its sweep fills the batch up to
+        the knee, which would stall live requests for minutes and change their batch shapes. True when one became
+        due."""
         if self.monitor is None or not self.monitor.observe(batch, step_time):
             return False
-        if self.busy or (self._task and not self._task.done()):
+        if self.due or self.busy or (self._task and not self._task.done()):
             return False
         if time.monotonic() - self._last_measure < self.cooldown_s and self._last_measure:
             return False
         self.monitor.reset()
+        self.due = True
+        return True
+
+    def reprofile_if_due(self) -> bool:
+        """Start a due re-profile in the background; call it when the engine is idle. True if one started."""
+        if not self.due or self.busy or (self._task and not self._task.done()):
+            return False
+        self.due = False
         self.reprofiles += 1
         self._task = asyncio.ensure_future(self.get(force=True, progress=False))
         return True

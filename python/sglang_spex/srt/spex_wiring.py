@@ -3,8 +3,9 @@ each rank's live primary load (the batch-stats ring its scheduler writes, hook H
 sizes (S_w, KV bytes per token, from SGLang's model config), and ``--tot-k-total auto`` resolved from the roofline
 profile: once the knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the
 scheduler-side speculative admission cap (the ``budget`` control op). Under auto, decode step times go to the
-profile's drift monitor (a re-profile moves the knee); a numeric k_total never reads the profile, so it never
-re-profiles (the profiler's requests would run under live searches).
+profile's drift monitor (a re-profile moves the knee); a re-profile the drift made due starts only when the last live
+search has finished and no request is in flight (its sweep would stall live requests); a numeric k_total never reads
+the profile, so it never re-profiles.
 Used by :mod:`sglang_spex.srt.search_service`.
 """
 
@@ -86,9 +87,14 @@ class SpexWiring:
         except Exception:
             logger.exception("spex: setting the scheduler-side budget failed")
 
-    @staticmethod
-    async def _on_finish(ctx: SpexContext) -> None:
+    async def _on_finish(self, ctx: SpexContext) -> None:
         metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated, dp_rank=ctx.dp_rank)
+        if self.cfg.k_total is None and not self.budget.contexts:
+            try:  # the last search ended and no request is in flight: a re-profile the drift made due may start now
+                if (await ctx.port.stats()).get("inflight", 1) == 0:
+                    self._profile().reprofile_if_due()
+            except Exception:
+                logger.debug("spex: starting a due re-profile failed", exc_info=True)
 
     def _reader(self, rank: Optional[int]) -> StatsReader:
         reader = self._readers.get(rank)
