@@ -254,11 +254,23 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
     spec = build_spec(
         policy, args.max_depth, args.step_tokens, seed, args.task, speculation=args.overrides[mode], reward=args.reward
     )
+    profile_wait_s = wait_for_profiler(url)
     before, cpu0 = spex_stats(url), cpu_seconds(args.server_pid)
     _set_knobs(args, url, before["scheduler"]["knobs"], mode)
     row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
     row["trace"] = {**scheduler_trace(url, before), "cpu_s": cpu_delta(cpu0, cpu_seconds(args.server_pid))}
+    row["profile_wait_s"], row["k_total"] = round(profile_wait_s, 2), spex_stats(url).get("profile", {}).get("k_total")
     return row
+
+
+def wait_for_profiler(url: str, wait_s: float = 900.0) -> float:
+    """Wait while the server measures its roofline (the start-up profile, or a drift re-profile that started in the
+    idle gap before this run): a run must not share the engine with the profiler's sweep. Returns the seconds
+    waited."""
+    t0 = time.monotonic()
+    while spex_stats(url).get("profile", {}).get("measuring") and time.monotonic() - t0 < wait_s:
+        time.sleep(1.0)
+    return time.monotonic() - t0
 
 
 def _set_knobs(args, url: str, current: Dict[str, Any], mode: str) -> None:

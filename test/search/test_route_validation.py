@@ -84,3 +84,9 @@ def test_info_reads_the_app_state(spex_server):
     info = requests.get(spex_server.url + "/spex/info", timeout=30).json()
     assert info["speculation"] is True and info["plugin_loaded_in_scheduler"] is True
     assert info["config"]["k_total"] == 8
+
+
+def test_stats_report_the_profiler_state(spex_server):
+    prof = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["profile"]
+    assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total"}
+    assert prof["measuring"] is False and prof["reprofile_due"] is False and prof["reprofiles"] == 0

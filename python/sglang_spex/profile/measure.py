@@ -276,6 +276,16 @@ class ProfileManager:
         self.due = True
         return True
 
+    def status(self) -> Dict[str, Any]:
+        """Whether a measurement runs now, whether a re-profile is due, how many ran, and the knee's budget."""
+        measuring = self.busy or (self._task is not None and not self._task.done())
+        return {
+            "measuring": measuring,
+            "reprofile_due": self.due,
+            "reprofiles": self.reprofiles,
+            "k_total": self.k_total,
+        }
+
     def reprofile_if_due(self) -> bool:
         """Start a due re-profile in the background; call it when the engine is idle. True if one started."""
         if not self.due or self.busy or (self._task and not self._task.done()):

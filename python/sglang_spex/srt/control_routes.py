@@ -15,7 +15,8 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
   "live_knee": bool, "spec_prefill_share": f}`` (any of them). ``/spex/budget {"k": null}`` lifts only the budget; the gate's knee stays
   (``knee: -1`` and ``live_knee: false`` open it fully).
 - ``GET /spex/stats?history_since=N``: scheduler-side state (one IPC round trip) and the shared-memory
-  batch statistics (latest step, counters, optionally the per-step rows since sequence number N).
+  batch statistics (latest step, counters, optionally the per-step rows since sequence number N); ``profile``: the
+  roofline profiler's state (``measuring``, ``reprofile_due``, ``reprofiles``, ``k_total``).
 
 Every POST answers ``{"ok": true, "scheduler": ...}``, the scheduler-side state after the command was applied
 (see :mod:`.control`); without ``--tot-speculation`` 409.
@@ -109,6 +110,7 @@ async def get_stats(request: Request, history_since: Optional[int] = None) -> Re
     out = {"scheduler": states[0], "dp_ranks": states if len(states) > 1 else None}
     out["batch"] = batch_stats.read_stats(history_since=history_since)
     out["batch_ranks"] = batch_stats.read_all_ranks(history_since=history_since) if len(states) > 1 else None
+    out["profile"] = state.profile.status()  # a benchmark waits while the roofline is being measured
     return JSONResponse(out)
 
 
