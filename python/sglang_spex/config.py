@@ -294,6 +294,12 @@ class SpexConfig(_Section):
         help="scheduler: share of the primaries' step time speculative prefill beside them may take, at its "
         "measured price (0: only what is measured free)",
     )
+    sure_use: float = _opt(
+        0.9,
+        check=(lambda v: v >= 0, "must be >= 0"),
+        help="scheduler: a speculative request whose measured expected use is at least this may run above the "
+        "knee, within the budget (a hit is work the search does anyway; above 1: never)",
+    )
     payoff_gate: bool = _opt(
         False,
         parse=on_off,

@@ -9,6 +9,7 @@ from sglang_spex.config import SpexConfig
 from sglang_spex.profile import measure
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.drift import DriftMonitor
+from sglang_spex.srt import spex_wiring
 from sglang_spex.srt.spex_wiring import SpexWiring
 
 PROFILE = Profile.from_points({"model": "m"}, [1, 2, 4, 8], [0.010, 0.011, 0.012, 0.014], context_len=10)
@@ -59,13 +60,21 @@ def test_the_last_search_ending_on_an_idle_engine_starts_it(monkeypatch):
         wiring = SpexWiring(SpexConfig(enabled=True, k_total=None), lambda: mgr)
         other = object()
         wiring.budget.contexts.add(other)
+        monkeypatch.setattr(spex_wiring, "QUIET_S", 0.05)
+        quiet = 0.2
         await wiring._on_finish(finished_search(0))  # another search is still live
-        await wiring._on_finish(finished_search(0))
+        await asyncio.sleep(quiet)
         assert mgr.due and not calls
         wiring.budget.contexts.discard(other)
         await wiring._on_finish(finished_search(3))  # no search, but requests in flight (plain /generate traffic)
+        await asyncio.sleep(quiet)
         assert mgr.due and not calls
         await wiring._on_finish(finished_search(0))
+        wiring._finished_at = None  # what make_context does: a search started within the quiet period
+        await asyncio.sleep(quiet)
+        assert mgr.due and not calls
+        await wiring._on_finish(finished_search(0))  # quiet at last
+        await asyncio.sleep(quiet)
         await mgr._task
         assert not mgr.due and calls == [True]
 

@@ -127,3 +127,24 @@ def test_a_far_prediction_is_never_expected_above_a_near_one():
     uses = [ctx._expected_use(Candidate(ctx.tree.root, 0, d)) for d in (1, 2, 3)]
     assert uses[0] < 0.75 and uses == sorted(uses, reverse=True)
     assert rates.resolved(3)[0] / rates.resolved(3)[1] > uses[0]  # distance 3 alone would have read better
+
+
+def test_sure_marks_predictions_measured_likely():
+    """DFS: the pooled rate decides; the request says so to the scheduler (``custom_params["spex_sure"]``)."""
+    from unit.fake_port import FakePort
+
+    from sglang_spex.speculation.candidates import Candidate
+    from sglang_spex.tot.engine import GenRequest
+
+    ctx = context_factory(SpexConfig(enabled=True, k_total=8))(make_spec(RSTAR), "q", FakePort())
+    rates = ctx.payoff().distances
+    for _ in range(30):
+        rates.record_hit(1)
+        rates.record_hit(2)
+        rates.record_miss(2)
+    near, far = (Candidate(ctx.tree.root, 0, d) for d in (1, 2))
+    sure = ctx.settings.sure_use
+    assert ctx._measured_use(near, ctx._expected_use(near)) >= sure > ctx._measured_use(far, ctx._expected_use(far))
+    req = GenRequest(prompt="p", rid="r", max_new_tokens=4, sure=True)
+    assert req.sampling_params()["custom_params"]["spex_sure"] is True
+    assert "spex_sure" not in GenRequest(prompt="p", rid="r", max_new_tokens=4).sampling_params()["custom_params"]

@@ -36,6 +36,7 @@ NON_DEFAULT = {
     "--tot-components": (["t1,t3"], ("t1", "t3")),
     "--tot-lookahead": (["6"], 6),
     "--tot-max-lookahead": (["9"], 9),
+    "--tot-sure-use": (["0.75"], 0.75),
     "--tot-bfs-lookahead": (["2"], 2),
     "--tot-budget-temperature": (["0.5"], 0.5),
     "--tot-early-stop": (["on"], True),

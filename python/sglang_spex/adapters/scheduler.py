@@ -381,6 +381,25 @@ def prefill_tokens(batch: Any) -> Tuple[int, int, int]:
     return total, spec, len(decoding)
 
 
+_SURE_ATTR = "_spex_sure"  # custom_params["spex_sure"], cached beside the role (read per request per step)
+
+
+def is_sure(req: Any) -> bool:
+    """Whether the speculative ``req``'s search expects to use it (``custom_params["spex_sure"]``): the gate lets
+    it run above the knee (a hit is work the search would do anyway), within the budget."""
+    flag = getattr(req, _SURE_ATTR, None)
+    if flag is None:
+        params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+        flag = bool(params.get("spex_sure")) if isinstance(params, dict) else False
+        setattr(req, _SURE_ATTR, flag)
+    return flag
+
+
+def count_sure(reqs: Iterable[Any]) -> int:
+    """How many of ``reqs`` are live speculative requests marked sure."""
+    return sum(1 for r in reqs if not r.finished() and is_spec(r) and is_sure(r))
+
+
 def worth_s(req: Any) -> Optional[float]:
     """The seconds a speculative request's search expects its hit to save (``custom_params["spex_worth_s"]``)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)

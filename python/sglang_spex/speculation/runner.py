@@ -1,15 +1,12 @@
 """The SPEX runner: a SearchContext that produces speculative nodes while the primary search waits.
 
-Producers are the requests in flight (primary expansions and speculative ones, both submitted through the same
-engine port); the consumer is this context: when the policy asks for a node (``generate_node``) it adopts a
-speculative node already made for that path (or awaits one in flight) instead of regenerating it, and every
-time a node finishes it refills the idle speculative slots its T2 share allows, best expected use first (BFS: a
-child's chance to stay inside its parent's real width; DFS: the running hit rate at its prediction distance)
-and, among equals, work whose prefix the radix cache holds: a child of a finished node (its prompt and step
-were inserted into the cache when it finished, and the scheduler protects a live search's finished nodes),
-the most recently finished parent first (the last to be evicted). REST-MCTS's partial rollouts are speculated
-too: while the children of an expansion finish, the next rollout samples of the best child so far (and of the
-best sample so far, step by step), with the finished share of the siblings as their expected use.
+When the policy asks for a node (``generate_node``) the context adopts a speculative node already made for that
+path (or awaits one in flight) instead of regenerating it; every time a node finishes it refills the idle
+speculative slots its T2 share allows: best expected use first (BFS: a child's chance to stay inside its
+parent's real width; DFS: the hit rate resolved at its prediction distance on this engine; REST's partial
+rollouts: ``rest_rollouts``), then the nearer, then work whose prefix the radix cache holds (a child of a
+finished node, the most recently finished first). A request measured likely enough to be used is marked sure:
+the scheduler lets it run above the knee.
 
 With T3 off, speculation only computes earlier what the baseline computes anyway: a node's prompt, seed and
 rid are functions of its tree path, so the search returns exactly the baseline's tree.
@@ -24,7 +21,7 @@ import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.speculation import bfs_early, dfs_lookahead
+from sglang_spex.speculation import bfs_early, dfs_lookahead, rest_rollouts
 from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
 from sglang_spex.speculation.candidates import Candidate, refill_key
@@ -42,7 +39,6 @@ from sglang_spex.tot.tree import (
     CANCELLED,
     DONE,
     GENERATING,
-    KIND_ROLLOUT,
     KIND_STEP,
     PENDING,
     Node,
@@ -249,6 +245,11 @@ class SpexContext(SearchContext):
         rates = self.payoff().distances
         return min(running_hit_rate(*rates.resolved(d), prior=1.0 / d) for d in range(1, max(1, distance) + 1))
 
+    def _measured_use(self, cand: Candidate, use: float) -> float:
+        """``use`` backed by measurement: DFS uses are measured rates; an (optimistic) BFS chance is capped by the hit
+        rate this search resolved at its distance."""
+        return use if self.bfs is None else min(use, running_hit_rate(*self.acc.resolved(cand.distance)))
+
     def _refill_order(self, cands: List[Candidate]) -> Tuple[List[Candidate], List[float]]:
         """``cands`` best first, and their expected uses."""
         keys = [
@@ -269,22 +270,21 @@ class SpexContext(SearchContext):
         """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""
         return self.budget.payoff(self.dp_rank, self.spec.policy.name, self.spec.step.max_tokens)
 
+    def _payoff_floor(self) -> Tuple[float, Optional[Tuple[float, float]]]:
+        """(the use that pays on the live step curve with this many searches, the curve); (0, None) unknown."""
+        line = self.budget.step_line(self.dp_rank)
+        searches = len(self.budget.on_rank(self.dp_rank))
+        return (0.0, None) if line is None else (self.payoff().min_use(*line, searches=searches), line)
+
     def min_use(self) -> float:
         """The expected use a candidate needs to be issued now (0 with the gate off or the step curve unknown)."""
-        line = self.budget.step_line(self.dp_rank)
-        floor = 0.0
-        if line is not None and self.settings.payoff_gate:
-            floor = self.payoff().min_use(*line, searches=len(self.budget.on_rank(self.dp_rank)))
+        floor, line = self._payoff_floor() if self.settings.payoff_gate else (0.0, self.budget.step_line(self.dp_rank))
         self.acc.min_use, self.acc.step_line = floor, line
         return floor
 
     def _deep_floor(self) -> float:
-        """The hit rate a DFS distance past ``lookahead`` needs: what pays on the live step curve with this many
-        searches on the engine (the pay-off gate's floor, whether or not the gate is on), at least 0.25."""
-        line = self.budget.step_line(self.dp_rank)
-        if line is None:
-            return MIN_DEEP_HIT_RATE
-        return max(MIN_DEEP_HIT_RATE, self.payoff().min_use(*line, searches=len(self.budget.on_rank(self.dp_rank))))
+        """The hit rate a DFS distance past ``lookahead`` needs: 0.25, or what pays on the live curve if more."""
+        return max(MIN_DEEP_HIT_RATE, self._payoff_floor()[0])
 
     def worth_s(self, use: float) -> Optional[float]:
         """Seconds a candidate adopted with probability ``use`` is expected to save this search: the decode steps
@@ -359,30 +359,10 @@ class SpexContext(SearchContext):
         return out[:limit]
 
     def _rollout_candidates(self) -> List[Candidate]:
-        """REST-MCTS: the partial rollout that follows the running expansion. It starts from the best new child
-        (UCT of an unvisited child: its value + inf, so the highest reward) and goes ``roll_forward_steps`` steps
-        from the best of ``roll_branch`` samples each: speculate the samples below the best finished node of each
-        step so far; expected use = the share of that step's siblings already finished."""
-        params = self.mcts.params
-        steps, branch = getattr(params, "roll_forward_steps", 0), getattr(params, "roll_branch", 0)
+        """REST-MCTS: the partial rollout that follows the running expansion (``speculation/rest_rollouts.py``)."""
         leaf = self.tree.nodes.get(self._expanding or "")
-        if not steps or not branch or leaf is None:
-            return []
-        group = [c.path for c in leaf.children if (st := self.stats.get(c.path)) is not None and st.visits == 0]
-        gate, out = getattr(params, "end_gate", float("inf")), []
-        for step in range(steps):
-            done = [n for n in map(self._scored, group) if n is not None]
-            if not done:
-                break
-            best = max(done, key=lambda n: n.reward)  # the first of equals, as the policy's max()
-            if best.is_terminal or (step == 0 and best.reward >= gate):  # REST ends the rollout there
-                break
-            start = len(best.rollouts)
-            use = len(done) / len(group)
-            out += [Candidate(best, start + j, step + 1, KIND_ROLLOUT, use) for j in range(branch)
-                    if not self._taken(child_path(best.path, start + j, KIND_ROLLOUT))]  # fmt: skip
-            group = [child_path(best.path, start + j, KIND_ROLLOUT) for j in range(branch)]
-        return out
+        group = [c.path for c in leaf.children if (st := self.stats.get(c.path)) and st.visits == 0] if leaf else []
+        return list(rest_rollouts.rollout_candidates(self.mcts.params, group, self._scored, self._taken))
 
     def _finished(self, path: str) -> Optional[Node]:
         """The finished node at ``path``: in the primary tree or a ready speculative one."""
@@ -473,18 +453,20 @@ class SpexContext(SearchContext):
             if self._taken(path):
                 continue
             node = Node(path=path, parent=cand.parent, kind=cand.kind, seed=node_seed(self.tree.search_seed, path))
-            worth = self.worth_s(self._expected_use(cand))
-            self.store.issue(node, cand.distance, functools.partial(self._generate_spec, worth_s=worth))
+            use = self._expected_use(cand)
+            sure = self._measured_use(cand, use) >= self.settings.sure_use  # may run above the knee
+            spec = functools.partial(self._generate_spec, worth_s=self.worth_s(use), sure=sure)
+            self.store.issue(node, cand.distance, spec)
             if self.mcts is not None and cand.use is None:  # a DFS lookahead prediction: for a known rollout
                 self._dues.issued(path, max(0, self.next_rollout - 1) + cand.distance - 1, cand.distance)
             self.acc.on_issue(cand.distance, depth=node.depth)
             self._version += 1
 
-    async def _generate_spec(self, node: Node, worth_s: Optional[float] = None) -> None:
+    async def _generate_spec(self, node: Node, worth_s: Optional[float] = None, sure: bool = False) -> None:
         node.status, node.rid = GENERATING, node_rid(self.search_id, node.path, ROLE_SPEC)
         req = self.request_for(node)
         req.role, req.priority = ROLE_SPEC, self.settings.spec_priority
-        req.worth_s = worth_s
+        req.worth_s, req.sure = worth_s, sure
         try:
             res = await self.port.generate(req)
         except Exception as e:

@@ -16,6 +16,7 @@ OVERRIDABLE = (
     "max_lookahead",
     "bfs_lookahead",
     "payoff_gate",
+    "sure_use",
     "early_stop",
     "early_stop_alpha",
     "early_stop_min_answers",

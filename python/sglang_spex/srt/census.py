@@ -17,6 +17,7 @@ class Census:
     """A gate decision's inputs."""
 
     spec_running: int = 0  # live speculative requests of the running batch (+ a speculative chunked request)
+    spec_sure: int = 0  # of them, the ones their search expects to use (no room below the knee taken)
     primary_decoding: int = 0  # live primary requests of the running batch
     primary_chunked: bool = False  # a primary is being prefilled in chunks (a prefill runs anyway)
     primary_waiting: int = 0  # primary requests in the waiting queue
@@ -37,10 +38,13 @@ def census(scheduler: Any, batch: Any, full: bool = True) -> Census:
     reqs = sa.reqs_view(batch)
     searches = c.primary_searches if full else None
     c.spec_running, c.primary_decoding = sa.live_roles(reqs, searches=searches)
+    if c.spec_running:
+        c.spec_sure = sa.count_sure(reqs)
     chunked = sa.chunked_req(scheduler)
     if chunked is not None and all(chunked is not r for r in reqs):
         if sa.is_spec(chunked):
             c.spec_running += 1
+            c.spec_sure += int(sa.is_sure(chunked))
         else:
             c.primary_chunked = True
             if full:

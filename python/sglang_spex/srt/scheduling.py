@@ -24,7 +24,10 @@ Never slower (the speculative gate, measured here every step, not only by the cl
   ``knee``) or the knee of the decode step times measured live in this scheduler (:class:`LiveCurve`),
   whichever is smaller. Once the primary work alone reaches the knee the room is 0: running speculative
   requests are retracted and none is admitted (auto-off); it opens again as soon as the primary load drops
-  or the live curve stops saying compute-bound.
+  or the live curve stops saying compute-bound. A speculative request its search marks *sure*
+  (``custom_params["spex_sure"]``: its expected use measured at ≥ 0.9) takes no room below the knee, only
+  budget: a hit is work the search does anyway, sooner and batched (what the knee guards against is waste);
+  unsure requests are retracted first.
 - *Spec prefill never delays a primary decode step.* SGLang runs a prefill batch *instead of* the decode
   step of the running batch, unless it mixes the two into one forward (``--enable-mixed-chunk``, which the
   launcher turns on under ``--tot-mixed-prefill``): then the primaries decode in the same step and speculative
@@ -304,8 +307,8 @@ def spec_room(state: SpexSchedulerState, counts: Census) -> Optional[int]:
     knee = state.knee_in_force()
     primary = counts.primary_live
     caps = [] if state.budget is None else [state.budget]
-    if knee is not None:
-        caps.append(knee - primary)
+    if knee is not None:  # a sure speculative request takes no room below the knee: a hit is work done anyway
+        caps.append(knee - primary + counts.spec_sure)
     room = max(min(caps), 0) if caps else None
     state.gate.room, state.gate.knee, state.gate.primary_live = room, knee, primary
     return room
@@ -327,7 +330,7 @@ def _spec_over_room(scheduler: Any, batch: Any, room: Optional[int], running: in
         if is_spec(r) and sa.is_live(r) and not sa.in_beam_group(r) and r not in finishing and r is not chunked
     ]
     low_first = sa.low_values_first(scheduler)
-    candidates.sort(key=lambda r: (_urgency(sa.priority(r), low_first), sa.output_len(r)))
+    candidates.sort(key=lambda r: (sa.is_sure(r), _urgency(sa.priority(r), low_first), sa.output_len(r)))
     return candidates[: running - room]
 
 
@@ -352,16 +355,25 @@ def _hold_waiting(scheduler: Any, batch: Any, counts: Census, room: Optional[int
         counts.primary_decoding > 0 and not prefill_anyway and not sa.mixes_prefill_with_decode(scheduler, batch, spec)
     )
     if protect:
-        allowed = 0
+        total = unsure = 0
     elif room is None:
-        allowed = len(spec)
-    else:
-        allowed = max(room - running, 0)
+        total = unsure = len(spec)
+    else:  # the room left below the knee (and the budget) for unsure requests; sure ones need only the budget
+        unsure = max(room - running, 0)
+        total = len(spec) if state.budget is None else max(state.budget - running, 0)
     hidden: List[Any] = []
-    if len(spec) > allowed:
+    if len(spec) > min(total, unsure):
         low_first = sa.low_values_first(scheduler)
         spec.sort(key=lambda r: (-_urgency(sa.priority(r), low_first), sa.queued_at(r)))
-        spec, hidden = spec[:allowed], spec[allowed:]
+        kept: List[Any] = []
+        for r in spec:
+            sure = sa.is_sure(r)
+            if len(kept) < total and (sure or unsure > 0):
+                kept.append(r)
+                unsure -= 0 if sure else 1
+            else:
+                hidden.append(r)
+        spec = kept
     if hidden or (primary and spec):
         kept = {id(r) for r in spec}
         queue = sa.waiting(scheduler)

@@ -14,7 +14,8 @@ Request identity conventions (read by the scheduler hooks in ``srt/``):
 - ``custom_params = {"spex_role": "primary"|"spec", "spex_search": search_id, "spex_node": path}``; where a proxy
   drops ``custom_params`` (sglang-router rebuilds the body), the scheduler reads the role from the rid. A
   speculative request may add ``"spex_worth_s"``: the seconds its expected hit saves its search, which the
-  scheduler weighs against what its prefill costs the primaries (``srt/prefill_allowance.py``).
+  scheduler weighs against what its prefill costs the primaries (``srt/prefill_allowance.py``), and
+  ``"spex_sure": true`` when its search expects to use it (the speculative gate lets it run above the knee).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class GenRequest:
     priority: Optional[int] = None
     dp_rank: Optional[int] = None  # SGLang's routed_dp_rank: every request of a search on one DP rank
     worth_s: Optional[float] = None  # speculative: seconds its expected hit saves the search (the prefill allowance)
+    sure: bool = False  # speculative: its search expects to use it (the gate lets it run above the knee)
 
     def sampling_params(self) -> Dict[str, Any]:
         sp: Dict[str, Any] = {
@@ -75,6 +77,8 @@ class GenRequest:
         }
         if self.worth_s is not None:
             sp["custom_params"]["spex_worth_s"] = float(self.worth_s)
+        if self.sure:
+            sp["custom_params"]["spex_sure"] = True
         if self.stop:
             sp["stop"] = list(self.stop)
         if self.seed is not None:
