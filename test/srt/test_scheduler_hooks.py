@@ -91,8 +91,8 @@ def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
         reqs = _spec_batch(url, "cap", 12, 96)
         with cf.ThreadPoolExecutor(14) as ex:
             futs = [ex.submit(requests.post, url + "/generate", json=b, timeout=300) for b in reqs]
-            wait_running(url, 3)
-            time.sleep(0.2)
+            wait_running(url, 5)  # the 2 primaries and 3 speculative requests, the cap (admission is paced by
+            time.sleep(0.2)  # the prefill allowance: on a loaded host 0.2 s after the first one is not enough)
             post(url, "/spex/budget", {"k": 1})  # lowered while speculative requests run: excess is retracted
             time.sleep(0.3)
             post(url, "/spex/budget", {"k": 5})
