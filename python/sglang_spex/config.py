@@ -306,6 +306,12 @@ class SpexConfig(_Section):
         help="issue a speculative node only while its expected use pays for it on the live decode-step curve "
         "(measured steps saved per hit vs tokens wasted per miss; on/off)",
     )
+    auto_off: bool = _opt(
+        True,
+        parse=on_off,
+        help="stop a policy's speculation on an engine where, measured, the steps it saved did not pay for the tokens "
+        "it wasted on the live decode-step curve; one search in 4 still speculates to measure again (on/off)",
+    )
     budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
     budget_max_wait_s: float = _opt(
         2.0,

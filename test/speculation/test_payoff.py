@@ -10,8 +10,15 @@ from speculation.test_spex_fake import JitterPort, make_spec, signature
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import make_budget
-from sglang_spex.speculation.payoff import Payoff, WaveMeter, remaining_tokens, truncate_at, wasted_tokens
-from sglang_spex.speculation.runner import SpexContext, context_factory
+from sglang_spex.speculation.payoff import (
+    Payoff,
+    SearchPayoff,
+    WaveMeter,
+    remaining_tokens,
+    truncate_at,
+    wasted_tokens,
+)
+from sglang_spex.speculation.runner import context_factory
 from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.tot.search import run_search
 
@@ -107,31 +114,31 @@ def test_live_curve_reports_its_line():
     assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
 
 
-def _run(cfg: SpexConfig, stalled: bool, payoff_gate: bool = True):
+def _run(cfg: SpexConfig, stalled: bool, payoff_gate: bool = True, auto_off: bool = False, budget=None):
     """A REBASE search under SPEX with a steep step curve; ``stalled``: the pooled estimate says hits saved no
     steps (so only near-certain candidates pay)."""
-    budget = make_budget(cfg)
+    budget = budget or make_budget(cfg)
     budget.step_cost = lambda *rank: (0.09, 0.013)
-    spec = make_spec(REBASE, speculation={"payoff_gate": payoff_gate})
+    spec = make_spec(REBASE, speculation={"payoff_gate": payoff_gate, "auto_off": auto_off})
     if stalled:
         p = budget.payoff(None, "rebase", spec.step.max_tokens)
         for _ in range(40):
             p.record_wave(0.0, 4)
             p.record_miss(8)
     floors = []
-    orig = SpexContext.min_use
+    orig = SearchPayoff.min_use
 
     def spy(self):
         floors.append(orig(self))
         return floors[-1]
 
-    SpexContext.min_use = spy
+    SearchPayoff.min_use = spy
     try:
         res = asyncio.run(
             run_search(spec, "What is 2 + 3?", JitterPort(), context_factory=context_factory(cfg, budget))
         )
     finally:
-        SpexContext.min_use = orig
+        SearchPayoff.min_use = orig
     return res, floors
 
 

@@ -48,6 +48,7 @@ NON_DEFAULT = {
     "--tot-mixed-prefill": (["off"], False),
     "--tot-spec-prefill-share": (["0.25"], 0.25),
     "--tot-payoff-gate": (["on"], True),
+    "--tot-auto-off": (["off"], False),
     "--tot-budget-max-wait-s": (["3.5"], 3.5),
     "--tot-max-queued-searches": (["5"], 5),
     "--tot-max-width": (["8"], 8),

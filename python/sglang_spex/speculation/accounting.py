@@ -41,6 +41,8 @@ class SpecAccounting:
     saved_steps: float = 0.0  # decode steps hits took off the search's critical path (speculation/payoff.py)
     min_use: float = 0.0  # the pay-off gate's last floor on a candidate's expected use
     step_line: Optional[Tuple[float, float]] = None  # (a, b) of the step curve it used (None: unknown)
+    switched_off: int = 0  # 1 if auto-off had stopped this search's speculation when it last refilled
+    probes: int = 0  # 1 if this search speculated as auto-off's probe (speculation was not paying)
     t0: float = field(default_factory=time.monotonic)
 
     def on_issue(self, distance: int = 1, depth: Optional[int] = None) -> None:
@@ -103,6 +105,8 @@ class SpecAccounting:
             "primary_requests",
             "early_stop_skipped_nodes",
             "saved_steps",
+            "switched_off",
+            "probes",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cancel_latency_ms += other.cancel_latency_ms

@@ -25,6 +25,13 @@ adopted with probability ``u`` (its expected use) is worth issuing iff
 rides steps that cost the same) admits everything; a compute-bound one admits only near-certain work, and the
 bar falls again when the curve flattens. The estimates start from a prior of one step's tokens saved per hit and
 wasted per miss that ages like the measurements (``decay`` per event), so a changed workload moves them.
+
+**Auto-off** (:meth:`Payoff.pays`, on by default): summed over what was issued, speculation paid iff
+``a · (steps saved) >= C · b · (tokens wasted)``, both measured without the prior. Once at least ``MIN_EVIDENCE``
+events were measured and that fails, a search of the policy issues nothing (it runs as the baseline would), except
+one search in ``PROBE_EVERY`` started while it fails: a probe speculates as usual, and its hits and misses update the
+sums, so speculation comes back when the workload or the step curve changes (a BFS search at its critical path
+saves nothing; the per-candidate gate above cannot see that, its uses are per candidate).
 """
 
 from __future__ import annotations
@@ -32,12 +39,14 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
-from sglang_spex.speculation.accounting import DistanceRates
+from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, DistanceRates, SpecAccounting
 
 DECAY = 0.995  # per recorded event: a half-life of ~140 events (a few searches: BFS savings come in rare, large waves)
 PRIOR_EVENTS = 1.0  # the prior's weight at the start: one hit that saved a step's tokens, one miss that wasted them
+MIN_EVIDENCE = 8.0  # auto-off: measured hits + misses (decayed) before speculation may be switched off
+PROBE_EVERY = 4  # auto-off: while speculation does not pay, one search in this many still speculates (a probe)
 
 
 @dataclass
@@ -54,6 +63,7 @@ class Payoff:
     misses: float = 0.0
     prior_weight: float = PRIOR_EVENTS  # what is left of the prior in ``hits`` and ``misses``
     distances: DistanceRates = field(default_factory=DistanceRates)  # DFS predictions' hit rates by distance
+    off_draws: int = 0  # auto-off: searches that found speculation not paying (every PROBE_EVERY-th probes)
 
     def __post_init__(self) -> None:
         self.saved = self.wasted = PRIOR_EVENTS * self.prior_tokens
@@ -86,6 +96,28 @@ class Payoff:
         if hits < 0.5:
             return 0.0
         return max(self.saved - self.prior_weight * self.prior_tokens, 0.0) / hits
+
+    def measured(self) -> Tuple[float, float, float]:
+        """(steps saved, tokens wasted, hits + misses), decayed, without the prior."""
+        prior = self.prior_weight * self.prior_tokens
+        events = self.hits + self.misses - 2 * self.prior_weight
+        return max(self.saved - prior, 0.0), max(self.wasted - prior, 0.0), max(events, 0.0)
+
+    def pays(self, line: Optional[Tuple[float, float]], searches: int = 1) -> Optional[bool]:
+        """Auto-off's test: whether what speculation saved (``a`` per step) outweighs what it wasted (``b`` per token,
+        times the ``searches`` sharing the engine) on the step curve ``line`` = (a, b); None while unknown (no
+        curve, or fewer than ``MIN_EVIDENCE`` measured events)."""
+        saved, wasted, events = self.measured()
+        if line is None or events < MIN_EVIDENCE:
+            return None
+        a, b = line
+        return a * saved >= max(searches, 1) * b * wasted
+
+    def draw_probe(self) -> bool:
+        """A search found speculation not paying: whether it speculates anyway, to keep measuring (one in
+        ``PROBE_EVERY``: the ``PROBE_EVERY``-th, then every ``PROBE_EVERY`` after)."""
+        self.off_draws += 1
+        return self.off_draws % PROBE_EVERY == 0
 
     def wasted_per_miss(self) -> float:
         return self.wasted / self.misses
@@ -197,3 +229,70 @@ def truncate_at(uses: List[float], floor: float) -> int:
             break
         n += 1
     return n
+
+
+class SearchPayoff:
+    """One search's view of the pay-off pooled for its policy on its engine (``budget.payoff``): the gate's floor,
+    auto-off, and what a candidate is worth. ``rank`` reads the search's DP rank (it may be re-pinned)."""
+
+    def __init__(
+        self,
+        budget: Any,
+        rank: Callable[[], Any],
+        policy: str,
+        step_tokens: int,
+        acc: SpecAccounting,
+        gate: bool,
+        auto_off: bool,
+    ):
+        self.budget, self.rank, self.key = budget, rank, (policy, step_tokens)
+        self.acc, self.gate, self.auto_off = acc, gate, auto_off
+        self.probe: Optional[bool] = None  # auto-off: drawn the first time speculation was found not paying
+
+    def pooled(self) -> Payoff:
+        """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""
+        return self.budget.payoff(self.rank(), *self.key)
+
+    def line(self) -> Optional[Tuple[float, float]]:
+        return self.budget.step_line(self.rank())
+
+    def floor(self) -> float:
+        """The use that pays on the live step curve with this many searches (0 while the curve is unknown)."""
+        line = self.line()
+        return 0.0 if line is None else self.pooled().min_use(*line, searches=len(self.budget.on_rank(self.rank())))
+
+    def min_use(self) -> float:
+        """The expected use a candidate needs to be issued now (0 with the gate off or the step curve unknown)."""
+        floor = self.floor() if self.gate else 0.0
+        self.acc.min_use, self.acc.step_line = floor, self.line()
+        return floor
+
+    def switched_off(self) -> bool:
+        """Auto-off: speculation has not paid for this policy on this engine, and this search is no probe."""
+        if self.probe or not self.auto_off:
+            return False
+        pays = self.pooled().pays(self.line(), len(self.budget.on_rank(self.rank())))
+        if pays is False and self.probe is None:
+            self.probe = self.pooled().draw_probe()
+            self.acc.probes = int(self.probe)
+        self.acc.switched_off = int(pays is False and not self.probe)
+        return bool(self.acc.switched_off)
+
+    def deep_floor(self) -> float:
+        """The hit rate a DFS distance past the lookahead needs: 0.25, or what pays on the live curve if more."""
+        return max(MIN_DEEP_HIT_RATE, self.floor())
+
+    def worth_s(self, use: float) -> Optional[float]:
+        """Seconds a candidate adopted with probability ``use`` is expected to save its search: the decode steps
+        saved per hit measured on this engine (no prior) at the live step's fixed cost (None while the step curve
+        is unknown)."""
+        line = self.line()
+        return None if line is None else use * self.pooled().measured_saved_per_hit() * line[0]
+
+    def on_wave(self, saved_steps: float, hits: int) -> None:
+        self.pooled().record_wave(saved_steps, hits)
+        self.acc.saved_steps += saved_steps
+
+    def missed(self, decoded: int, prompt_tokens: int, cached_tokens: int) -> None:
+        """A speculative node will never be adopted: what it decoded and prefilled was for nothing."""
+        self.pooled().record_miss(wasted_tokens(decoded, prompt_tokens, cached_tokens))

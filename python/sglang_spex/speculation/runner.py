@@ -22,11 +22,11 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead, rest_rollouts
-from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, SpecAccounting
+from sglang_spex.speculation.accounting import SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
 from sglang_spex.speculation.candidates import Candidate, refill_key
 from sglang_spex.speculation.early_stop import EarlyStop
-from sglang_spex.speculation.payoff import Payoff, WaveMeter, truncate_at, wasted_tokens
+from sglang_spex.speculation.payoff import Payoff, SearchPayoff, WaveMeter, truncate_at
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
 from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
@@ -95,7 +95,16 @@ class SpexContext(SearchContext):
         self._predicting: Optional[bool] = None  # one in a thread: whether another was asked for meanwhile
         self._promotions: Set["asyncio.Future"] = set()  # promote messages still being sent
         self._expanding: Optional[str] = None  # the node whose children the policy asked for last (REST rollouts)
-        self.meter = WaveMeter(self._on_wave, time.monotonic)  # steps speculation took off the critical path
+        self.pay = SearchPayoff(
+            budget,
+            lambda: self.dp_rank,
+            self.spec.policy.name,
+            self.spec.step.max_tokens,
+            self.acc,
+            gate=self.settings.payoff_gate,
+            auto_off=self.settings.auto_off,
+        )
+        self.meter = WaveMeter(self.pay.on_wave, time.monotonic)  # steps speculation took off the critical path
         self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
         budget.register(self)
         self._dues = dfs_lookahead.DuePredictions(lambda: self.payoff().distances)  # DFS: each prediction's rollout
@@ -202,8 +211,8 @@ class SpexContext(SearchContext):
         is left of that plan (a search that never gets a share would otherwise never plan again); BFS plans are cheap.
         """
         version, last, uses = self._cand
-        if self.mcts is not None and version != self._version and not self.should_stop():
-            left = [c for c in last[: truncate_at(uses, self.min_use())] if not self._taken(c.path)]
+        if self.mcts is not None and version != self._version and not (self.should_stop() or self.pay.switched_off()):
+            left = [c for c in last[: truncate_at(uses, self.pay.min_use())] if not self._taken(c.path)]
             if left:
                 return left
         return self._candidates(limit=CANDIDATE_LIMIT)
@@ -264,42 +273,14 @@ class SpexContext(SearchContext):
         order = sorted(range(len(cands)), key=keys.__getitem__)  # stable: equal keys keep the plan's order
         return [cands[i] for i in order], [-keys[i][0] for i in order]
 
-    # ---- the pay-off gate (speculation/payoff.py) ---------------------------------------------------
+    # ---- the pay-off gate and auto-off (speculation/payoff.py) -------------------------------------
 
     def payoff(self) -> Payoff:
         """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""
-        return self.budget.payoff(self.dp_rank, self.spec.policy.name, self.spec.step.max_tokens)
-
-    def _payoff_floor(self) -> Tuple[float, Optional[Tuple[float, float]]]:
-        """(the use that pays on the live step curve with this many searches, the curve); (0, None) unknown."""
-        line = self.budget.step_line(self.dp_rank)
-        searches = len(self.budget.on_rank(self.dp_rank))
-        return (0.0, None) if line is None else (self.payoff().min_use(*line, searches=searches), line)
-
-    def min_use(self) -> float:
-        """The expected use a candidate needs to be issued now (0 with the gate off or the step curve unknown)."""
-        floor, line = self._payoff_floor() if self.settings.payoff_gate else (0.0, self.budget.step_line(self.dp_rank))
-        self.acc.min_use, self.acc.step_line = floor, line
-        return floor
-
-    def _deep_floor(self) -> float:
-        """The hit rate a DFS distance past ``lookahead`` needs: 0.25, or what pays on the live curve if more."""
-        return max(MIN_DEEP_HIT_RATE, self._payoff_floor()[0])
-
-    def worth_s(self, use: float) -> Optional[float]:
-        """Seconds a candidate adopted with probability ``use`` is expected to save this search: the decode steps
-        saved per hit measured on this engine (no prior) at the live step's fixed cost (None while the step curve
-        is unknown)."""
-        line = self.budget.step_line(self.dp_rank)
-        return None if line is None else use * self.payoff().measured_saved_per_hit() * line[0]
-
-    def _on_wave(self, saved_steps: float, hits: int) -> None:
-        self.payoff().record_wave(saved_steps, hits)
-        self.acc.saved_steps += saved_steps
+        return self.pay.pooled()
 
     def _missed(self, node: Node) -> None:
-        """A speculative node will never be adopted: what it decoded and prefilled was for nothing."""
-        self.payoff().record_miss(wasted_tokens(node.num_tokens, node.prompt_tokens, node.cached_tokens))
+        self.pay.missed(node.num_tokens, node.prompt_tokens, node.cached_tokens)
 
     def on_rollout(self, index: int) -> None:
         self.next_rollout = max(self.next_rollout, index + 1)
@@ -317,12 +298,12 @@ class SpexContext(SearchContext):
     def _candidates(self, limit: int) -> List[Candidate]:
         """(parent, child index, distance) to generate speculatively, best first (cached until something changes:
         T2 asks every live search for its demand on each refill)."""
-        if not self.t1 or self.should_stop():
+        if not self.t1 or self.should_stop() or self.pay.switched_off():
             return []
         if self._cand[0] != self._version:
             self._cand = (self._version, *self._refill_order(self._plan(CANDIDATE_LIMIT)))
         _, cands, uses = self._cand
-        return cands[: min(limit, truncate_at(uses, self.min_use()))]
+        return cands[: min(limit, truncate_at(uses, self.pay.min_use()))]
 
     def _plan(self, limit: int) -> List[Candidate]:
         out: List[Candidate] = []
@@ -345,7 +326,10 @@ class SpexContext(SearchContext):
         # the current rollout (its simulation path is replayed exactly) and the next ones the measured rates allow
         start = max(0, self.next_rollout - 1)
         ahead = dfs_lookahead.planned_distance(
-            self.settings.lookahead, self.settings.max_lookahead, self.payoff().distances.resolved, self._deep_floor()
+            self.settings.lookahead,
+            self.settings.max_lookahead,
+            self.payoff().distances.resolved,
+            self.pay.deep_floor(),
         )
         rngs = [policy.rollout_rng(self.rng, i) for i in range(start, min(start + ahead, policy.num_rollouts))]
         for exp in dfs_lookahead.predict_expansions(
@@ -455,7 +439,7 @@ class SpexContext(SearchContext):
             node = Node(path=path, parent=cand.parent, kind=cand.kind, seed=node_seed(self.tree.search_seed, path))
             use = self._expected_use(cand)
             sure = self._measured_use(cand, use) >= self.settings.sure_use  # may run above the knee
-            spec = functools.partial(self._generate_spec, worth_s=self.worth_s(use), sure=sure)
+            spec = functools.partial(self._generate_spec, worth_s=self.pay.worth_s(use), sure=sure)
             self.store.issue(node, cand.distance, spec)
             if self.mcts is not None and cand.use is None:  # a DFS lookahead prediction: for a known rollout
                 self._dues.issued(path, max(0, self.next_rollout - 1) + cand.distance - 1, cand.distance)

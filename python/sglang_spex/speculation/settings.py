@@ -16,6 +16,7 @@ OVERRIDABLE = (
     "max_lookahead",
     "bfs_lookahead",
     "payoff_gate",
+    "auto_off",
     "sure_use",
     "early_stop",
     "early_stop_alpha",
@@ -39,7 +40,7 @@ def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConf
             if not isinstance(value, list) or any(v not in COMPONENTS for v in value):
                 raise SearchSpecError("speculation.components", f"must be a subset of {list(COMPONENTS)}")
             value = tuple(value)
-        elif key in ("enabled", "early_stop", "payoff_gate") and not isinstance(value, bool):
+        elif key in ("enabled", "early_stop", "payoff_gate", "auto_off") and not isinstance(value, bool):
             raise SearchSpecError(f"speculation.{key}", "must be true or false")
         changes[key] = value
     try:
