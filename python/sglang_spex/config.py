@@ -280,7 +280,10 @@ class SpexConfig(_Section):
         help="BFS: depths expanded early ahead of the undecided one (1: the next depth only)",
     )
     live_knee: bool = _opt(
-        True, parse=on_off, help="scheduler: also keep speculation below the knee of live decode step times (on/off)"
+        True,
+        parse=on_off,
+        help="scheduler: also keep speculation below the knee of live decode step times, once at least 4 batch sizes "
+        "over at least 2x pin it down (on/off)",
     )
     mixed_prefill: bool = _opt(
         True,

@@ -88,5 +88,5 @@ def test_info_reads_the_app_state(spex_server):
 
 def test_stats_report_the_profiler_state(spex_server):
     prof = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["profile"]
-    assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total"}
+    assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total", "measured_under_load"}
     assert prof["measuring"] is False and prof["reprofile_due"] is False and prof["reprofiles"] == 0

@@ -96,15 +96,15 @@ def test_live_curve_linear_steps_show_the_half_time_knee():
 def test_live_curve_knee_never_extrapolated_and_follows_the_window():
     curve = LiveCurve(refit_every=1)
     for _ in range(8):  # t = 10 ms + 0.1 ms per sequence: the knee (B = 100) lies far past the measured 1..8
-        for b in (1, 8):
+        for b in (1, 2, 4, 8):
             curve.add(b, 0.010 + 0.0001 * b)
     assert curve.knee() is None
     for _ in range(curve.window):  # the engine slows down with the batch (say, another tenant): knee appears
-        for b in (1, 8):
+        for b in (1, 2, 4, 8):
             curve.add(b, 0.010 + 0.005 * b)
     assert curve.knee() == 2
     for _ in range(curve.window):  # and goes again when the steps flatten out
-        for b in (1, 8):
+        for b in (1, 2, 4, 8):
             curve.add(b, 0.010)
     assert curve.knee() is None
 

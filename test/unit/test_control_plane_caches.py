@@ -16,38 +16,44 @@ import pytest
 
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget
 from sglang_spex.srt import batch_stats as bs
-from sglang_spex.srt.live_curve import KNEE_ELASTICITY, LiveCurve
+from sglang_spex.srt.live_curve import LiveCurve, fit_line, median_se
 from sglang_spex.srt.metrics import RankGauges
 from sglang_spex.srt.prefill_allowance import PrefillPrice, fit_price, solve_price
 
 
 # ---------------------------------------------------------------- live curve: medians kept per batch size
 def _line_from_scratch(curve: LiveCurve):
-    """The fit as it was computed before the medians were kept: every median afresh, in sample order."""
+    """The line as it was computed before the medians were kept: every median afresh, in sample order."""
     pts = [(b, statistics.median(q)) for b, q in curve.samples.items() if len(q) >= curve.min_samples]
     if len(pts) < 2:
-        return None, None
+        return None
     n = len(pts)
     mx, my = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
     sxx = sum((b - mx) ** 2 for b, _ in pts)
     slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx > 0 else 0.0
     intercept = my - slope * mx
-    line = (intercept, max(slope, 0.0)) if intercept > 0 else None
-    if slope <= 0:
-        return line, None
-    ratio = KNEE_ELASTICITY / (1.0 - KNEE_ELASTICITY)
-    knee = max(1, math.ceil(ratio * max(my - slope * mx, 0.0) / slope - 1e-9))
-    return line, (knee if knee <= max(b for b, _ in pts) else None)
+    return (intercept, max(slope, 0.0)) if intercept > 0 else None
+
+
+def _fit_from_scratch(curve: LiveCurve):
+    """The whole fit (line, knee, its quality) from every median and its error afresh."""
+    pts = [(b, statistics.median(q), median_se(q)) for b, q in curve.samples.items() if len(q) >= curve.min_samples]
+    return fit_line(pts)
 
 
 def test_live_curve_fit_equals_a_fit_from_scratch_after_every_refit():
     rng = random.Random(3)
     curve = LiveCurve(window=8, min_samples=3, refit_every=5)
+    knees = set()
     for i in range(600):
         batch = rng.choice([1, 2, 4, 8, 16, 32, 48, 64]) if i < 400 else rng.choice([2, 64])
         curve.add(batch, 0.004 + 0.0002 * batch + rng.random() * 0.001)
         if curve._adds % curve.refit_every == 0:
-            assert (curve.line(), curve.knee()) == _line_from_scratch(curve)  # exactly, not approximately
+            fit = _fit_from_scratch(curve)
+            assert curve._fit == fit and curve.line() == _line_from_scratch(curve)  # exactly, not approximately
+            assert curve.knee() == (fit.knee if fit else None)
+            knees.add(curve.knee())
+    assert knees - {None}  # the clean, wide curve shows its knee
 
 
 def test_live_curve_recomputes_the_median_of_a_batch_size_sampled_again():
@@ -58,7 +64,8 @@ def test_live_curve_recomputes_the_median_of_a_batch_size_sampled_again():
     before = curve.line()
     for _ in range(4):
         curve.add(10, 1.0)  # batch 10's window now holds only slow steps
-    assert curve.line() != before and curve.line() == _line_from_scratch(curve)[0]
+    assert curve.line() != before and curve.line() == _line_from_scratch(curve)
+    assert curve._fit == _fit_from_scratch(curve)
 
 
 # ---------------------------------------------------------------- prefill price: fitted when asked, once per change

@@ -9,7 +9,8 @@ SPEX's roofline profiles are cached as one JSON per (model, device, flags) under
 (``$SPEX_CACHE_DIR/profiles``). A cached profile is *stale* when it is older than ``max_age_s`` (default: the
 config's ``profile_max_age_s``, ``--tot-profile-max-age``, 7 days) or was measured by another sglang /
 sglang-spex version or file format; stale or missing profiles are re-measured by
-:func:`sglang_spex.profile.measure.ensure_profile`.
+:func:`sglang_spex.profile.measure.ensure_profile`. A profile measured under load (other requests in flight, or a
+disturbed sweep: ``meta["load"]``) is never written to, nor read from, the cache.
 """
 
 from __future__ import annotations
@@ -161,6 +162,16 @@ class Profile:
         return self.fit
 
     @property
+    def load_why(self) -> List[str]:
+        """Why the sweep counts as measured under load (``meta["load"]["why"]``; empty: it does not)."""
+        return list((self.meta.get("load") or {}).get("why") or [])
+
+    @property
+    def measured_under_load(self) -> bool:
+        """Measured while other requests ran or with a disturbed curve: good for this run only, never cached."""
+        return bool((self.meta.get("load") or {}).get("under_load"))
+
+    @property
     def knee(self) -> float:
         return self.roofline().knee
 
@@ -240,8 +251,10 @@ def path_for(key: Dict[str, Any], cache_dir: Optional[Path] = None) -> Path:
     return Path(cache_dir or CACHE_DIR) / f"{key_id(key)}.json"
 
 
-def save(profile: Profile, cache_dir: Optional[Path] = None) -> Path:
-    """Write ``profile`` to its key's cache file."""
+def save(profile: Profile, cache_dir: Optional[Path] = None) -> Optional[Path]:
+    """Write ``profile`` to its key's cache file; None (nothing written) for one measured under load."""
+    if profile.measured_under_load:
+        return None
     return profile.save(path_for(profile.key, cache_dir))
 
 
@@ -251,7 +264,7 @@ def load(key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: Optio
         prof = Profile.load(path_for(key, cache_dir))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return None if prof.key != key or prof.is_stale(max_age_s) else prof
+    return None if prof.key != key or prof.is_stale(max_age_s) or prof.measured_under_load else prof
 
 
 def latest_profile(cache_dir: Optional[Path] = None, model_contains: str = "") -> Optional[Profile]:

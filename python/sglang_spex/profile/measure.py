@@ -10,6 +10,13 @@ After the given batch sizes the sweep goes on doubling the batch while throughpu
 SGLang queues the extra requests, so throughput flattens there too and the sweep stops.
 Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
 
+A profile is measured for an idle engine. Other requests in flight when any of the sweep's batches starts or
+ends (the port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve
+that still falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark
+it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
+(:class:`ProfileManager`) when requests were in flight. The knee is fitted to the curve's monotone envelope (a
+bigger batch never decodes a step faster); the points keep what was measured.
+
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
 for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class:`~sglang_spex.tot.http_port.HttpPort`).
 """
@@ -17,6 +24,7 @@ for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 import zlib
@@ -28,10 +36,19 @@ import numpy as np
 from sglang_spex.profile import cache
 from sglang_spex.profile.cache import Profile, device_name
 from sglang_spex.profile.drift import DriftMonitor
-from sglang_spex.profile.roofline import next_batch
+from sglang_spex.profile.roofline import (
+    find_knee,
+    k_total_from_knee,
+    monotone_envelope,
+    next_batch,
+    out_of_order,
+    worst_dip,
+)
 from sglang_spex.tot.engine import EnginePort, GenRequest
 
 PROFILE_RID_PREFIX = "spexprof:"
+IDLE_RID_PREFIXES = (PROFILE_RID_PREFIX, "HEALTH_CHECK")  # ours, and sglang.srt.constants.HEALTH_CHECK_RID_PREFIX
+logger = logging.getLogger(__name__)
 _WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
 
 # Server flags that change step times; they (with the model and device) key the cache.
@@ -65,6 +82,38 @@ class ProfileSpec:
     repeats: int = 2  # short/long pairs per batch size; the fastest counts (interference only slows down)
     max_batch: int = 512  # the sweep extends past batch_sizes until throughput flattens, up to this batch
     flat_gain: float = 0.1  # "flattened": the last doubling raised throughput by less than this fraction
+    remeasure_dip: float = 0.1  # a point this much slower than a bigger batch's is measured once more
+    max_dip: float = 0.25  # still this much slower after that: the sweep was disturbed (not cached; 1: never)
+
+
+class _LoadWatch:
+    """Counts the engine's other requests in flight at each check (the profile's own and health checks aside)."""
+
+    def __init__(self, port: EnginePort):
+        self.port = port
+        self.checks = 0
+        self.most: Optional[int] = None  # most other requests seen in flight at one check (None: the port can't tell)
+
+    async def check(self) -> None:
+        n = await _others_in_flight(self.port)
+        self.checks += 1
+        if n is not None:
+            self.most = max(self.most or 0, n)
+
+
+async def _others_in_flight(port: EnginePort) -> Optional[int]:
+    """Requests in flight on the engine besides the profiler's own (call between its batches), None if unknown."""
+    rids = getattr(port, "rids", None)
+    if callable(rids):  # the in-process port sees every request SGLang's TokenizerManager tracks
+        try:
+            return sum(1 for r in rids("") if not r.startswith(IDLE_RID_PREFIXES))
+        except Exception:
+            pass
+    try:
+        n = (await port.stats()).get("inflight")
+    except Exception:
+        return None
+    return None if n is None else int(n)
 
 
 class _ProfileRequest(GenRequest):
@@ -83,7 +132,11 @@ def _prompt(nonce: str, i: int, words: int = 0, prefix: str = "") -> str:
     return f"{prefix}{filler} {nonce}{i}:".strip()
 
 
-async def _batch_wall(port: EnginePort, prompts: Sequence[str], new_tokens: int) -> Tuple[float, List[int]]:
+async def _batch_wall(
+    port: EnginePort, prompts: Sequence[str], new_tokens: int, watch: Optional[_LoadWatch] = None
+) -> Tuple[float, List[int]]:
+    if watch is not None:
+        await watch.check()
     tag = uuid.uuid4().hex[:8]
     reqs = [
         _ProfileRequest(prompt=p, rid=f"{PROFILE_RID_PREFIX}{tag}:{i}", max_new_tokens=new_tokens, temperature=0.0)
@@ -95,19 +148,23 @@ async def _batch_wall(port: EnginePort, prompts: Sequence[str], new_tokens: int)
     bad = [r for r in results if r.completion_tokens and r.completion_tokens != new_tokens]
     if bad:
         raise RuntimeError(f"profile request stopped early ({bad[0].completion_tokens} != {new_tokens} tokens)")
+    if watch is not None:
+        await watch.check()
     return wall, [r.prompt_tokens for r in results]
 
 
-async def _step_time(port: EnginePort, spec: ProfileSpec, batch: int, prefix: str = "") -> Tuple[float, float]:
+async def _step_time(
+    port: EnginePort, spec: ProfileSpec, batch: int, prefix: str = "", watch: Optional[_LoadWatch] = None
+) -> Tuple[float, float]:
     """(seconds per decode step, mean prompt tokens) at ``batch``, by the short/long difference."""
     steps, ptoks = [], []
     for _ in range(spec.repeats):
         nonce = uuid.uuid4().hex[:6]
         short, pt = await _batch_wall(
-            port, [_prompt(nonce + "s", i, prefix=prefix) for i in range(batch)], spec.short_tokens
+            port, [_prompt(nonce + "s", i, prefix=prefix) for i in range(batch)], spec.short_tokens, watch
         )
         long, _ = await _batch_wall(
-            port, [_prompt(nonce + "l", i, prefix=prefix) for i in range(batch)], spec.long_tokens
+            port, [_prompt(nonce + "l", i, prefix=prefix) for i in range(batch)], spec.long_tokens, watch
         )
         steps.append((long - short) / (spec.long_tokens - spec.short_tokens))
         ptoks.extend(pt)
@@ -117,45 +174,55 @@ async def _step_time(port: EnginePort, spec: ProfileSpec, batch: int, prefix: st
 async def measure_profile(
     port: EnginePort, key: Dict[str, Any], spec: Optional[ProfileSpec] = None, progress: bool = True
 ) -> Profile:
-    """Measure a :class:`Profile` on a live engine (nothing else should be running on it)."""
+    """Measure a :class:`Profile` on a live engine (nothing else should be running on it; see the module
+    docstring for what marks it as measured under load)."""
     spec = spec or ProfileSpec()
     if spec.long_tokens <= spec.short_tokens:
         raise ValueError("long_tokens must exceed short_tokens")
     total = len(spec.batch_sizes) + bool(spec.ctx_prefix_words) + bool(spec.prefill_words)
     bar = _bar(total, progress)
     t_start = time.perf_counter()
-    await _batch_wall(port, [_prompt("warm", 0)], 2)  # first request pays one-off costs
+    watch = _LoadWatch(port)
+    await _batch_wall(port, [_prompt("warm", 0)], 2, watch)  # first request pays one-off costs
     limit = sweep_limit(spec, key)
     sizes: List[int] = [int(b) for b in spec.batch_sizes]
-    times, ptok = [], []
+    times: List[float] = []
+    ptok: List[float] = []
+    remeasured: List[int] = []
     b: Optional[int] = sizes[0] if sizes else None
     while b is not None:
-        t, p = await _step_time(port, spec, b)
+        t, p = await _step_time(port, spec, b, watch=watch)
         times.append(max(t, 1e-6))
         ptok.append(p)
         bar.set_postfix_str(f"B={b}: {t * 1e3:.1f} ms/step")
         bar.update(1)
+        for j in out_of_order(times, spec.remeasure_dip):  # slower than a bigger batch: disturbed, once more
+            if sizes[j] not in remeasured:
+                remeasured.append(sizes[j])
+                t, _ = await _step_time(port, spec, sizes[j], watch=watch)
+                times[j] = min(times[j], max(t, 1e-6))  # interference only slows a step down
         i = len(times)
         b = sizes[i] if i < len(sizes) else next_batch(sizes, times, limit, spec.flat_gain)
         if i >= len(sizes) and b is not None:
             sizes.append(b)
             bar.total += 1
+    smooth = monotone_envelope(times)
     ctx_len = float(np.mean(ptok)) + (spec.short_tokens + spec.long_tokens) / 2.0
     meta: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok, "sweep_limit": limit}
     kw: Dict[str, Any] = {}
     if spec.ctx_prefix_words:
         prefix = _prompt("ctx" + uuid.uuid4().hex[:6], 0, words=spec.ctx_prefix_words) + " "
-        await _batch_wall(port, [prefix], 1)  # prime the radix cache with the shared prefix
-        t_ctx, p_ctx = await _step_time(port, spec, spec.ctx_batch, prefix=prefix)
-        base = float(np.interp(spec.ctx_batch, sizes, times))
+        await _batch_wall(port, [prefix], 1, watch)  # prime the radix cache with the shared prefix
+        t_ctx, p_ctx = await _step_time(port, spec, spec.ctx_batch, prefix=prefix, watch=watch)
+        base = float(np.interp(spec.ctx_batch, sizes, smooth))
         extra_ctx = spec.ctx_batch * max(p_ctx - float(np.mean(ptok)), 1.0)
         kw["ctx_coef"] = max((t_ctx - base) / extra_ctx, 0.0)
         meta["ctx_probe"] = {"batch": spec.ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
         bar.update(1)
     if spec.prefill_words:
         nonce = uuid.uuid4().hex[:6]
-        t_small, (p_small,) = await _batch_wall(port, [_prompt(nonce + "a", 0)], 1)
-        t_big, (p_big,) = await _batch_wall(port, [_prompt(nonce + "b", 0, words=spec.prefill_words)], 1)
+        t_small, (p_small,) = await _batch_wall(port, [_prompt(nonce + "a", 0)], 1, watch)
+        t_big, (p_big,) = await _batch_wall(port, [_prompt(nonce + "b", 0, words=spec.prefill_words)], 1, watch)
         if t_big > t_small and p_big > p_small:
             rate = (p_big - p_small) / (t_big - t_small)
             kw["prefill_tok_s"] = rate
@@ -163,9 +230,23 @@ async def measure_profile(
         meta["prefill_probe"] = {"small": [p_small, t_small], "big": [p_big, t_big]}
         bar.update(1)
     bar.close()
-    return Profile.from_points(
+    dip = worst_dip(times)
+    why = (["requests in flight"] if watch.most else []) + (["non-monotone"] if dip > spec.max_dip else [])
+    meta["load"] = {
+        "under_load": bool(why),
+        "why": why,
+        "others_in_flight": watch.most,  # most other requests seen in flight at one check (None: unknown)
+        "checks": watch.checks,
+        "remeasured": remeasured,
+        "worst_dip": dip,
+    }
+    prof = Profile.from_points(
         key, sizes, times, int(round(ctx_len)), duration_s=time.perf_counter() - t_start, meta=meta, **kw
     )
+    if smooth != times:  # the knee of the monotone envelope; the points keep what was measured
+        prof.fit = find_knee(sizes, smooth)
+        prof.k_total = k_total_from_knee(prof.fit)
+    return prof
 
 
 def sweep_limit(spec: ProfileSpec, key: Dict[str, Any]) -> int:
@@ -206,13 +287,15 @@ async def ensure_profile(
     max_age_s: Optional[float] = None,
     progress: bool = True,
 ) -> Profile:
-    """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache)."""
+    """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache unless measured under
+    load)."""
     if not force:
         prof = cache.load(key, max_age_s=max_age_s)
         if prof is not None:
             return prof
     prof = await measure_profile(port, key, spec, progress)
-    cache.save(prof)
+    if cache.save(prof) is None:
+        logger.warning("spex: roofline profile measured under load (%s): used now, not cached", prof.load_why)
     return prof
 
 
@@ -256,6 +339,8 @@ class ProfileManager:
             if self.profile is None or force or self.profile.is_stale():
                 self.profile = await ensure_profile(self.port, self.key, self.spec, force=force, progress=progress)
                 self._last_measure = time.monotonic()
+                if "requests in flight" in self.profile.load_why:  # measure again once the engine is idle
+                    self.due = True
                 self.monitor = DriftMonitor(self.profile.predict, self.threshold)
                 if self.on_update:
                     self.on_update(self.profile)
@@ -277,13 +362,15 @@ class ProfileManager:
         return True
 
     def status(self) -> Dict[str, Any]:
-        """Whether a measurement runs now, whether a re-profile is due, how many ran, and the knee's budget."""
+        """Whether a measurement runs now, whether a re-profile is due, how many ran, the knee's budget, and whether
+        the profile in use was measured under load (so not cached; None: no profile yet)."""
         measuring = self.busy or (self._task is not None and not self._task.done())
         return {
             "measuring": measuring,
             "reprofile_due": self.due,
             "reprofiles": self.reprofiles,
             "k_total": self.k_total,
+            "measured_under_load": self.profile.measured_under_load if self.profile else None,
         }
 
     def reprofile_if_due(self) -> bool:

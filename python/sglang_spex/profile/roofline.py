@@ -14,13 +14,15 @@ This one rule covers both shapes we meet:
 If the elasticity stays below the threshold over the measured range the engine is memory-bound
 everywhere we looked: the knee is reported as the largest measured batch with ``bounded=False``.
 :func:`next_batch` keeps the profiler's sweep going (doubling the batch) until throughput B/t(B) flattens, so a
-knee past the initial sizes is measured instead of reported at the last one.
+knee past the initial sizes is measured instead of reported at the last one. A bigger batch never decodes a step
+faster: :func:`out_of_order` and :func:`worst_dip` find points that say otherwise (a disturbed sweep), and
+:func:`monotone_envelope` is the curve the knee is then read from.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -168,3 +170,29 @@ def next_batch(batch: Sequence[float], step_time: Sequence[float], limit: int, f
     if top >= limit or throughput_gain(batch, step_time) < 1.0 + flat_gain:
         return None
     return min(2 * top, int(limit))
+
+
+def out_of_order(step_time: Sequence[float], tol: float) -> List[int]:
+    """Indices of points (in sweep order, batch ascending) that read more than ``tol`` slower than a later, bigger
+    batch: a bigger batch never decodes a step faster, so one of the two was disturbed."""
+    return [j for j, t in enumerate(step_time) if any(u < (1.0 - tol) * t for u in step_time[j + 1 :])]
+
+
+def worst_dip(step_time: Sequence[float]) -> float:
+    """The largest fraction by which a point (batch ascending) reads below an earlier, smaller batch (0: monotone)."""
+    dip, top = 0.0, 0.0
+    for t in step_time:
+        if top > 0:
+            dip = max(dip, 1.0 - t / top)
+        top = max(top, t)
+    return dip
+
+
+def monotone_envelope(step_time: Sequence[float]) -> List[float]:
+    """Each point lowered to the fastest later (bigger batch) point: the non-decreasing curve below the data,
+    read as interference slowing the points above it (as the sweep's fastest-repeat rule reads it)."""
+    out, low = [], float("inf")
+    for t in reversed(step_time):
+        low = min(low, t)
+        out.append(low)
+    return out[::-1]

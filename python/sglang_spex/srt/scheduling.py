@@ -164,6 +164,7 @@ class SpexSchedulerState:
             "budget": self.budget,
             "knee": self.knee,
             "live_knee": self.curve.knee() if self.live_knee else None,
+            "live_fit": self.curve.quality(),  # why the live knee is (not) reported: batch sizes, range, slope error
             "gate": {"room": g.room, "knee": g.knee, "primary_live": g.primary_live, "held": g.held},
             "spec_prefill": {
                 "share": self.prefill.share,
