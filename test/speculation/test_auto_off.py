@@ -10,7 +10,7 @@ from speculation.test_spex_fake import JitterPort, make_spec, signature
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import make_budget
-from sglang_spex.speculation.payoff import MIN_EVIDENCE, PROBE_EVERY, Payoff
+from sglang_spex.speculation.payoff import PROBE_EVERY, SEARCH_DECAY, Payoff
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.tot.search import run_search
 from sglang_spex.tot.search_spec import SearchSpecError
@@ -18,30 +18,31 @@ from sglang_spex.tot.search_spec import SearchSpecError
 LINE = (0.1, 0.01)  # a = 100 ms per step, b = 10 ms per sequence
 
 
-def _measure(p: Payoff, events: int, saved_per_hit: float, wasted_per_miss: int) -> None:
-    for _ in range(events // 2):
-        p.record_wave(saved_per_hit, 1)
-        p.record_miss(wasted_per_miss)
-
-
-def test_unknown_until_evidence_and_curve():
+def test_unknown_until_a_search_reported_and_the_curve_is_known():
     p = Payoff(prior_tokens=48.0)
-    assert p.pays(LINE) is None  # only the prior: nothing measured
-    _measure(p, int(MIN_EVIDENCE) - 2, 0.0, 100)
-    assert p.pays(LINE) is None  # below the evidence bar
-    _measure(p, 4, 0.0, 100)
+    for _ in range(50):  # hits and misses measured mid-search do not decide: a miss is priced before a hit's saving
+        p.record_miss(100)
+    assert p.pays(LINE) is None
+    p.record_search(saved_steps=0.0, wasted_tokens=500)
     assert p.pays(None) is None  # no step curve
     assert p.pays(LINE) is False
 
 
 def test_pays_compares_steps_saved_with_tokens_wasted_on_the_curve():
     p = Payoff(prior_tokens=48.0)
-    _measure(p, 20, saved_per_hit=5.0, wasted_per_miss=40)  # a·5 = 0.5 s vs b·40 = 0.4 s per pair
-    saved, wasted, events = p.measured()
-    assert saved / wasted == pytest.approx(5.0 / 40, rel=0.02) and events == pytest.approx(20, rel=0.1)
+    p.record_search(saved_steps=5.0, wasted_tokens=40)  # a·5 = 0.5 s vs b·40 = 0.4 s
     assert p.pays(LINE) is True
     assert p.pays(LINE, searches=2) is False  # a wasted token slows every search sharing the engine
     assert p.pays((0.1, 0.0)) is True  # a flat curve: waste is free
+
+
+def test_recent_searches_weigh_more():
+    p = Payoff(prior_tokens=48.0)
+    p.record_search(saved_steps=0.0, wasted_tokens=400)
+    assert p.pays(LINE) is False
+    p.record_search(saved_steps=60.0, wasted_tokens=0)  # a probe that saved a lot: 0.1·60 >= 0.01·400·0.8
+    assert p.pays(LINE) is True
+    assert p.searches == pytest.approx(1 + SEARCH_DECAY)
 
 
 def test_every_probe_every_th_draw_probes():
@@ -51,25 +52,36 @@ def test_every_probe_every_th_draw_probes():
 
 
 def test_not_paying_switches_a_search_off_and_a_probe_measures_again():
-    """With the pooled estimate saying hits save nothing, REBASE searches issue nothing (the baseline's tree), except
-    every PROBE_EVERY-th, which speculates; its measurements move the pooled sums."""
+    """With finished searches saying hits saved nothing, REBASE searches issue nothing (the baseline's tree), except
+    every PROBE_EVERY-th, which speculates and reports."""
     cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
     base = asyncio.run(run_search(make_spec(REBASE), "What is 2 + 3?", JitterPort()))
     budget = make_budget(cfg)
-    runs = [_run(cfg, stalled=i == 0, payoff_gate=False, auto_off=True, budget=budget)[0] for i in range(PROBE_EVERY)]
+    budget.payoff(None, "rebase", 8).record_search(saved_steps=0.0, wasted_tokens=200)
+    runs = [_run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget)[0] for i in range(PROBE_EVERY)]
     for res in runs:
         assert signature(res) == signature(base)
     off, probe = runs[: PROBE_EVERY - 1], runs[-1]
     assert all(r.speculation["issued"] == 0 and r.speculation["switched_off"] == 1 for r in off)
     assert probe.speculation["probes"] == 1 and probe.speculation["switched_off"] == 0
     assert probe.speculation["issued"] > 0
+    assert budget.payoff(None, "rebase", 8).searches == pytest.approx(1 + SEARCH_DECAY)  # the probe reported
+
+
+def test_a_search_that_speculated_reports_what_it_saved_and_wasted():
+    cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
+    budget = make_budget(cfg)
+    res = _run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget)[0]
+    p = budget.payoff(None, "rebase", 8)
+    assert res.speculation["issued"] > 0 and p.searches == 1.0
+    assert p.search_saved == pytest.approx(res.speculation["saved_steps"])
+    assert p.search_wasted >= res.speculation["wasted_tokens"] >= 0
 
 
 def test_paying_or_disabled_keeps_speculating():
     cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
     budget = make_budget(cfg)
-    p = budget.payoff(None, "rebase", 8)
-    _measure(p, 40, saved_per_hit=8.0, wasted_per_miss=8)  # a·8 >> b·8
+    budget.payoff(None, "rebase", 8).record_search(saved_steps=50.0, wasted_tokens=8)  # a·50 >> b·8
     paying = _run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget)[0]
     assert paying.speculation["issued"] > 0 and paying.speculation["switched_off"] == 0
     disabled = _run(cfg, stalled=True, payoff_gate=False, auto_off=False)[0]

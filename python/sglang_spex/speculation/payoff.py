@@ -26,12 +26,14 @@ rides steps that cost the same) admits everything; a compute-bound one admits on
 bar falls again when the curve flattens. The estimates start from a prior of one step's tokens saved per hit and
 wasted per miss that ages like the measurements (``decay`` per event), so a changed workload moves them.
 
-**Auto-off** (:meth:`Payoff.pays`, on by default): summed over what was issued, speculation paid iff
-``a · (steps saved) >= C · b · (tokens wasted)``, both measured without the prior. Once at least ``MIN_EVIDENCE``
-events were measured and that fails, a search of the policy issues nothing (it runs as the baseline would), except
-one search in ``PROBE_EVERY`` started while it fails: a probe speculates as usual, and its hits and misses update the
-sums, so speculation comes back when the workload or the step curve changes (a BFS search at its critical path
-saves nothing; the per-candidate gate above cannot see that, its uses are per candidate).
+**Auto-off** (:meth:`Payoff.pays`, on by default): a search that speculated reports, when it ends, the steps its
+hits saved and the tokens its misses wasted; summed over the last few such searches (decayed by ``SEARCH_DECAY``
+each), speculation paid iff ``a · (steps saved) >= C · b · (tokens wasted)``. Whole searches, because a miss is
+priced when it happens but a hit's saving only when its wave ends: sums taken mid-search lean towards waste. Once a
+search has reported and that fails, the policy's searches issue nothing (they run as the baseline would), except
+one search in ``PROBE_EVERY`` of those that find it failing: a probe speculates as usual and reports, so
+speculation comes back when the workload or the step curve changes. A BFS search at its critical path (every
+branch as long as the longest) saves nothing; the per-candidate gate above cannot see that.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, DistanceRates,
 
 DECAY = 0.995  # per recorded event: a half-life of ~140 events (a few searches: BFS savings come in rare, large waves)
 PRIOR_EVENTS = 1.0  # the prior's weight at the start: one hit that saved a step's tokens, one miss that wasted them
-MIN_EVIDENCE = 8.0  # auto-off: measured hits + misses (decayed) before speculation may be switched off
+SEARCH_DECAY = 0.8  # auto-off: weight left to a finished search's report after each later one (~5 searches)
 PROBE_EVERY = 4  # auto-off: while speculation does not pay, one search in this many still speculates (a probe)
 
 
@@ -64,6 +66,9 @@ class Payoff:
     prior_weight: float = PRIOR_EVENTS  # what is left of the prior in ``hits`` and ``misses``
     distances: DistanceRates = field(default_factory=DistanceRates)  # DFS predictions' hit rates by distance
     off_draws: int = 0  # auto-off: searches that found speculation not paying (every PROBE_EVERY-th probes)
+    search_saved: float = 0.0  # auto-off: steps saved by finished searches that speculated (decayed per search)
+    search_wasted: float = 0.0  # ... tokens they wasted
+    searches: float = 0.0  # ... their decayed count
 
     def __post_init__(self) -> None:
         self.saved = self.wasted = PRIOR_EVENTS * self.prior_tokens
@@ -97,21 +102,21 @@ class Payoff:
             return 0.0
         return max(self.saved - self.prior_weight * self.prior_tokens, 0.0) / hits
 
-    def measured(self) -> Tuple[float, float, float]:
-        """(steps saved, tokens wasted, hits + misses), decayed, without the prior."""
-        prior = self.prior_weight * self.prior_tokens
-        events = self.hits + self.misses - 2 * self.prior_weight
-        return max(self.saved - prior, 0.0), max(self.wasted - prior, 0.0), max(events, 0.0)
+    def record_search(self, saved_steps: float, wasted_tokens: float) -> None:
+        """A search that speculated ended: the steps its hits saved and the tokens its misses wasted."""
+        d = SEARCH_DECAY
+        self.search_saved = self.search_saved * d + max(float(saved_steps), 0.0)
+        self.search_wasted = self.search_wasted * d + max(float(wasted_tokens), 0.0)
+        self.searches = self.searches * d + 1.0
 
     def pays(self, line: Optional[Tuple[float, float]], searches: int = 1) -> Optional[bool]:
-        """Auto-off's test: whether what speculation saved (``a`` per step) outweighs what it wasted (``b`` per token,
-        times the ``searches`` sharing the engine) on the step curve ``line`` = (a, b); None while unknown (no
-        curve, or fewer than ``MIN_EVIDENCE`` measured events)."""
-        saved, wasted, events = self.measured()
-        if line is None or events < MIN_EVIDENCE:
+        """Auto-off's test: whether what finished searches saved (``a`` per step) outweighs what they wasted (``b``
+        per token, times the ``searches`` sharing the engine) on the step curve ``line`` = (a, b); None while
+        unknown (no curve, or no search has reported)."""
+        if line is None or self.searches <= 0:
             return None
         a, b = line
-        return a * saved >= max(searches, 1) * b * wasted
+        return a * self.search_saved >= max(searches, 1) * b * self.search_wasted
 
     def draw_probe(self) -> bool:
         """A search found speculation not paying: whether it speculates anyway, to keep measuring (one in
@@ -248,6 +253,7 @@ class SearchPayoff:
         self.budget, self.rank, self.key = budget, rank, (policy, step_tokens)
         self.acc, self.gate, self.auto_off = acc, gate, auto_off
         self.probe: Optional[bool] = None  # auto-off: drawn the first time speculation was found not paying
+        self.saved = self.wasted = 0.0  # this search's steps saved and tokens wasted (reported by :meth:`finish`)
 
     def pooled(self) -> Payoff:
         """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""
@@ -292,7 +298,15 @@ class SearchPayoff:
     def on_wave(self, saved_steps: float, hits: int) -> None:
         self.pooled().record_wave(saved_steps, hits)
         self.acc.saved_steps += saved_steps
+        self.saved += saved_steps
 
     def missed(self, decoded: int, prompt_tokens: int, cached_tokens: int) -> None:
         """A speculative node will never be adopted: what it decoded and prefilled was for nothing."""
-        self.pooled().record_miss(wasted_tokens(decoded, prompt_tokens, cached_tokens))
+        tokens = wasted_tokens(decoded, prompt_tokens, cached_tokens)
+        self.pooled().record_miss(tokens)
+        self.wasted += tokens
+
+    def finish(self) -> None:
+        """The search ended (every speculative node resolved): report it to auto-off if it speculated."""
+        if self.acc.issued:
+            self.pooled().record_search(self.saved, self.wasted)

@@ -541,6 +541,7 @@ class SpexContext(SearchContext):
             self.acc.never_used += 1
             self.acc.wasted_tokens += e.node.num_tokens
             self._missed(e.node)
+        self.pay.finish()
         if self.acc.early_stopped:
             self.acc.early_stop_skipped_nodes = sum(1 for n in self.tree if n.status == CANCELLED)
         self.acc.primary_tokens = self.tokens_generated - sum(
