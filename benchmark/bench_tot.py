@@ -19,6 +19,9 @@ time. T3 (early stop, changes the search) is off unless ``--t3``, and then repor
 ``--variant NAME=JSON`` adds SPEX with more per-search settings (server-side), e.g. ``bfs2='{"bfs_lookahead": 2}'``;
 ``--knob-variant NAME=JSON`` adds SPEX run with these scheduler knobs (``POST /spex/knobs``, e.g.
 ``share0='{"spec_prefill_share": 0}'``), the server's own values restored for every other mode.
+``--reward-latency-ms MS`` (with ``--reward verifier:NAME``) scores through an emulated external PRM
+(:mod:`reward_service`): the verifier's score after MS ms, so each depth waits for its rewards (the reward barrier)
+while the engine's steps stay the same.
 
 The server runs in float32 by default (``--dtype``): SGLang's CPU logits are then independent of the batch's
 shape, so with T3 off SPEX and the baseline grow the *same tree* (seeded nodes, same tokens) and the ratio is pure
@@ -40,11 +43,12 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import httpx
 import numpy as np
 import requests
+from reward_service import delayed_verifier
 from sched_trace import cpu_delta, cpu_seconds, scheduler_trace, spex_stats
 from step_cost import StepPrice, fit_price
 from tqdm import tqdm
@@ -94,7 +98,7 @@ def build_spec(
     seed: int,
     task: str = "toy_add",
     speculation: Optional[dict] = None,
-    reward: str = "logprob",
+    reward: Union[str, Dict[str, Any]] = "logprob",
 ) -> SearchSpec:
     name, knobs = PRESETS[preset]
     policy = {"name": name, **knobs, "max_depth": max_depth}
@@ -111,7 +115,7 @@ def build_spec(
             "prompt_template": PROMPT,
             "max_total_tokens": max_depth * step_tokens,
         },
-        "reward": reward_section(reward),
+        "reward": reward if isinstance(reward, dict) else reward_section(reward),
         "answer": {"aggregate": "weighted"},
         "task": task,
         "seed": seed,
@@ -464,6 +468,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "or verifier:NAME (e.g. verifier:arith, a rule checker: no logprobs)",
     )
     ap.add_argument(
+        "--reward-latency-ms",
+        type=float,
+        default=0.0,
+        help="with verifier:NAME: score through an emulated external PRM that answers after this many ms (a "
+        "callback reward served by this process: the reward barrier), instead of on the server",
+    )
+    ap.add_argument(
         "--dtype",
         default="float32",
         help="the server's --dtype: float32 (default; batch-shape-independent logits, so SPEX with T3 off grows the "
@@ -522,6 +533,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 args.overrides[name] = OVERRIDES["spex_t1t2"]
                 args.knob_variants[name] = settings
             args.variants.append(name)
+    if args.reward_latency_ms and not args.reward.startswith("verifier:"):
+        ap.error(
+            "--reward-latency-ms needs --reward verifier:NAME (the emulated PRM answers with the verifier's score)"
+        )
     return args
 
 
@@ -543,6 +558,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     n_questions = max([args.questions, *concs])
     questions = get_task(args.task).questions(n_questions, split="test", seed=args.seed)
     server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), "--dtype", args.dtype, *args.server_arg]
+    prm = None
+    if args.reward_latency_ms:  # an external PRM, emulated: the verifier's score after a fixed latency
+        prm = delayed_verifier(args.reward.split(":", 1)[1], args.reward_latency_ms / 1000.0)
+        args.reward_name, args.reward = args.reward, {"type": "callback", "url": prm.url}
     server = None if args.url else ServerProcess(server_args).start()
     url = args.url or server.url
     args.server_pid = server.proc.pid if server is not None else None
@@ -569,6 +588,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     finally:
         if server is not None:
             server.stop()
+        if prm is not None:
+            prm.close()
     summary = summarise(rows)
     print_table(summary)
     print_time_split(summary)

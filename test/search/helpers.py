@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import requests
+
+from sglang_spex.tot.callback_server import CallbackRewardServer
 
 QUESTION = "What is 12 + 7?"
 STEP = {"max_tokens": 6, "stop": ["\n\n"], "temperature": 1.0}
@@ -74,34 +73,5 @@ def check_well_formed(res: dict, policy: str) -> None:
             assert n["rid"] in (f"spex:{res['search_id']}:{n['path']}:", f"spex:{res['search_id']}:{n['path']}:s")
 
 
-class CallbackServer:
+class CallbackServer(CallbackRewardServer):
     """A client-side reward endpoint: ``score(body) -> reward`` (raise → HTTP 500)."""
-
-    def __init__(self, score: Callable[[Dict], float]):
-        outer = self
-        self.calls = 0
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                try:
-                    payload, code = {"reward": score(body)}, 200
-                except Exception as e:
-                    payload, code = {"error": str(e)}, 500
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
