@@ -89,7 +89,11 @@ def running_hit_rate(hits: int, issued: int, prior: float = 0.5, prior_weight: f
 
 
 def scores(demands: List[QueryDemand], weight_bytes: float) -> List[float]:
-    return [d.hit_rate * (weight_bytes + d.shared_kv) / max(weight_bytes + d.total_kv, 1e-9) for d in demands]
+    # max(kv, 1e-9) written out: the same value (NaN included), without a builtin call per query per split
+    return [
+        d.hit_rate * (weight_bytes + d.shared_kv) / (1e-9 if 1e-9 > (kv := weight_bytes + d.total_kv) else kv)
+        for d in demands
+    ]
 
 
 # The split runs on every refill that changes a round's demands: plain lists, no numpy (its per-call overhead
@@ -158,23 +162,32 @@ def split_budget(
         return {d.query_id: 0 for d in demands}
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
-    caps = [float(max(0, d.candidates)) for d in demands]
     s = [x / temperature for x in scores(demands, weight_bytes)]
+    # a query without candidates gets 0 whatever its score or wait (cap 0, minimum 0): the split runs over the
+    # others only, in the same order, so every sum, sort and rounding step sees what it saw over all of them;
+    # the weights stay relative to the best score of all queries
+    work = [i for i, d in enumerate(demands) if d.candidates > 0] if min_share >= 0 else list(range(len(demands)))
+    got = [0] * len(demands)
+    if not work:
+        return {d.query_id: 0 for d in demands}
     top = max(s)
-    w = [math.exp(x - top) for x in s]
-    wait = [0.0] * len(caps) if waited is None else [float(x) for x in waited]
+    caps = [float(max(0, demands[i].candidates)) for i in work]
+    w = [math.exp(s[i] - top) for i in work]
+    wait = [0.0] * len(work) if waited is None else [float(waited[i]) for i in work]
     minimum = [min(c, float(max(min_share, 1) if wt > 0 else min_share)) for c, wt in zip(caps, wait)]
     floor = minimum
     if sum(floor) > k_total:  # not enough for every minimum: longest starved, then best scores first
         floor = [0.0] * len(caps)
         used = 0.0
-        for i in sorted(range(len(caps)), key=lambda i: (-wait[i], -s[i])):
-            if used + minimum[i] <= k_total:
-                floor[i] = minimum[i]
-                used += minimum[i]
+        for j in sorted(range(len(caps)), key=lambda j: (-wait[j], -s[work[j]])):
+            if used + minimum[j] <= k_total:
+                floor[j] = minimum[j]
+                used += minimum[j]
     rest = _water_fill(w, [c - f for c, f in zip(caps, floor)], k_total - sum(floor))
     shares = _round([f + r for f, r in zip(floor, rest)], caps, k_total)
-    return {d.query_id: int(x) for d, x in zip(demands, shares)}
+    for i, x in zip(work, shares):
+        got[i] = int(x)
+    return {d.query_id: x for d, x in zip(demands, got)}
 
 
 def effective_k_total(k_total: int, primary_batch: int, knee: Optional[int]) -> int:
@@ -212,6 +225,7 @@ Rank = Optional[int]  # a search's DP rank (``SearchContext.dp_rank``); None wit
 
 
 _INFLIGHT = operator.attrgetter("inflight")
+_DEMAND_VALUES = operator.attrgetter("query_id", "candidates", "hit_rate", "shared_kv", "total_kv")  # a split's input
 
 
 def _rank(ctx: BudgetClient) -> Rank:
@@ -233,7 +247,8 @@ class SpecBudget:
     Cost: a refill asks :meth:`share`; nothing is split while a rank has no room below its knee, the room (the
     searches' in-flight primaries and the engine's load) is read once per event-loop round, and a split is
     computed once per round and rank (again only for a search whose demand changed while its share was held by
-    its C_q).
+    its C_q, and then, when every search's demand and wait is what the round's last split saw, answered from it);
+    a split runs over the searches with candidates only.
     """
 
     def __init__(
@@ -259,9 +274,13 @@ class SpecBudget:
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
         # cached for the current event-loop round, per rank: the split, the engine load, clocks started
         self._round: Dict[Rank, _RoundSplit] = {}
+        self._last_split: Dict[Rank, Tuple[Any, Dict[str, int]]] = {}  # the round's last split per rank: (inputs, out)
         self._load: Dict[Rank, Optional[int]] = {}
         self._avail: Dict[Rank, int] = {}
         self._clocks_started: Set[Rank] = set()
+        # ranks whose every search's starvation clock already runs: kept across rounds until a clock stops (a
+        # split gives a share or sees no candidates), a search registers, unregisters or changes its rank
+        self._clocks_running: Set[Rank] = set()
         self._by_rank: Optional[Dict[Rank, List[BudgetClient]]] = None
         # the searches grouped by rank, kept across rounds until one registers, unregisters or changes its rank;
         # only while every registered search reports a rank change (``rank_watchers``), else grouped every round
@@ -304,8 +323,10 @@ class SpecBudget:
             self._untracked.add(ctx)
         self._groups = None
         self._round.clear()
+        self._last_split.clear()
         self._avail.clear()
         self._by_rank = None
+        self._clocks_running.clear()
 
     def unregister(self, ctx: BudgetClient) -> None:
         self.contexts.discard(ctx)
@@ -316,12 +337,15 @@ class SpecBudget:
         self._groups = None
         self._starved_since.pop(ctx.search_id, None)
         self._round.clear()
+        self._last_split.clear()
         self._avail.clear()
         self._by_rank = None
+        self._clocks_running.clear()
 
     def _rank_changed(self, ctx: BudgetClient) -> None:
         """A registered search was pinned to another rank: group again (this round keeps its grouping, as before)."""
         self._groups = None
+        self._clocks_running.clear()
 
     def on_rank(self, rank: Rank) -> List[BudgetClient]:
         """The registered searches pinned to ``rank`` (grouped once per event-loop round, and kept across rounds
@@ -375,6 +399,7 @@ class SpecBudget:
 
     def _end_round(self) -> None:
         self._round.clear()
+        self._last_split.clear()
         self._load.clear()
         self._avail.clear()
         self._cost.clear()
@@ -382,25 +407,43 @@ class SpecBudget:
         self._by_rank = None
         self._round_end_scheduled = False
 
-    def shares(self, demands: List[QueryDemand], total: int) -> Dict[str, int]:
-        """T2 split of ``total`` over ``demands``, with the starvation bound (updates the wait clocks)."""
+    def shares(self, demands: List[QueryDemand], total: int, rank: Rank = None) -> Dict[str, int]:
+        """T2 split of ``total`` over ``demands``, with the starvation bound (updates the wait clocks).
+
+        Within an event-loop round, a split of ``rank`` asked again with the same inputs (demands, total, waits)
+        as its last one answers from it: the same shares, the wait clocks already as that split left them."""
         now = self.clock()
+        starved = self._starved_since
+        every = self.min_share < 0  # else a query without candidates gets 0 whatever its wait: not read
         waited = [
             (
-                max(0.0, now - self._starved_since[d.query_id] - self.max_wait_s)
-                if d.query_id in self._starved_since
+                max(0.0, now - starved[d.query_id] - self.max_wait_s)
+                if (every or d.candidates > 0) and d.query_id in starved
                 else 0.0
             )
             for d in demands
         ]
+        inputs = (
+            (total, self.temperature, self.min_share, self.model.weight_bytes),
+            list(map(_DEMAND_VALUES, demands)),
+            waited,
+        )
+        last = self._last_split.get(rank)
+        if last is not None and last[0] == inputs:
+            return last[1]
         out = split_budget(
             demands, total, self.temperature, self.min_share, weight_bytes=self.model.weight_bytes, waited=waited
         )
+        stopped = False
         for d in demands:
             if d.candidates > 0 and out.get(d.query_id, 0) == 0:
-                self._starved_since.setdefault(d.query_id, now)
-            else:
-                self._starved_since.pop(d.query_id, None)
+                starved.setdefault(d.query_id, now)
+            elif starved.pop(d.query_id, None) is not None:
+                stopped = True
+        if stopped:
+            self._clocks_running.clear()
+        if self._end_round_soon():
+            self._last_split[rank] = (inputs, out)
         return out
 
     def share(self, ctx: BudgetClient) -> int:
@@ -411,9 +454,12 @@ class SpecBudget:
         total = self.available(rank)  # the speculative allowance below the knee, running speculation included
         if total <= 0:  # no room: every search of the rank waits (its starvation clock runs), no demand asked
             if rank not in self._clocks_started:
-                now = self.clock()
-                for c in self.on_rank(rank):
-                    self._starved_since.setdefault(c.search_id, now)
+                if rank not in self._clocks_running:  # else every setdefault below would find its clock
+                    now = self.clock()
+                    for c in self.on_rank(rank):
+                        self._starved_since.setdefault(c.search_id, now)
+                    if not self._untracked:  # searches without watchers may change rank unseen
+                        self._clocks_running.add(rank)
                 if self._end_round_soon():
                     self._clocks_started.add(rank)
             return 0
@@ -429,7 +475,7 @@ class SpecBudget:
             self._keep_for_round(rank, _RoundSplit(total, out, {c.search_id: None for c in live}, {}))
             return out.get(ctx.search_id, 0)
         demands = [c.demand() for c in live]
-        out = self.shares(demands, total)
+        out = self.shares(demands, total, rank)
         keys = {c.search_id: _demand_key(c) for c in live}
         if all(k is not None for k in keys.values()):
             self._keep_for_round(rank, _RoundSplit(total, out, keys, {d.query_id: d.candidates for d in demands}))

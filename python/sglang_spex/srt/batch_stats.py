@@ -79,7 +79,7 @@ FIELDS = (
     "decode_rows",  # requests this step decodes (a mixed step's running batch; a decode step's whole batch)
 )
 COUNTERS = (
-    "cancel_extra_immediate_0",
+    "cancel_extra_immediate_0",  # the cancel histograms' bins (scheduling.EXTRA_BINS each), written in this order
     "cancel_extra_immediate_1",
     "cancel_extra_immediate_2",
     "cancel_extra_immediate_3",
@@ -101,7 +101,6 @@ COUNTERS = (
     "curve_a_s",  # the live decode curve t = a + b·B: a, seconds (-1 = not fitted yet)
     "curve_b_s",  # ... b, seconds per sequence (0 when flat)
 )
-_EXTRA_NAMES = {m: [c for c in COUNTERS if c.startswith(f"cancel_extra_{m}_")] for m in ("immediate", "plain")}
 DECODE = scheduling.DECODE  # the "mode" of a decode row
 DONE_FIELDS = ("mode", "batch_size", "n_primary", "decode_rows", "prefill_tokens")  # what a finished step reports
 _HDR = 8  # magic, version, n_fields, ring, seq, writer pid, n_counters, dp_rank + 1 (0: no data parallelism)
@@ -120,6 +119,7 @@ _STEP_S_AT = 8 * _F["step_s"]
 _COUNTER_VALUES = operator.itemgetter(*COUNTERS)
 _DONE_VALUES = operator.itemgetter(*(_F[k] for k in DONE_FIELDS))  # a row's DONE_FIELDS values, in order
 _SEQ_AT = 8 * 4  # header slot 4
+_LAST_STEP_AT, _EMA_AT = _C["last_step_s"], _C["ema_step_s"]
 
 
 # row fields and counters that add up over DP ranks (the others, e.g. knee or step time, are per rank only)
@@ -194,6 +194,7 @@ class StatsWriter:
         self.seq = 0
         self.last_t: Optional[float] = None
         self.ema: Optional[float] = None
+        self.last_dt = 0.0  # the last step time written to the counters (the file starts with 0)
         self.gauges: Optional[Any] = None  # metrics.RankGauges, set by the scheduler hook
         self._done: Tuple[float, ...] = ()  # the last row's DONE_FIELDS values, as written
 
@@ -203,18 +204,14 @@ class StatsWriter:
 
     def write_values(self, values: Sequence[float], counters: Dict[str, float]) -> Optional[Dict[str, float]]:
         """:meth:`write` of a row given as its ``FIELDS`` values in order (floats; NaN for unknown)."""
-        now = time.monotonic()
+        prev = self._done
+        dt = self._close_previous()
         done = None
-        if self.last_t is not None and self.seq > 0:
-            dt = now - self.last_t
-            _DOUBLE.pack_into(self.mm, _RING_AT + _ROW_BYTES * ((self.seq - 1) % RING) + _STEP_S_AT, dt)
-            done = dict(zip(DONE_FIELDS, map(float, self._done)))
+        if dt is not None:
+            done = dict(zip(DONE_FIELDS, map(float, prev)))
             done["step_s"] = dt
-            self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
             counters = {**counters, "last_step_s": dt, "ema_step_s": self.ema}
-        self.last_t = now
-        _ROW.pack_into(self.mm, _RING_AT + _ROW_BYTES * (self.seq % RING), *values)  # one write per row
-        self._done = _DONE_VALUES(values)
+        self._put_row(values)
         try:
             every = _COUNTER_VALUES(counters)
         except KeyError:  # some counters only: the others keep their values
@@ -222,9 +219,42 @@ class StatsWriter:
                 _DOUBLE.pack_into(self.mm, _COUNTERS_AT + 8 * _C[k], _float(v))
         else:
             _ALL_COUNTERS.pack_into(self.mm, _COUNTERS_AT, *(map(_float, every) if None in every else every))
-        self.seq += 1
-        _INT64.pack_into(self.mm, _SEQ_AT, self.seq)
+        self._bump_seq()
         return done
+
+    def write_step(self, values: Sequence[float], counters: List[float]) -> Optional[Tuple[float, ...]]:
+        """The scheduler's per-step write: ``values`` as in :meth:`write_values`, ``counters`` every ``COUNTERS``
+        value in order (numbers, no None); its ``last_step_s`` and ``ema_step_s`` slots are filled in here (with
+        the values the file holds while the previous step's time is unknown). Returns the previous row's
+        ``DONE_FIELDS`` values and its ``step_s``, in that order, once its step time is known."""
+        prev = self._done
+        dt = self._close_previous()
+        self._put_row(values)
+        counters[_LAST_STEP_AT] = self.last_dt
+        counters[_EMA_AT] = 0.0 if self.ema is None else self.ema
+        _ALL_COUNTERS.pack_into(self.mm, _COUNTERS_AT, *counters)
+        self._bump_seq()
+        return None if dt is None else (*prev, dt)
+
+    def _close_previous(self) -> Optional[float]:
+        """Start a row now: the previous row's step time (written into it), or None when it is unknown."""
+        now = time.monotonic()
+        dt = None
+        if self.last_t is not None and self.seq > 0:
+            dt = now - self.last_t
+            _DOUBLE.pack_into(self.mm, _RING_AT + _ROW_BYTES * ((self.seq - 1) % RING) + _STEP_S_AT, dt)
+            self.ema = dt if self.ema is None else 0.9 * self.ema + 0.1 * dt
+            self.last_dt = dt
+        self.last_t = now
+        return dt
+
+    def _put_row(self, values: Sequence[float]) -> None:
+        _ROW.pack_into(self.mm, _RING_AT + _ROW_BYTES * (self.seq % RING), *values)  # one write per row
+        self._done = _DONE_VALUES(values)
+
+    def _bump_seq(self) -> None:
+        self.seq += 1
+        _INT64.pack_into(self.mm, _SEQ_AT, self.seq)  # after the row: a reader never sees a half-written one
 
     def idle(self) -> None:
         self.last_t = None  # the gap to the next batch is idle time, not step time
@@ -299,9 +329,6 @@ def _writer_of(state: scheduling.SpexSchedulerState) -> StatsWriter:
     return state.stats
 
 
-_ROW_VALUES = operator.itemgetter(*FIELDS)  # a row dict's values in FIELDS order, one C call
-
-
 def _publish(plan: Any, scheduler: Any) -> None:
     t0 = time.perf_counter()
     state = scheduling.state_of(scheduler)
@@ -320,59 +347,70 @@ def _publish(plan: Any, scheduler: Any) -> None:
     waiting = sa.waiting(scheduler)
     gate = state.gate
     allowance = gate.spec_prefill
-    row = {
-        "time": time.time(),
-        "step": writer.seq,
-        "mode": sa.batch_mode(batch),
-        "batch_size": len(reqs),
-        "n_primary": len(reqs) - n_spec,
-        "n_spec": n_spec,
-        "spec_total": n_spec + spec_rest,
-        "budget": -1 if state.budget is None else state.budget,
-        "kv_used": total - available - evictable,
-        "kv_available": available,
-        "kv_evictable": evictable,
-        "kv_protected": protected,
-        "kv_total": total,
-        "waiting": len(waiting),
-        "waiting_spec": sa.count_spec(waiting),
-        "step_s": math.nan,  # written with the next row
-        "spec_room": -1 if gate.room is None else gate.room,
-        "knee": -1 if gate.knee is None else gate.knee,
-        "primary_live": gate.primary_live,
-        "primary_running": primary_running,
-        "spec_held": gate.held,
-        "decode_protected": int(gate.decode_protected),
-        "hook_s": state.hook_s - state.hook_s_published,
-        "prefill_tokens": prefill,
-        "spec_prefill_tokens": spec_prefill,
-        "spec_prefill_credit_s": -1 if allowance is None else allowance.credit_s,
-        "spec_prefill_cost_s": 0.0 if allowance is None else allowance.spent_s,
-        "decode_rows": decode_rows,
-    }
-    pg = state.protection
-    line = state.curve.line()
-    counters: Dict[str, float] = {
-        "preempt_for_primary": state.counters.get("preempt_for_primary", 0),
-        "spec_retracted_for_budget": state.counters.get("spec_retracted_for_budget", 0),
-        "protect_locks": pg.num_locks,
-        "protect_locked_tokens": pg.locked_tokens,
-        "spec_before_primary": state.counters.get("spec_before_primary", 0),
-        "hook_s_total": state.hook_s,
-        "live_knee": state.curve.knee() or -1,
-        "curve_a_s": -1 if line is None else line[0],
-        "curve_b_s": -1 if line is None else line[1],
-    }
-    for mode, hist in state.extra_hist.items():
-        counters.update(zip(_EXTRA_NAMES[mode], hist))
+    # the row in FIELDS order, built as a tuple (no dict per step; the gauges build theirs when due)
+    values = (
+        time.time(),  # time
+        writer.seq,  # step
+        sa.batch_mode(batch),  # mode
+        len(reqs),  # batch_size
+        len(reqs) - n_spec,  # n_primary
+        n_spec,  # n_spec
+        n_spec + spec_rest,  # spec_total
+        -1 if state.budget is None else state.budget,  # budget
+        total - available - evictable,  # kv_used
+        available,  # kv_available
+        evictable,  # kv_evictable
+        protected,  # kv_protected
+        total,  # kv_total
+        len(waiting),  # waiting
+        sa.count_spec(waiting),  # waiting_spec
+        math.nan,  # step_s: written with the next row
+        -1 if gate.room is None else gate.room,  # spec_room
+        -1 if gate.knee is None else gate.knee,  # knee
+        gate.primary_live,  # primary_live
+        primary_running,  # primary_running
+        gate.held,  # spec_held
+        int(gate.decode_protected),  # decode_protected
+        state.hook_s - state.hook_s_published,  # hook_s
+        prefill,  # prefill_tokens
+        spec_prefill,  # spec_prefill_tokens
+        -1 if allowance is None else allowance.credit_s,  # spec_prefill_credit_s
+        0.0 if allowance is None else allowance.spent_s,  # spec_prefill_cost_s
+        decode_rows,  # decode_rows
+    )
+    pg, curve, hist, counts = state.protection, state.curve, state.extra_hist, state.counters
+    line = curve.line()
+    counters = [  # COUNTERS in order; the writer fills in last_step_s and ema_step_s
+        *hist["immediate"],
+        *hist["plain"],
+        counts.get("preempt_for_primary", 0),
+        counts.get("spec_retracted_for_budget", 0),
+        pg.num_locks,
+        pg.locked_tokens,
+        0.0,  # last_step_s
+        0.0,  # ema_step_s
+        counts.get("spec_before_primary", 0),
+        state.hook_s,  # hook_s_total
+        curve.knee() or -1,  # live_knee
+        -1 if line is None else line[0],  # curve_a_s
+        -1 if line is None else line[1],  # curve_b_s
+    ]
     state.hook_s_published = state.hook_s
-    state.gate.step_done()  # a step without a prefill attempt holds nothing and has no allowance
-    done = writer.write_values(_ROW_VALUES(row), counters)
+    gate.step_done()  # a step without a prefill attempt holds nothing and has no allowance
+    done = writer.write_step(values, counters)
     gauges = writer.gauges
     if gauges is not None and gauges.due():
-        gauges.update(row, {**counters, "ema_step_s": writer.ema})
-    if done is not None:
-        state.measured(**done)  # the live decode curve, the price of a prefill token, the allowance's earnings
+        gauges.update(dict(zip(FIELDS, values)), {**dict(zip(COUNTERS, counters)), "ema_step_s": writer.ema})
+    if done is not None:  # the live decode curve, the price of a prefill token, the allowance's earnings
+        mode, batch_size, n_primary, rows, tokens, step_s = done
+        state.measured(
+            mode=mode,
+            batch_size=batch_size,
+            n_primary=n_primary,
+            decode_rows=rows,
+            prefill_tokens=tokens,
+            step_s=step_s,
+        )
     sa.charge_hook_time(scheduler, t0, "publish")
 
 
