@@ -90,3 +90,20 @@ def test_stats_report_the_profiler_state(spex_server):
     prof = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["profile"]
     assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total", "measured_under_load"}
     assert prof["measuring"] is False and prof["reprofile_due"] is False and prof["reprofiles"] == 0
+
+
+def test_stats_report_what_speculation_saved_and_auto_offs_verdict(spex_server):
+    body = spec(
+        {"name": "rebase", "width": 3, "max_depth": 2},
+        speculation={"enabled": True, "components": ["t1", "t2"], "early_stop": False},
+    )
+    res = post_search(spex_server.url, {"spec": body, "question": QUESTION}).json()
+    assert res["status"] == "done"
+    rows = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["payoff"]
+    mine = [r for r in rows if r["policy"] == "rebase" and r["step_tokens"] == body["step"]["max_tokens"]]
+    assert len(mine) == 1
+    row = mine[0]
+    assert set(row) >= {"rank", "searches", "steps_saved", "tokens_wasted", "pays", "off_draws", "gate_min_use"}
+    issued = res["speculation"]["issued"]
+    assert (row["searches"] > 0) == (issued > 0)  # a search that speculated reported when it ended
+    assert row["pays"] in (True, False, None) and row["steps_saved"] >= 0 and row["tokens_wasted"] >= 0

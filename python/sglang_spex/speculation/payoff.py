@@ -118,6 +118,18 @@ class Payoff:
         a, b = line
         return a * self.search_saved >= max(searches, 1) * b * self.search_wasted
 
+    def report(self, line: Optional[Tuple[float, float]], searches: int = 1) -> dict:
+        """JSON-ready state (``/spex/stats`` → ``payoff``): the finished searches' sums, auto-off's verdict on
+        ``line`` with ``searches`` sharing the engine, the probes drawn, and the per-candidate gate's floor."""
+        return {
+            "searches": round(self.searches, 3),
+            "steps_saved": round(self.search_saved, 2),
+            "tokens_wasted": round(self.search_wasted, 1),
+            "pays": self.pays(line, searches),
+            "off_draws": self.off_draws,
+            "gate_min_use": None if line is None else round(self.min_use(*line, searches=searches), 4),
+        }
+
     def draw_probe(self) -> bool:
         """A search found speculation not paying: whether it speculates anyway, to keep measuring (one in
         ``PROBE_EVERY``: the ``PROBE_EVERY``-th, then every ``PROBE_EVERY`` after)."""

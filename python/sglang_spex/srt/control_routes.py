@@ -111,6 +111,7 @@ async def get_stats(request: Request, history_since: Optional[int] = None) -> Re
     out["batch"] = batch_stats.read_stats(history_since=history_since)
     out["batch_ranks"] = batch_stats.read_all_ranks(history_since=history_since) if len(states) > 1 else None
     out["profile"] = state.profile.status()  # a benchmark waits while the roofline is being measured
+    out["payoff"] = state.searches.spex.payoff_report() if state.searches.spex is not None else []
     return JSONResponse(out)
 
 
