@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from speculation.test_payoff import REBASE, _run
+from speculation.test_payoff import REBASE, REBASE_KEY, _run
 from speculation.test_spex_fake import JitterPort, make_spec, signature
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import make_budget
-from sglang_spex.speculation.payoff import PROBE_EVERY, SEARCH_DECAY, Payoff
+from sglang_spex.speculation.payoff import PROBE_EVERY, SEARCH_DECAY, Payoff, policy_key
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.tot.search import run_search
 from sglang_spex.tot.search_spec import SearchSpecError
@@ -57,7 +57,7 @@ def test_not_paying_switches_a_search_off_and_a_probe_measures_again():
     cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
     base = asyncio.run(run_search(make_spec(REBASE), "What is 2 + 3?", JitterPort()))
     budget = make_budget(cfg)
-    budget.payoff(None, "rebase", 8).record_search(saved_steps=0.0, wasted_tokens=200)
+    budget.payoff(None, REBASE_KEY, 8).record_search(saved_steps=0.0, wasted_tokens=200)
     runs = [_run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget)[0] for i in range(PROBE_EVERY)]
     for res in runs:
         assert signature(res) == signature(base)
@@ -65,14 +65,14 @@ def test_not_paying_switches_a_search_off_and_a_probe_measures_again():
     assert all(r.speculation["issued"] == 0 and r.speculation["switched_off"] == 1 for r in off)
     assert probe.speculation["probes"] == 1 and probe.speculation["switched_off"] == 0
     assert probe.speculation["issued"] > 0
-    assert budget.payoff(None, "rebase", 8).searches == pytest.approx(1 + SEARCH_DECAY)  # the probe reported
+    assert budget.payoff(None, REBASE_KEY, 8).searches == pytest.approx(1 + SEARCH_DECAY)  # the probe reported
 
 
 def test_a_search_that_speculated_reports_what_it_saved_and_wasted():
     cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
     budget = make_budget(cfg)
     res = _run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget)[0]
-    p = budget.payoff(None, "rebase", 8)
+    p = budget.payoff(None, REBASE_KEY, 8)
     assert res.speculation["issued"] > 0 and p.searches == 1.0
     assert p.search_saved == pytest.approx(res.speculation["saved_steps"])
     assert p.search_wasted >= res.speculation["wasted_tokens"] >= 0
@@ -81,7 +81,7 @@ def test_a_search_that_speculated_reports_what_it_saved_and_wasted():
 def test_paying_or_disabled_keeps_speculating():
     cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
     budget = make_budget(cfg)
-    budget.payoff(None, "rebase", 8).record_search(saved_steps=50.0, wasted_tokens=8)  # a·50 >> b·8
+    budget.payoff(None, REBASE_KEY, 8).record_search(saved_steps=50.0, wasted_tokens=8)  # a·50 >> b·8
     paying = _run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget)[0]
     assert paying.speculation["issued"] > 0 and paying.speculation["switched_off"] == 0
     disabled = _run(cfg, stalled=True, payoff_gate=False, auto_off=False)[0]
@@ -93,3 +93,13 @@ def test_auto_off_override_is_checked():
     assert resolve(cfg, {"auto_off": False}).auto_off is False
     with pytest.raises(SearchSpecError, match="speculation.auto_off"):
         resolve(cfg, {"auto_off": "no"})
+
+
+def test_pools_are_per_policy_configuration():
+    """REBASE at width 16 is not switched off by what REBASE at width 8 reported."""
+    cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
+    budget = make_budget(cfg)
+    budget.payoff(None, REBASE_KEY, 8).record_search(saved_steps=0.0, wasted_tokens=200)
+    wide = _run(cfg, stalled=False, payoff_gate=False, auto_off=True, budget=budget, policy={**REBASE, "width": 16})[0]
+    assert wide.speculation["issued"] > 0 and wide.speculation["switched_off"] == 0
+    assert policy_key("rebase", {"width": 16, "max_depth": 3}) != REBASE_KEY

@@ -14,6 +14,7 @@ from sglang_spex.speculation.payoff import (
     Payoff,
     SearchPayoff,
     WaveMeter,
+    policy_key,
     remaining_tokens,
     truncate_at,
     wasted_tokens,
@@ -23,6 +24,7 @@ from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.tot.search import run_search
 
 REBASE = {"name": "rebase", "width": 8, "max_depth": 3}
+REBASE_KEY = policy_key("rebase", {"width": 8, "max_depth": 3})  # its pay-off pool's key
 
 
 def test_min_use_hand_computed():
@@ -114,14 +116,14 @@ def test_live_curve_reports_its_line():
     assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
 
 
-def _run(cfg: SpexConfig, stalled: bool, payoff_gate: bool = True, auto_off: bool = False, budget=None):
+def _run(cfg: SpexConfig, stalled: bool, payoff_gate: bool = True, auto_off: bool = False, budget=None, policy=None):
     """A REBASE search under SPEX with a steep step curve; ``stalled``: the pooled estimate says hits saved no
     steps (so only near-certain candidates pay)."""
     budget = budget or make_budget(cfg)
     budget.step_cost = lambda *rank: (0.09, 0.013)
-    spec = make_spec(REBASE, speculation={"payoff_gate": payoff_gate, "auto_off": auto_off})
+    spec = make_spec(policy or REBASE, speculation={"payoff_gate": payoff_gate, "auto_off": auto_off})
     if stalled:
-        p = budget.payoff(None, "rebase", spec.step.max_tokens)
+        p = budget.payoff(None, REBASE_KEY, spec.step.max_tokens)
         for _ in range(40):
             p.record_wave(0.0, 4)
             p.record_miss(8)

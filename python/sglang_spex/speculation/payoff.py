@@ -39,9 +39,10 @@ branch as long as the longest) saves nothing; the per-candidate gate above canno
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, DistanceRates, SpecAccounting
 
@@ -148,6 +149,12 @@ class Payoff:
             return 1.0
         r = max(searches, 1) * b * self.wasted_per_miss() / saving
         return r / (1.0 + r)
+
+
+def policy_key(name: str, params: Dict[str, Any]) -> str:
+    """What pools pay-off measurements: the policy and its knobs (REBASE at width 8 and at width 16 save differently;
+    ``rebase{"max_depth": 4, "width": 8}``)."""
+    return name + (json.dumps(params, sort_keys=True, default=str) if params else "")
 
 
 def wasted_tokens(decoded: int, prompt_tokens: int, cached_tokens: int) -> int:

@@ -26,7 +26,7 @@ from sglang_spex.speculation.accounting import SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
 from sglang_spex.speculation.candidates import Candidate, refill_key
 from sglang_spex.speculation.early_stop import EarlyStop
-from sglang_spex.speculation.payoff import Payoff, SearchPayoff, WaveMeter, truncate_at
+from sglang_spex.speculation.payoff import Payoff, SearchPayoff, WaveMeter, policy_key, truncate_at
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
 from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
@@ -98,7 +98,7 @@ class SpexContext(SearchContext):
         self.pay = SearchPayoff(
             budget,
             lambda: self.dp_rank,
-            self.spec.policy.name,
+            policy_key(self.spec.policy.name, self.spec.policy.params),
             self.spec.step.max_tokens,
             self.acc,
             gate=self.settings.payoff_gate,
