@@ -121,7 +121,8 @@ class Payoff:
 
     def report(self, line: Optional[Tuple[float, float]], searches: int = 1) -> dict:
         """JSON-ready state (``/spex/stats`` → ``payoff``): the finished searches' sums, auto-off's verdict on
-        ``line`` with ``searches`` sharing the engine, the probes drawn, and the per-candidate gate's floor."""
+        ``line`` with ``searches`` sharing the engine, the searches that found it not paying (every ``PROBE_EVERY``-th
+        probed), and the per-candidate gate's floor."""
         return {
             "searches": round(self.searches, 3),
             "steps_saved": round(self.search_saved, 2),
