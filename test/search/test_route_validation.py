@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import requests
 
+from sglang_spex.speculation.payoff import policy_key
+
 from .helpers import QUESTION, post_search, spec
 
 pytestmark = pytest.mark.server
@@ -100,7 +102,8 @@ def test_stats_report_what_speculation_saved_and_auto_offs_verdict(spex_server):
     res = post_search(spex_server.url, {"spec": body, "question": QUESTION}).json()
     assert res["status"] == "done"
     rows = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["payoff"]
-    mine = [r for r in rows if r["policy"].startswith("rebase") and r["step_tokens"] == body["step"]["max_tokens"]]
+    key = policy_key("rebase", {"width": 3, "max_depth": 2})  # the pool of this policy with these knobs
+    mine = [r for r in rows if r["policy"] == key and r["step_tokens"] == body["step"]["max_tokens"]]
     assert len(mine) == 1
     row = mine[0]
     assert set(row) >= {"rank", "searches", "steps_saved", "tokens_wasted", "pays", "off_draws", "gate_min_use"}
