@@ -153,6 +153,7 @@ def test_bench_tot_cli_defaults_and_quick():
 
 def test_bench_tot_critical_path_bound():
     import bench_tot
+    import tot_report
 
     from sglang_spex.tot.result import SearchResult
 
@@ -163,17 +164,17 @@ def test_bench_tot_critical_path_bound():
     ]
     r = SearchResult("s", "q", "rebase", "done", "1", None, None, [], nodes, 40, 3, 1.0)
     assert bench_tot.critical_path(r) == 30
-    assert bench_tot.steps_bound([30, 20, 10], 1) == 60  # one at a time: the paths add up
-    assert bench_tot.steps_bound([30, 20, 10], 4) == 30  # all at once: the longest path
-    assert bench_tot.steps_bound([30, 30, 30, 30], 2) == 60
+    assert tot_report.steps_bound([30, 20, 10], 1) == 60  # one at a time: the paths add up
+    assert tot_report.steps_bound([30, 20, 10], 4) == 30  # all at once: the longest path
+    assert tot_report.steps_bound([30, 30, 30, 30], 2) == 60
 
 
 def test_bench_tot_time_split_counts_mixed_steps_as_decoding():
-    import bench_tot
+    import tot_report
 
     trace = {"decode_steps": 10, "decode_s": 1.0, "mixed_steps": 2, "mixed_s": 0.4, "prefill_s": 0.9}
     row = {**_row("rebase-8", 1, "baseline", 0, 1.0, [1.0]), "trace": {**trace, "mean_decode_batch": 3.0}}
     row["critical_path_tokens"] = [5, 5]
-    split = bench_tot._time_split([row], 1)
+    split = tot_report._time_split([row], 1)
     assert split["decode_steps"] == 12 and split["decode_ms"] == 116.7  # (1.0 + 0.4) s over 12 steps
     assert split["prefill_s"] == 0.5 and split["steps_bound"] == 10  # prefill-only; two 5-token paths in turn

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 
-import bench_tot  # noqa: E402
 import sched_trace  # noqa: E402
+import tot_report  # noqa: E402
 
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
 
@@ -41,7 +41,7 @@ def test_time_split_reports_median_cpu_per_role():
         trace = {"decode_steps": 10, "decode_s": 1.0, "prefill_s": 0.5, "mean_decode_batch": 2.0}
         return {"trace": {**trace, "cpu_s": {"tokenizer_manager": tm, "scheduler": 9.0}}}
 
-    split = bench_tot._time_split([row(1.0), row(3.0), row(2.0)], 1)
+    split = tot_report._time_split([row(1.0), row(3.0), row(2.0)], 1)
     assert split["cpu_s"] == {"scheduler": 9.0, "tokenizer_manager": 2.0}
-    assert bench_tot._cpu(split, {"cpu_s": {"scheduler": 12.5}}, "scheduler") == "9 -> 12.5"
-    assert bench_tot._cpu(split, {}, "scheduler") == "-"
+    assert tot_report._cpu(split, {"cpu_s": {"scheduler": 12.5}}, "scheduler") == "9 -> 12.5"
+    assert tot_report._cpu(split, {}, "scheduler") == "-"

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 
 import bench_tot  # noqa: E402
 import step_cost  # noqa: E402
+import tot_report  # noqa: E402
 
 PRICE = (0.10, 0.01, 0.03, 0.003)  # a, b per decode row, f per prefilling step, p per prompt token
 
@@ -79,7 +80,7 @@ def test_priced_ratio_follows_the_schedule_not_the_wall_clock():
     spex = [[r, pre, tok / 2, t] for r, pre, tok, t in base]
     rows = [_run("baseline", 0, 10.0, base), _run("spex_t1t2", 0, 8.0, spex)]
     cells = {s["mode"]: s for s in bench_tot.summarise(rows)}
-    price = bench_tot.step_price(rows)
+    price = tot_report.step_price(rows)
     want = price.cost_s(base) / price.cost_s(spex)
     assert want > 1.05
     assert cells["spex_t1t2"]["cost_ratio"] == pytest.approx(want, abs=1e-3)

@@ -1,0 +1,177 @@
+"""bench_tot's aggregation and tables: per (policy, concurrency, mode) medians, min-max ratios against the baseline of
+the same repeat, the priced schedule (:mod:`step_cost`), latency percentiles, and where the time went."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from step_cost import StepPrice, fit_price
+
+
+def steps_bound(paths: Sequence[int], concurrency: int) -> float:
+    """A lower bound on a run's decode steps: each query needs its critical path, ``concurrency`` at a time."""
+    return max(max(paths, default=0), sum(paths) / max(concurrency, 1))
+
+
+def percentile(xs: Sequence[float], q: float) -> Optional[float]:
+    return round(float(np.percentile(np.asarray(xs, dtype=float), q)), 3) if len(xs) else None
+
+
+def _tps(row: Dict[str, Any]) -> float:
+    """Search tokens per second of a run (its trees' tokens over its wall time)."""
+    return row["tokens"] / row["wall_s"] if row.get("wall_s") else 0.0
+
+
+def _time_split(rs: List[Dict[str, Any]], conc: int) -> Dict[str, Any]:
+    """Where a cell's time went (medians over repeats): steps that decode (plain and mixed) and their mean time,
+    prefill-only seconds, and the decode-step bound of its trees (:func:`steps_bound`; the baseline's steps over it
+    bound any speedup that comes from running fewer decode steps)."""
+    traced = [r["trace"] for r in rs if r.get("trace") and r["trace"].get("decode_steps")]
+    if not traced:
+        return {}
+    med = statistics.median
+
+    def steps(t: Dict[str, Any]) -> int:  # steps that decode: plain decode steps and mixed prefill+decode steps
+        return t["decode_steps"] + t.get("mixed_steps", 0)
+
+    out = {
+        "decode_steps": med(steps(t) for t in traced),
+        "decode_ms": round(med(1e3 * (t["decode_s"] + t.get("mixed_s", 0.0)) / steps(t) for t in traced), 1),
+        "prefill_s": round(med(t["prefill_s"] - t.get("mixed_s", 0.0) for t in traced), 2),
+        "mean_decode_batch": round(med(t["mean_decode_batch"] for t in traced), 2),
+    }
+    cpu = [t["cpu_s"] for t in traced if t.get("cpu_s")]
+    if cpu:  # CPU seconds per server process role (sched_trace.cpu_seconds)
+        out["cpu_s"] = {k: round(med(c.get(k, 0.0) for c in cpu), 2) for k in sorted({k for c in cpu for k in c})}
+    bounds = [steps_bound(r["critical_path_tokens"], conc) for r in rs if r.get("critical_path_tokens")]
+    if bounds:
+        out["steps_bound"] = round(med(bounds), 1)
+    return out
+
+
+def tree_key(row: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What two runs that grew the same trees agree on: tokens generated and every answer."""
+    return row["tokens"], tuple(row["answers"])
+
+
+def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One line per (policy, concurrency, mode): medians over repeats, the per-repeat ratio to the baseline of
+    the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time."""
+    base = {(r["policy"], r["concurrency"], r["repeat"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
+    price = step_price(rows)
+    cost = {id(r): price.cost_s(r["trace"]["step_rows"]) for r in rows if price and "step_rows" in r.get("trace", {})}
+    base_cost = {(r["policy"], r["concurrency"], r["repeat"]): cost.get(id(r)) for r in rows if r["mode"] == "baseline"}
+    base_tps = {(r["policy"], r["concurrency"], r["repeat"]): _tps(r) for r in rows if r["mode"] == "baseline"}
+    base_tree = {(r["policy"], r["concurrency"], r["repeat"]): tree_key(r) for r in rows if r["mode"] == "baseline"}
+    cells: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["policy"], r["concurrency"], r["mode"]), []).append(r)
+    out = []
+    for (policy, conc, mode), rs in cells.items():
+        ratios = [
+            r["q_per_min"] / base[(policy, conc, r["repeat"])] for r in rs if base.get((policy, conc, r["repeat"]))
+        ]
+        tps_ratios = [
+            _tps(r) / base_tps[(policy, conc, r["repeat"])] for r in rs if base_tps.get((policy, conc, r["repeat"]))
+        ]
+        lat = [x for r in rs for x in r["latencies_s"]]
+        spec = [r["speculation"] for r in rs if r["speculation"]]
+        paired = [r for r in rs if (policy, conc, r["repeat"]) in base_tree]
+        same = [tree_key(r) == base_tree[(policy, conc, r["repeat"])] for r in paired]
+        cost_ratios = [
+            base_cost[(policy, conc, r["repeat"])] / cost[id(r)]
+            for r in rs
+            if cost.get(id(r)) and base_cost.get((policy, conc, r["repeat"]))
+        ]
+
+        def total(key: str) -> int:
+            return int(sum(s.get(key, 0) for s in spec))
+
+        out.append(
+            {
+                "policy": policy,
+                "concurrency": conc,
+                "mode": mode,
+                "repeats": len(rs),
+                "q_per_min": round(statistics.median(r["q_per_min"] for r in rs), 3),
+                **_spread("ratio", ratios),
+                "accuracy": round(statistics.mean(r["accuracy"] for r in rs), 3),
+                "tokens": int(statistics.median(r["tokens"] for r in rs)),
+                "tokens_per_s": round(statistics.median(_tps(r) for r in rs), 2),
+                "tokens_per_s_ratio": round(statistics.median(tps_ratios), 3) if tps_ratios else None,
+                "same_tree": f"{sum(same)}/{len(same)}",
+                **_spread("cost_ratio", cost_ratios),
+                **_time_split(rs, conc),
+                "hits": total("hits"),
+                "issued": total("issued"),
+                "wasted_tokens": total("wasted_tokens"),
+                "spec_tokens": total("spec_tokens"),
+                "early_stops": total("early_stops"),
+                "latency_p50_s": percentile(lat, 50),
+                "latency_p99_s": percentile(lat, 99),
+            }
+        )
+    return out
+
+
+def step_price(rows: List[Dict[str, Any]]) -> Optional[StepPrice]:
+    """One step price over every traced run of the benchmark, all modes (:mod:`step_cost`)."""
+    return fit_price(r["trace"]["step_rows"] for r in rows if "step_rows" in r.get("trace", {}))
+
+
+def _spread(key: str, xs: List[float]) -> Dict[str, Optional[float]]:
+    """``key``, ``key_min``, ``key_max``: median, min and max of ``xs`` (None when empty)."""
+    vals = (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
+    return {k: None if v is None else round(v, 3) for k, v in zip((key, f"{key}_min", f"{key}_max"), vals)}
+
+
+def print_table(summary: List[Dict[str, Any]]) -> None:
+    print(
+        f"\n{'policy':10} {'conc':>4} {'mode':12} {'q/min':>7} {'ratio (min-max)':>18} {'acc':>5} {'tokens':>7} "
+        f"{'tok/s x':>7} {'same tree':>9} {'hits/issued':>12} {'wasted':>7} {'p50 s':>7} {'p99 s':>7} "
+        f"{'priced x (min-max)':>18}"
+    )
+
+    def fmt(s: Dict[str, Any], key: str) -> str:
+        return f"{s[key]:.2f} ({s[key + '_min']:.2f}-{s[key + '_max']:.2f})" if s.get(key) is not None else "-"
+
+    for s in summary:
+        ratio = fmt(s, "ratio")
+        hits = f"{s['hits']}/{s['issued']}" if s["issued"] else "-"
+        print(
+            f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {s['q_per_min']:>7.2f} {ratio:>18} "
+            f"{s['accuracy']:>5.2f} {s['tokens']:>7} {s['tokens_per_s_ratio'] or 0:>7.2f} {s.get('same_tree', '-'):>9} {hits:>12} {s['wasted_tokens']:>7} "
+            f"{s['latency_p50_s']:>7} {s['latency_p99_s']:>7} {fmt(s, 'cost_ratio'):>18}"
+        )
+
+
+def print_time_split(summary: List[Dict[str, Any]]) -> None:
+    """Where the time goes, per cell: baseline vs SPEX steps that decode, ms per such step, mean decode batch,
+    prefill-only seconds, the critical-path bound on decode steps (baseline steps / bound = the most that fewer
+    steps could give), and the CPU seconds of the server's launcher process (HTTP, TokenizerManager, server-side
+    searches) and scheduler: on a host with few cores the launcher's work slows the scheduler's steps."""
+    base = {(s["policy"], s["concurrency"]): s for s in summary if s["mode"] == "baseline"}
+    print(
+        f"\n{'policy':10} {'conc':>4} {'mode':12} {'decode steps':>14} {'ms/step':>13} {'batch':>11} "
+        f"{'prefill s':>13} {'path bound':>10} {'max x':>6} {'CPU s: launcher':>16} {'scheduler':>13}"
+    )
+    for s in summary:
+        b = base.get((s["policy"], s["concurrency"]))
+        if s["mode"] == "baseline" or b is None or "decode_steps" not in s or "decode_steps" not in b:
+            continue
+        bound = b.get("steps_bound")
+        best = f"{b['decode_steps'] / bound:.2f}" if bound else "-"
+        print(
+            f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {b['decode_steps']:>6g} -> {s['decode_steps']:<5g} "
+            f"{b['decode_ms']:>5} -> {s['decode_ms']:<5} {b['mean_decode_batch']:>4} -> {s['mean_decode_batch']:<4} "
+            f"{b['prefill_s']:>5} -> {s['prefill_s']:<5} {bound or '-':>10} {best:>6} "
+            f"{_cpu(b, s, 'tokenizer_manager'):>16} {_cpu(b, s, 'scheduler'):>13}"
+        )
+
+
+def _cpu(base: Dict[str, Any], spex: Dict[str, Any], role: str) -> str:
+    """``base -> spex`` CPU seconds of one server process role ("-" when not measured)."""
+    b, x = (base.get("cpu_s") or {}).get(role), (spex.get("cpu_s") or {}).get(role)
+    return "-" if b is None or x is None else f"{b:g} -> {x:g}"
