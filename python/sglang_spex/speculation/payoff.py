@@ -273,7 +273,7 @@ class SearchPayoff:
         self.budget, self.rank, self.key = budget, rank, (policy, step_tokens)
         self.acc, self.gate, self.auto_off = acc, gate, auto_off
         self.probe: Optional[bool] = None  # auto-off: drawn the first time speculation was found not paying
-        self.saved = self.wasted = 0.0  # this search's steps saved and tokens wasted (reported by :meth:`finish`)
+        self.wasted = 0.0  # this search's tokens wasted as auto-off prices them (its steps saved: ``acc.saved_steps``)
 
     def pooled(self) -> Payoff:
         """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""
@@ -318,7 +318,6 @@ class SearchPayoff:
     def on_wave(self, saved_steps: float, hits: int) -> None:
         self.pooled().record_wave(saved_steps, hits)
         self.acc.saved_steps += saved_steps
-        self.saved += saved_steps
 
     def missed(self, decoded: int, prompt_tokens: int, cached_tokens: int) -> None:
         """A speculative node will never be adopted: what it decoded and prefilled was for nothing."""
@@ -329,4 +328,4 @@ class SearchPayoff:
     def finish(self) -> None:
         """The search ended (every speculative node resolved): report it to auto-off if it speculated."""
         if self.acc.issued:
-            self.pooled().record_search(self.saved, self.wasted)
+            self.pooled().record_search(self.acc.saved_steps, self.wasted)
