@@ -253,10 +253,11 @@ class _Plan:
 
 
 class _Query:
-    """A live search as T2 sees it, with a fixed demand."""
+    """A live search as T2 sees it, with a fixed demand and ``inflight`` primaries in flight."""
 
-    def __init__(self, i: int, candidates: int):
-        self.search_id, self.inflight, self.version = f"q{i}", set(), 0
+    def __init__(self, i: int, candidates: int, inflight: int = 0):
+        self.search_id, self.version = f"q{i}", 0
+        self.inflight = {f"q{i}-p{j}" for j in range(inflight)}
         self.d = QueryDemand(self.search_id, candidates, 0.3 + 0.01 * i, 1e4, 1e6)
 
     def should_stop(self) -> bool:
@@ -287,10 +288,12 @@ def micro_hooks(repeats: int = 7, running: int = 80, waiting: int = 12, searches
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_spex.adapters import scheduler as sa
-    from sglang_spex.srt import batch_stats, prefix_protection, scheduling
+    from sglang_spex.srt import batch_stats, census, prefix_protection, scheduling
 
     rng = random.Random(0)
     run = _Batch([_Req(i, i % 3 == 0, f"s{rng.randrange(64)}") for i in range(running)], ForwardMode.DECODE)
+    for r in run.reqs[::6]:  # half the speculative requests sure
+        r.sampling_params.custom_params["spex_sure"] = True
     queue = [_Req(1000 + i, i % 2 == 0, f"s{rng.randrange(64)}") for i in range(waiting)]
     sched = _Scheduler(run, queue)
     state = scheduling.SpexSchedulerState(budget=running, knee=None)  # room for all: nothing is retracted
@@ -308,6 +311,8 @@ def micro_hooks(repeats: int = 7, running: int = 80, waiting: int = 12, searches
             out["cap_prefill"] = _best_us(lambda: scheduling.h_cap_prefill(lambda *a, **k: None, sched, run), repeats)
             out["pre_step"] = _best_us(lambda: scheduling.h_pre_step(sched, run, None), repeats)
             out["protect_pre_step"] = _best_us(lambda: prefix_protection.h_pre_step(sched, run, None), repeats)
+            out["census_decode"] = _best_us(lambda: census.census(sched, run, full=False), repeats)
+            out["census_prefill"] = _best_us(lambda: census.census(sched, run), repeats)
         finally:
             state.stats.close()
     budget = SpecBudget(16, max_wait_s=1e9)
@@ -329,7 +334,83 @@ def micro_hooks(repeats: int = 7, running: int = 80, waiting: int = 12, searches
     for changed in (True, False):
         key = "t2_resplit_" + ("new_inputs" if changed else "same_inputs")
         out[key] = min(asyncio.run(resplits(changed)) for _ in range(repeats))
+    out["t2_new_round"] = min(asyncio.run(_new_rounds(searches)) for _ in range(repeats))
+    out["t2_split_spex"] = min(asyncio.run(_spex_splits(searches)) for _ in range(max(3, repeats // 2)))
     return out
+
+
+async def _new_rounds(searches: int, n: int = 200) -> float:
+    """CPU µs of the first refill of an event-loop round at ``searches`` searches with primaries in flight (the
+    room below the knee is read again: the searches' in-flight primaries and the engine's load), one primary
+    finishing and one starting per round."""
+    budget = SpecBudget(4 * searches, max_wait_s=1e9, engine_primary=lambda: 0)
+    queries = [_Query(i, 4 if i % 9 == 0 else 0, inflight=1 + i % 3) for i in range(searches)]
+    for q in queries:
+        budget.register(q)
+    budget.share(queries[1])
+    t0 = time.process_time()
+    for i in range(n):
+        await asyncio.sleep(0)  # a new round
+        q = queries[i % searches]
+        q.inflight.discard(f"{q.search_id}-p0")
+        q.inflight.add(f"{q.search_id}-p0")
+        budget.share(queries[1])
+    return 1e6 * (time.process_time() - t0) / n
+
+
+class _StallPort:
+    """An engine port that answers the first ``answer`` requests at once and then never again: the searches stop
+    mid-search, with primaries and speculative requests in flight."""
+
+    def __init__(self, answer: int):
+        self.answer = answer
+
+    async def generate(self, req: Any) -> Any:
+        from sglang_spex.tot.engine import GenResult
+
+        if self.answer <= 0:
+            await asyncio.Event().wait()
+        self.answer -= 1
+        rng = random.Random(req.seed)
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        text = f"{a} + {b} = {a + b}." + (" The answer is 5." if rng.random() < 0.3 else "")
+        return GenResult(req.rid, text, [1] * 5, "stop", "\n\n", [-0.5] * 5, 40, 5, 0)
+
+    async def abort(self, rid_or_prefix: str) -> None: ...
+
+    async def promote(self, rid: str) -> None: ...
+
+    async def release(self, search_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def _spex_splits(searches: int, n: int = 40) -> float:
+    """CPU µs of one T2 split over ``searches`` real rSTAR ``SpexContext`` searches stopped mid-search, every one of
+    them with a new demand key (as after each one's node finished): their demands, re-planned where a plan ran out,
+    and the split."""
+    spec = SearchSpec.from_dict(
+        {"policy": POLICY, "step": STEP, "reward": {"type": "verifier", "name": "arith"}, "seed": 3}
+    )
+    cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"))
+    budget = SpecBudget(16 * searches, max_wait_s=1e9)  # room for a split whatever is in flight
+    make = context_factory(cfg, budget)
+    port = _StallPort(answer=6 * searches)
+    ctxs = [make(spec, f"What is {i} + {7 * i + 3}?", port) for i in range(searches)]
+    tasks = [asyncio.ensure_future(c.run()) for c in ctxs]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    t0 = time.process_time()
+    for _ in range(n):
+        for c in ctxs:
+            c._version += 1  # every search moved on since the last split
+        budget._end_round()
+        budget.share(ctxs[0])
+    took = 1e6 * (time.process_time() - t0) / n
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return took
 
 
 # ---------------------------------------------------------------- driver
@@ -364,7 +445,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for size, m in data["micro_us"].items():
         print(f"  {size:>6} nodes: overlay {fmt(m['overlay'])}  deep copy {fmt(m['deep_copy'])}")
     data["micro_hooks_us"] = micro_hooks()
-    print("micro: CPU us of one step's hooks (80 running, 12 waiting) and one T2 re-split (64 searches); best of 7")
+    print(
+        "micro: CPU us of one step's hooks (80 running, 12 waiting), the gate's census, and T2 (64 searches: a "
+        "re-split, a new round's first refill, a split over real stalled searches); best of 7"
+    )
     print("  " + ", ".join(f"{k} {v:.1f}" for k, v in data["micro_hooks_us"].items()))
     if args.skip_live:
         return data

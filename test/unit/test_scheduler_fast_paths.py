@@ -23,9 +23,9 @@ class Params:
 
 
 class Req:
-    def __init__(self, i: int, spec: bool, search: Optional[str], done: bool = False):
+    def __init__(self, i: int, spec: bool, search: Optional[str], done: bool = False, sure: bool = False):
         self.rid = f"spex:{search}:0.{i}:{'s' if spec else ''}" if search else f"plain-{i}"
-        custom = {"spex_role": "spec" if spec else "primary"} if search else {}
+        custom = {"spex_role": "spec" if spec else "primary", "spex_sure": sure} if search else {}
         self.sampling_params = Params(custom)
         self.finished_reason = "length" if done else None
 
@@ -45,13 +45,17 @@ class Sched:
 
 def _reqs(n: int, seed: int) -> List[Req]:
     rng = random.Random(seed)
-    return [Req(i, rng.random() < 0.4, rng.choice(["a", "b", "c", None]), done=rng.random() < 0.1) for i in range(n)]
+    return [
+        Req(i, rng.random() < 0.4, rng.choice(["a", "b", "c", None]), rng.random() < 0.1, rng.random() < 0.5)
+        for i in range(n)
+    ]
 
 
 def _naive_roles(reqs, skip=()):
     live = [r for r in reqs if not r.finished() and id(r) not in skip]
     spec = sum(1 for r in live if sa.is_spec(r))
-    return spec, len(live) - spec, {sa.classify(r)[1] or id(r) for r in live if not sa.is_spec(r)}
+    sure = sum(1 for r in live if sa.is_spec(r) and sa.is_sure(r))
+    return spec, len(live) - spec, sure, {sa.classify(r)[1] or id(r) for r in live if not sa.is_spec(r)}
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -59,8 +63,9 @@ def test_live_roles_and_count_spec_equal_the_plain_loops(seed):
     reqs = _reqs(60, seed)
     skip = {id(r) for r in reqs[::7]}
     searches: set = set()
-    spec, primary = sa.live_roles(reqs, skip=skip, searches=searches)
-    assert (spec, primary, searches) == _naive_roles(reqs, skip)
+    spec, primary, sure = sa.live_roles(reqs, skip=skip, searches=searches)
+    assert (spec, primary, sure, searches) == _naive_roles(reqs, skip)
+    assert 0 < sure < spec  # the draw marks some speculative requests sure, not all
     fresh = _reqs(60, seed)  # not classified yet: the count classifies them one by one
     assert sa.count_spec(fresh) == sum(map(sa.is_spec, fresh)) == sa.count_spec(fresh)
     assert sa.count_spec([]) == 0
@@ -70,7 +75,7 @@ def test_a_promoted_request_counts_as_primary():
     r = Req(0, True, "a")
     assert sa.count_spec([r]) == 1
     sa.make_primary(r, 0)
-    assert sa.count_spec([r]) == 0 and sa.live_roles([r]) == (0, 1)
+    assert sa.count_spec([r]) == 0 and sa.live_roles([r]) == (0, 1, 0)
 
 
 @pytest.mark.parametrize("chunked_role", [None, "spec", "primary", "in batch"])
@@ -89,9 +94,10 @@ def test_census_counts_equal_with_and_without_the_lists(chunked_role):
             full.primary_waiting,
             full.primary_live,
         )
-    spec, primary, searches = _naive_roles(running)
+    spec, primary, sure, searches = _naive_roles(running)
     extra = chunked[chunked_role] if chunked_role in ("spec", "primary") else None
     assert full.spec_running == spec + (chunked_role == "spec")
+    assert full.spec_sure == lean.spec_sure == sure > 0  # the chunked speculative request is not sure
     assert full.primary_decoding == primary and full.primary_chunked == (chunked_role == "primary")
     assert full.waiting_spec == [r for r in waiting if sa.is_spec(r)]
     assert full.waiting_primary == [r for r in waiting if not sa.is_spec(r)]

@@ -156,11 +156,12 @@ def count_spec(reqs: Sequence[Any]) -> int:
 
 def live_roles(
     reqs: Iterable[Any], skip: Optional[Set[int]] = None, searches: Optional[Set[Any]] = None
-) -> Tuple[int, int]:
-    """(speculative, primary) counts of the unfinished requests of ``reqs`` whose ``id`` is not in ``skip``; adds
-    the search of each such primary (its ``id`` outside any search) to ``searches`` when given. One pass, roles
-    read from the cached attributes (the gate's census and the batch-stats row run it every step)."""
-    spec = primary = 0
+) -> Tuple[int, int, int]:
+    """(speculative, primary, sure) counts of the unfinished requests of ``reqs`` whose ``id`` is not in ``skip``
+    (sure: the speculative ones :func:`is_sure`); adds the search of each such primary (its ``id`` outside any
+    search) to ``searches`` when given. One pass, roles read from the cached attributes (the gate's census and the
+    batch-stats row run it every step)."""
+    spec = primary = sure = 0
     for r in reqs:
         if r.finished() or (skip is not None and id(r) in skip):
             continue
@@ -169,11 +170,12 @@ def live_roles(
             flag = is_spec(r)
         if flag:
             spec += 1
+            sure += is_sure(r)
         else:
             primary += 1
             if searches is not None:
                 searches.add(search_of(r))
-    return spec, primary
+    return spec, primary, sure
 
 
 def search_of(req: Any) -> Any:
@@ -393,11 +395,6 @@ def is_sure(req: Any) -> bool:
         flag = bool(params.get("spex_sure")) if isinstance(params, dict) else False
         setattr(req, _SURE_ATTR, flag)
     return flag
-
-
-def count_sure(reqs: Iterable[Any]) -> int:
-    """How many of ``reqs`` are live speculative requests marked sure."""
-    return sum(1 for r in reqs if not r.finished() and is_spec(r) and is_sure(r))
 
 
 def worth_s(req: Any) -> Optional[float]:

@@ -341,7 +341,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
     n_spec = sa.count_spec(reqs)
     spec_rest = primary_running = 0  # live requests of the running batch that do not run in this step's batch
     if plan.running_batch is not batch:  # a decode step runs the running batch itself: nothing else to count
-        spec_rest, primary_running = sa.live_roles(sa.reqs_view(plan.running_batch), skip=set(map(id, reqs)))
+        spec_rest, primary_running, _ = sa.live_roles(sa.reqs_view(plan.running_batch), skip=set(map(id, reqs)))
     prefill, spec_prefill, decode_rows = sa.prefill_tokens(batch)
     total, available, evictable, protected = sa.kv_figures(scheduler)
     waiting = sa.waiting(scheduler)

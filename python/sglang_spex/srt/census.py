@@ -37,9 +37,7 @@ def census(scheduler: Any, batch: Any, full: bool = True) -> Census:
     c = Census()
     reqs = sa.reqs_view(batch)
     searches = c.primary_searches if full else None
-    c.spec_running, c.primary_decoding = sa.live_roles(reqs, searches=searches)
-    if c.spec_running:
-        c.spec_sure = sa.count_sure(reqs)
+    c.spec_running, c.primary_decoding, c.spec_sure = sa.live_roles(reqs, searches=searches)
     chunked = sa.chunked_req(scheduler)
     if chunked is not None and all(chunked is not r for r in reqs):
         if sa.is_spec(chunked):
