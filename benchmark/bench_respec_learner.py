@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-respec-learner-"))
     setup = prepare_run(
         a.model, task, work, a.warm_steps, a.drafter_samples, a.drafter_iters, a.draft_vocab, a.max_new_tokens,
-        a.temperature, a.seed,
+        a.temperature, a.seed, drafter_dir=a.drafter,
     )  # fmt: skip
     print(f"setup: {json.dumps(setup.info)} ({time.monotonic() - t0:.0f} s)")
     run = run_variants(a, setup, task)

@@ -54,7 +54,7 @@ def prepare(a, task, work: Path):
     else:
         setup = prepare_run(
             a.model, task, work, a.warm_steps, a.drafter_samples, a.drafter_iters, a.draft_vocab, a.max_new_tokens,
-            a.temperature, a.seed,
+            a.temperature, a.seed, drafter_dir=a.drafter,
         )  # fmt: skip
         d = {"policy_dir": str(setup.policy_dir), "drafter_dir": str(setup.drafter_dir), "probe": setup.probe}
         meta.write_text(json.dumps({**d, "info": setup.info}))

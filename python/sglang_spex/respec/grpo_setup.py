@@ -148,6 +148,10 @@ def add_run_args(ap, max_new_tokens: int = 32) -> None:
     ap.add_argument("--draft-vocab", type=int, default=256)
     ap.add_argument("--drafter-samples", type=int, default=48)
     ap.add_argument("--drafter-iters", type=int, default=150)
+    ap.add_argument(
+        "--drafter", default=None, help="a saved EAGLE-3 drafter to start from (e.g. scripts/respec_bootstrap.py's) "
+        "instead of bootstrapping one on the policy's samples; the learner then has no probe set"
+    )  # fmt: skip
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
 
