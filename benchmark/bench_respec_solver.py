@@ -10,8 +10,12 @@ state measures, per batch size; and per batch size the plan's choice against the
 The check runs one server per state (plus plain decode), one at a time, the order reversed every repeat, at batch
 sizes the profile did and did not measure (the model interpolates between profiled sizes and extrapolates the
 step cost past them), with other lengths than the profile's; each point is the profiler's own two-length
-difference (``measure_point``: pure decode, prefill and request overhead cancelled). Speedup of a state =
-its throughput / plain decode's of the same repeat. Printed and written as JSON.
+difference (``measure_point``: pure decode, prefill and request overhead cancelled; a fixed batch that drains, so
+its tokens per step are its slowest request's). ``--continuous`` measures instead with the batch refilled as
+requests finish, ``B`` in flight (a full server; two run lengths, their difference). Speedup of a state = its
+throughput / plain decode's of the same repeat. Next to the solver's prediction, the same profile's step costs
+with SGLang's mean accept length per request as the gain (what a refilled batch gains per step). Printed and
+written as JSON.
 
 What the runtime can switch among at run time is narrower than what the solver may pick: SGLang 0.5.23's
 adaptive EAGLE states are chains (``adaptive_unsupported_reason``: topk must be 1), and an NGRAM worker's draft
@@ -38,10 +42,43 @@ from sglang_spex.respec.solver import Plan, SpeedupModel, solve
 RESULTS = Path(__file__).parent / "results"
 
 
-def predicted_table(profile: Profile, batch_sizes: Sequence[int]) -> Dict[str, Dict[int, float]]:
-    """The solver's predicted speedup of every profiled state at every batch size."""
+def predicted_table(
+    profile: Profile, batch_sizes: Sequence[int], gain: str = "tokens_per_step"
+) -> Dict[str, Dict[int, float]]:
+    """The predicted speedup of every profiled state at every batch size: the solver's (``gain`` =
+    ``tokens_per_step``: a fixed batch's tokens per step, set by its slowest request) or the same step costs with
+    SGLang's mean accept length per request as the gain (``accept_length``: what a server that refills its batch
+    gains per step)."""
     model = SpeedupModel(profile)
-    return {key: {b: model.speedup(key, b) for b in batch_sizes} for key in model.configs}
+    if gain == "tokens_per_step":
+        return {key: {b: model.speedup(key, b) for b in batch_sizes} for key in model.configs}
+    return {
+        key: {b: model.accept_length(key, b) * model.step_s(PLAIN, b) / model.step_s(key, b) for b in batch_sizes}
+        for key in model.configs
+    }
+
+
+def continuous_throughput(url: str, batch: int, n_tokens: int, prompts: Sequence[str], waves: int = 2) -> float:
+    """Tokens/s with ``batch`` requests kept in flight, a finished one replaced at once (a full server), as the
+    difference of two runs of ``waves`` and ``2 * waves`` requests per slot (the ramp-up and the drain cancel)."""
+    import concurrent.futures as cf
+
+    import httpx
+
+    from sglang_spex.respec.profiler import batch_prompts, flush
+
+    def run(n_req: int) -> tuple:
+        flush(url)
+        params = {"temperature": 0, "max_new_tokens": n_tokens, "ignore_eos": True}
+        body = [{"text": t, "sampling_params": params} for t in batch_prompts(n_req, prompts)]
+        with cf.ThreadPoolExecutor(max_workers=batch) as ex:  # the pool keeps `batch` requests in flight
+            t0 = time.perf_counter()
+            outs = list(ex.map(lambda b: httpx.post(url + "/generate", json=b, timeout=900).json(), body))
+            dt = time.perf_counter() - t0
+        return sum(len(o["output_ids"]) for o in outs), dt
+
+    (tok1, t1), (tok2, t2) = run(waves * batch), run(2 * waves * batch)
+    return (tok2 - tok1) / max(t2 - t1, 1e-6)
 
 
 def measured_speedups(throughput: Dict[str, Dict[int, List[float]]]) -> Dict[str, Dict[int, dict]]:
@@ -92,8 +129,11 @@ def measure_states(
             with ServerProcess(args) as srv:
                 measure_point(srv.url, 1, 2, 4, prompts, repeats=1)  # warm-up: the first batch of a fresh server
                 for b in a.batch_sizes:
-                    p = measure_point(srv.url, b, a.n_short, a.n_long, prompts, repeats=1)
-                    out[state or PLAIN][b].append(p.throughput)
+                    if a.continuous:
+                        tput = continuous_throughput(srv.url, b, a.n_long, prompts)
+                    else:
+                        tput = measure_point(srv.url, b, a.n_short, a.n_long, prompts, repeats=1).throughput
+                    out[state or PLAIN][b].append(tput)
             line = " ".join(f"B={b}:{out[state or PLAIN][b][-1]:.1f}" for b in a.batch_sizes)
             print(f"repeat {rep} {state or PLAIN:15s} {line} tok/s", flush=True)
     return out
@@ -109,6 +149,10 @@ def main(argv=None) -> int:
     ap.add_argument("--n-short", type=int, default=16)
     ap.add_argument("--n-long", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--continuous", action="store_true", help="measure with the batch refilled as requests finish (a full "
+        "server) instead of fixed batches that drain (the profile's own measurement)"
+    )  # fmt: skip
     ap.add_argument("--server-args", default=None, help="launcher flags, one string (default: the profile's)")
     ap.add_argument("--out", type=Path, default=RESULTS / "respec_solver.json")
     a = ap.parse_args(argv)
@@ -124,6 +168,7 @@ def main(argv=None) -> int:
     drafter = (default_drafter(model) if a.drafter == "bootstrap" else a.drafter) if eagle else ""
     plan = solve(profile, max_batch=max(a.batch_sizes), configs=states)
     predicted = predicted_table(profile, a.batch_sizes)
+    predicted_mean = predicted_table(profile, a.batch_sizes, gain="accept_length")
     prompts = prompt_set(a.prompts, model)
     server_args = a.server_args.split() if a.server_args is not None else list(profile.meta.get("server_args", []))
     tput = measure_states(model, [None, *states], server_args, drafter, a, prompts)
@@ -131,10 +176,13 @@ def main(argv=None) -> int:
     verdict = choices_vs_oracle(plan, measured, a.batch_sizes)
     profiled = sorted(profile.points[PLAIN])
     print(f"\nprofiled batch sizes {profiled}; plan: {plan.summary()}")
-    print("speedup over plain decode, predicted / measured median (min-max) of paired repeats:")
+    print(
+        f"speedup over plain decode ({'batch refilled' if a.continuous else 'fixed batches'}), predicted by the "
+        "solver / with mean accept length / measured median (min-max) of paired repeats:"
+    )
     for s in states:
         cells = [
-            f"B={b}: {predicted[s][b]:.2f} / {measured[s][b]['median']:.2f} "
+            f"B={b}: {predicted[s][b]:.2f} / {predicted_mean[s][b]:.2f} / {measured[s][b]['median']:.2f} "
             f"({measured[s][b]['min']:.2f}-{measured[s][b]['max']:.2f})"
             for b in a.batch_sizes
         ]
@@ -144,11 +192,13 @@ def main(argv=None) -> int:
             f"  B={b}: plan {v['plan'] or 'plain'} measured {v['plan_measured']:.2f}x, oracle {v['oracle'] or 'plain'}"
             f" -> {v['of_oracle']:.2f} of the best"
         )
-    errors = [predicted[s][b] / measured[s][b]["median"] - 1 for s in states for b in a.batch_sizes]
-    print(f"model error, predicted/measured - 1: median {statistics.median(errors):+.2f}, "
-          f"max |error| {max(abs(e) for e in errors):.2f}")  # fmt: skip
+    for name, table in (("solver", predicted), ("mean accept", predicted_mean)):
+        errors = [table[s][b] / measured[s][b]["median"] - 1 for s in states for b in a.batch_sizes]
+        print(f"{name} model error, predicted/measured - 1: median {statistics.median(errors):+.2f}, "
+              f"median |error| {statistics.median(map(abs, errors)):.2f}, max {max(map(abs, errors)):.2f}")  # fmt: skip
     write_results(
-        str(a.out), __file__, a, t0, None, plan=plan.summary(), predicted=predicted, measured=measured,
+        str(a.out), __file__, a, t0, None, plan=plan.summary(), predicted=predicted,
+        predicted_mean_accept=predicted_mean, measured=measured, continuous=a.continuous,
         throughput=tput, choices=verdict, profiled_batch_sizes=profiled,
     )  # fmt: skip
     return 0

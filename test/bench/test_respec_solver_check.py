@@ -62,3 +62,14 @@ def test_plan_against_the_measured_best():
     # a NaN measurement never wins
     measured[TREE][1]["median"] = math.nan
     assert choices_vs_oracle(plan, measured, [1])[1]["oracle"] == CHAIN
+
+
+def test_mean_accept_prediction_uses_sglangs_accept_length_with_the_same_step_costs():
+    prof = _profile()
+    for key in (CHAIN, TREE):  # a fixed batch's slowest request gains less than the mean request
+        for b, pt in prof.points[key].items():
+            prof.points[key][b] = Point(b, pt.step_s, pt.tokens_per_step, pt.throughput, accept_length=3.0)
+    pred = predicted_table(prof, [1, 16], gain="accept_length")
+    assert pred[CHAIN][1] == pytest.approx(3.0 * 0.050 / 0.070)
+    assert pred[TREE][16] == pytest.approx(3.0 * 0.110 / 0.200)
+    assert pred[TREE][16] > predicted_table(prof, [16])[TREE][16]
