@@ -141,7 +141,7 @@ def measure_states(
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", required=True, type=Path, help="ReSpec profile JSON (scripts/respec_profile.py)")
+    ap.add_argument("--profile", required=True, help="ReSpec profile JSON (scripts/respec_profile.py)")
     ap.add_argument("--states", nargs="+", default=None, help="states to check (default: every profiled one)")
     ap.add_argument("--drafter", default="bootstrap", help="EAGLE draft model path or 'bootstrap'")
     ap.add_argument("--prompts", default="task:toy_add", help="'calibration' or 'task:NAME'")
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         "server) instead of fixed batches that drain (the profile's own measurement)"
     )  # fmt: skip
     ap.add_argument("--server-args", default=None, help="launcher flags, one string (default: the profile's)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "respec_solver.json")
+    ap.add_argument("--out", default=str(RESULTS / "respec_solver.json"))
     a = ap.parse_args(argv)
     stop_servers_on_sigterm()
     t0 = time.monotonic()
@@ -169,7 +169,8 @@ def main(argv=None) -> int:
     plan = solve(profile, max_batch=max(a.batch_sizes), configs=states)
     predicted = predicted_table(profile, a.batch_sizes)
     predicted_mean = predicted_table(profile, a.batch_sizes, gain="accept_length")
-    prompts = prompt_set(a.prompts, model)
+    # refilled batches send 4 requests per slot: distinct prompts, or NGRAM learns a repeated prompt's greedy output
+    prompts = prompt_set(a.prompts, model, n=4 * max(a.batch_sizes) if a.continuous else 16)
     server_args = a.server_args.split() if a.server_args is not None else list(profile.meta.get("server_args", []))
     tput = measure_states(model, [None, *states], server_args, drafter, a, prompts)
     measured = measured_speedups(tput)
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
         print(f"{name} model error, predicted/measured - 1: median {statistics.median(errors):+.2f}, "
               f"median |error| {statistics.median(map(abs, errors)):.2f}, max {max(map(abs, errors)):.2f}")  # fmt: skip
     write_results(
-        str(a.out), __file__, a, t0, None, plan=plan.summary(), predicted=predicted,
+        a.out, __file__, a, t0, None, plan=plan.summary(), predicted=predicted,
         predicted_mean_accept=predicted_mean, measured=measured, continuous=a.continuous,
         throughput=tput, choices=verdict, profiled_batch_sizes=profiled,
     )  # fmt: skip
