@@ -44,6 +44,7 @@ from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import dfs_lookahead
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget
 from sglang_spex.speculation.runner import SpexContext, context_factory
+from sglang_spex.tot.engine import EnginePort, GenResult
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.policies.base import Stat, Stats, copy_stats
 from sglang_spex.tot.policies.rstar import RStar, RStarParams
@@ -358,7 +359,7 @@ async def _new_rounds(searches: int, n: int = 200) -> float:
     return 1e6 * (time.process_time() - t0) / n
 
 
-class _StallPort:
+class _StallPort(EnginePort):
     """An engine port that answers the first ``answer`` requests at once and then never again: the searches stop
     mid-search, with primaries and speculative requests in flight."""
 
@@ -366,8 +367,6 @@ class _StallPort:
         self.answer = answer
 
     async def generate(self, req: Any) -> Any:
-        from sglang_spex.tot.engine import GenResult
-
         if self.answer <= 0:
             await asyncio.Event().wait()
         self.answer -= 1
@@ -377,12 +376,6 @@ class _StallPort:
         return GenResult(req.rid, text, [1] * 5, "stop", "\n\n", [-0.5] * 5, 40, 5, 0)
 
     async def abort(self, rid_or_prefix: str) -> None: ...
-
-    async def promote(self, rid: str) -> None: ...
-
-    async def release(self, search_id: str) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 async def _spex_splits(searches: int, n: int = 40) -> float:

@@ -45,7 +45,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import requests
 from overlap import actual_overlap, fmt, overlap_flags, parse_overlap, spread, stop_servers_on_sigterm
@@ -71,6 +71,18 @@ def run_batch(
     return {**_run_once(url, batch, short, long, prompts), "loadavg": os.getloadavg()[0]}
 
 
+def post_in_flight(url: str, bodies: List[dict], in_flight: int) -> Tuple[int, float]:
+    """One HTTP ``/generate`` request per body, ``in_flight`` at a time (a finished one makes room for the next):
+    output tokens and wall seconds."""
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(max_workers=in_flight) as ex:
+        t0 = time.perf_counter()
+        outs = list(ex.map(lambda r: requests.post(url + "/generate", json=r, timeout=900).json(), bodies))
+        dt = time.perf_counter() - t0
+    return sum(len(o["output_ids"]) for o in outs), dt
+
+
 def _run_once(url: str, batch: int, short: int, long: int, prompts: List[str]) -> Dict[str, float]:
     texts = batch_prompts(batch, prompts)
     lens = rollout_lengths(batch, short, long)
@@ -79,14 +91,8 @@ def _run_once(url: str, batch: int, short: int, long: int, prompts: List[str]) -
         for t, n in zip(texts, lens)
     ]
     requests.post(url + "/generate", json={"text": texts, "sampling_params": {"max_new_tokens": 1}}, timeout=600)
-    t0 = time.perf_counter()
     # one HTTP request per sequence, sent together: they finish independently, like a rollout
-    import concurrent.futures as cf
-
-    with cf.ThreadPoolExecutor(max_workers=batch) as ex:
-        outs = list(ex.map(lambda r: requests.post(url + "/generate", json=r, timeout=900).json(), reqs))
-    dt = time.perf_counter() - t0
-    tokens = sum(len(o["output_ids"]) for o in outs)
+    tokens, dt = post_in_flight(url, reqs, batch)
     return {"batch": batch, "tokens": tokens, "seconds": dt, "tok_s": tokens / dt}
 
 

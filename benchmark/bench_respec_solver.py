@@ -32,11 +32,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from bench_respec_server import post_in_flight
 from overlap import spread, stop_servers_on_sigterm
 from simbench import write_results
 
 from sglang_spex.profile.cache import PLAIN, Profile
-from sglang_spex.respec.profiler import SpecConfig, default_drafter, measure_point, prompt_set
+from sglang_spex.respec.profiler import SpecConfig, batch_prompts, default_drafter, flush, measure_point, prompt_set
 from sglang_spex.respec.solver import Plan, SpeedupModel, solve
 
 RESULTS = Path(__file__).parent / "results"
@@ -61,21 +62,13 @@ def predicted_table(
 def continuous_throughput(url: str, batch: int, n_tokens: int, prompts: Sequence[str], waves: int = 2) -> float:
     """Tokens/s with ``batch`` requests kept in flight, a finished one replaced at once (a full server), as the
     difference of two runs of ``waves`` and ``2 * waves`` requests per slot (the ramp-up and the drain cancel)."""
-    import concurrent.futures as cf
-
-    import httpx
-
-    from sglang_spex.respec.profiler import batch_prompts, flush
 
     def run(n_req: int) -> tuple:
         flush(url)
         params = {"temperature": 0, "max_new_tokens": n_tokens, "ignore_eos": True}
-        body = [{"text": t, "sampling_params": params} for t in batch_prompts(n_req, prompts)]
-        with cf.ThreadPoolExecutor(max_workers=batch) as ex:  # the pool keeps `batch` requests in flight
-            t0 = time.perf_counter()
-            outs = list(ex.map(lambda b: httpx.post(url + "/generate", json=b, timeout=900).json(), body))
-            dt = time.perf_counter() - t0
-        return sum(len(o["output_ids"]) for o in outs), dt
+        return post_in_flight(
+            url, [{"text": t, "sampling_params": params} for t in batch_prompts(n_req, prompts)], batch
+        )
 
     (tok1, t1), (tok2, t2) = run(waves * batch), run(2 * waves * batch)
     return (tok2 - tok1) / max(t2 - t1, 1e-6)

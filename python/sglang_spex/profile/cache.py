@@ -77,7 +77,7 @@ class Point:
     tokens_per_step: float = 1.0  # tokens a sequence gains per step (1 for plain decode)
     throughput: float = 0.0  # output tokens per second of the batch
     accept_length: Optional[float] = None  # SGLang's mean spec_accept_length over the batch (None: plain)
-    verify_ct: Optional[int] = None  # verify steps of the measuring run (max over the batch)
+    verify_ct: Optional[int] = None  # verify steps of the measuring runs (max over each batch, summed over batches)
 
     @classmethod
     def plain(cls, batch: int, step_s: float) -> "Point":
