@@ -24,7 +24,7 @@ import requests
 from conftest import make_drafter
 from respec_servers import EAGLE_MODES, RespecServer
 from server_modes import DEFAULT_MODE
-from workloads import BATCHES, COMMON, N, collect, generate, idle_state
+from workloads import BATCHES, COMMON, N, assert_same_logprobs, collect, generate, idle_state, logprob_outputs
 
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
 
@@ -81,7 +81,22 @@ def alternating(request, tiny_model, tiny_target, tiny_seqs, respec_reference, t
         out = collect(srv.url, BATCHES)
         after = idle_state(srv.url)["respec"]
         off = [x["output_ids"] for x in generate(srv.url, BATCHES["b6"], custom={"respec": "off"})]
-        return dict(out=out, before=before, after=after, off=off, off_after=idle_state(srv.url)["respec"])
+        off_after = idle_state(srv.url)["respec"]
+        lp_off = logprob_outputs(srv.url, custom={"respec": "off"})
+        lp_off_after = idle_state(srv.url)["respec"]
+        lp_mixed = logprob_outputs(srv.url)
+        lp_after = idle_state(srv.url)["respec"]
+        return dict(
+            out=out,
+            before=before,
+            after=after,
+            off=off,
+            off_after=off_after,
+            lp_off=lp_off,
+            lp_off_after=lp_off_after,
+            lp_mixed=lp_mixed,
+            lp_after=lp_after,
+        )
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
@@ -121,6 +136,17 @@ def test_off_batch_runs_only_decode_steps_and_no_drafter_work(respec_reference, 
     p0, p1 = alternating["before"]["pool"], b["pool"]
     assert p1["kv_available"] + p1["kv_evictable"] == p0["kv_available"] + p0["kv_evictable"]
     assert p1["req_slots_free"] == p0["req_slots_free"]
+
+
+def test_logprob_batches_take_the_plain_step(respec_reference, alternating):
+    """A batch asking for log-probs runs ReSpec's plain DECODE step too; its served log-probs are plain SGLang's."""
+    want = respec_reference["logprobs"]
+    assert_same_logprobs(alternating["lp_off"], want)
+    assert_same_logprobs(alternating["lp_mixed"], want)  # plain and speculative steps alternate (alternate:3)
+    a, b, c = alternating["off_after"], alternating["lp_off_after"], alternating["lp_after"]
+    assert b["plain_steps"] - a["plain_steps"] >= N - 1 and b["spec_steps"] == a["spec_steps"]
+    assert c["plain_steps"] > b["plain_steps"] and c["spec_steps"] > b["spec_steps"]
+    assert c["target_forward_modes"]["plain"] == {"DECODE": c["plain_steps"]}, c["target_forward_modes"]
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from respec_servers import NGRAM_MODES, RespecServer
-from workloads import COMMON, WORKLOADS, N, collect, generate, idle_state
+from workloads import COMMON, WORKLOADS, N, assert_same_logprobs, collect, generate, idle_state, logprob_outputs
 
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.adaptive import Runtime
@@ -29,6 +29,10 @@ def adaptive(request, tiny_model, respec_reference):  # after the reference serv
         after = idle_state(srv.url)
         opt = generate(srv.url, WORKLOADS["b2_repetitive"], custom={"respec": "off"})
         out["opt_out"] = ([x["output_ids"] for x in opt], [x["meta_info"] for x in opt], idle_state(srv.url))
+        out["lp_off"] = logprob_outputs(srv.url, custom={"respec": "off"})
+        out["lp_off_after"] = idle_state(srv.url)
+        out["lp_mixed"] = logprob_outputs(srv.url)
+        out["lp_after"] = idle_state(srv.url)
         return out, before, after
 
 
@@ -72,3 +76,13 @@ def test_opt_out_request_runs_plain(respec_reference, adaptive):
     assert later["respec"]["spec_steps"] == after["respec"]["spec_steps"]  # no speculative step since
     assert later["respec"]["opt_out_steps"] - after["respec"]["opt_out_steps"] >= (N - 1) // 2
     assert all(m.get("spec_accept_length", 1.0) <= N / (N - 1) + 1e-6 for m in meta)  # prefill token + 1 per step
+
+
+def test_logprob_batches_take_the_plain_step(respec_reference, adaptive):
+    """A batch asking for log-probs obeys the runtime (plain steps included); its log-probs are plain SGLang's."""
+    out, _, _ = adaptive
+    assert_same_logprobs(out["lp_off"], respec_reference["logprobs"])
+    assert_same_logprobs(out["lp_mixed"], respec_reference["logprobs"])
+    a, b, c = out["opt_out"][2]["respec"], out["lp_off_after"]["respec"], out["lp_after"]["respec"]
+    assert b["plain_steps"] - a["plain_steps"] >= N - 1 and b["spec_steps"] == a["spec_steps"]
+    assert c["plain_steps"] > b["plain_steps"] and c["spec_steps"] > b["spec_steps"]

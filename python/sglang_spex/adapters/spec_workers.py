@@ -70,8 +70,9 @@ def is_decode(batch: Any) -> bool:
 
 
 def keeps_spec_path(batch: Any) -> bool:
-    """Grammar and logprob batches: their spec-shaped outputs are SGLang's alone (ReSpec does not rebuild them)."""
-    return bool(batch.has_grammar or batch.return_logprob)
+    """Grammar batches: their vocabulary masks and grammar state advance inside SGLang's verify (ReSpec's plain
+    step does not rebuild them). Log-prob batches take the plain step (:func:`one_token_verify_logprobs`)."""
+    return bool(batch.has_grammar)
 
 
 def rids(batch: Any) -> List[str]:
@@ -222,11 +223,20 @@ def ngram_feed_corpus(worker: Any, batch: Any) -> None:
     worker._update_ngram_corpus(batch)
 
 
+def one_token_verify_logprobs(logits_output: Any, bs: int) -> None:
+    """A plain step's log-probs in a verify's layout: SGLang reads a speculative batch's ``next_token_logprobs`` as
+    one row of accepted tokens per request (here one token); the top-k and token-id rows a plain sampler returns
+    are already one per request, which is a verify's layout when one token is accepted."""
+    if logits_output is not None and logits_output.next_token_logprobs is not None:
+        logits_output.next_token_logprobs = logits_output.next_token_logprobs.view(bs, 1)
+
+
 def ngram_result(
     worker: Any, target: Any, accept_tokens: torch.Tensor, accept_lens: torch.Tensor, new_seq_lens: torch.Tensor
 ) -> GenerationBatchResult:
     """An NGRAM decode result in the shape of a verify (``accept_tokens`` flat, ``n`` per request)."""
     n = ngram_width(worker)
+    one_token_verify_logprobs(target.logits_output, new_seq_lens.shape[0])
     return GenerationBatchResult(
         logits_output=target.logits_output,
         next_token_ids=accept_tokens,
@@ -299,6 +309,7 @@ def eagle_plain_result(draft_worker: Any, target: Any, new_seq_lens: torch.Tenso
     stand-ins (:func:`stub_draft_state`)."""
     tokens = target.next_token_ids.to(torch.int32)
     bs = tokens.shape[0]
+    one_token_verify_logprobs(target.logits_output, bs)
     result = GenerationBatchResult(
         logits_output=target.logits_output,
         next_token_ids=tokens,

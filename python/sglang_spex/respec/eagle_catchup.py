@@ -15,7 +15,7 @@ extend would have consumed. The drafter's state rows of the batch are zeroed sta
 
 The ledger keeps references to those device tensors -- no per-step copy, host or device, and no sync -- except
 when the forward replayed a captured graph (its output buffers are reused, so the rows are copied on the
-device). Batches that keep SGLang's spec path (grammar, logprobs) and targets that replay graphs (a GPU: SGLang
+device). Batches that keep SGLang's spec path (grammar) and targets that replay graphs (a GPU: SGLang
 captures a spec worker's target graphs in ``TARGET_VERIFY`` mode) run SGLang's steps = 0 step with the draft
 extend skipped by hook R5 instead; their positions enter the same ledger.
 

@@ -13,7 +13,7 @@ EMA; ours follows the profile's plan through the hysteresis FSM:
   opt-out), catches the drafter up when speculation resumes, runs "no speculation" as a true plain DECODE step
   of the target (:func:`~.eagle_catchup.plain_decode_step`), and times the step for online re-profiling;
 * R5 (AROUND ``EagleDraftWorker._draft_extend_for_decode``): where an off step still runs SGLang's steps = 0
-  path (grammar / logprob batches, a target replaying graphs), skips the draft extend and records what it would
+  path (grammar batches, a target replaying graphs), skips the draft extend and records what it would
   have consumed (:mod:`.eagle_catchup`; ``--respec-eagle-off warm`` keeps SGLang's steps = 0 path with its draft
   extend, which keeps the drafter's KV current at every off step).
 

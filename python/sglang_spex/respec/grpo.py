@@ -80,10 +80,9 @@ class GRPOConfig:
     split: str = "dev"
     sync_learner_policy: bool = True
     seed_rollouts: bool = True  # each rollout request gets SGLang's sampling_seed from (seed, step, index)
-    # served top-k log-probs per token posted with the rollouts (0: none, KD uses the copy). Off by default: a batch
-    # asking for log-probs takes SGLang's speculative path on a ReSpec server, so its off steps stop being plain
-    # decode steps (adapters/spec_workers.keeps_spec_path)
-    top_logprobs_num: int = 0
+    # served top-k log-probs per token posted with the rollouts when they go to a learner (0: none, KD uses the
+    # copy); a ReSpec server's off steps stay plain decode steps for such batches (spec_workers.keeps_spec_path)
+    top_logprobs_num: int = 20
 
     def validate(self) -> "GRPOConfig":
         if min(self.prompts_per_step, self.group_size, self.max_new_tokens, self.inner_steps) < 1:
