@@ -79,7 +79,7 @@ def _profile_prompts(setup, task) -> List[str]:
             for q in qs]  # fmt: skip
 
 
-def run_mode(mode: str, a, setup, profile: Path, task) -> Dict:
+def run_mode(mode: str, a, setup, profile: Path, task, seed: int) -> Dict:
     from sglang_spex.respec.grpo import GRPOConfig
     from sglang_spex.respec.grpo_setup import learner_spec
     from sglang_spex.respec.rl_loop import mode_server_args, run_rl
@@ -90,7 +90,7 @@ def run_mode(mode: str, a, setup, profile: Path, task) -> Dict:
     args = mode_server_args(
         mode, setup.policy_dir, setup.drafter_dir, a.dtype, str(profile), spec, ["--attention-backend", "spex_cpu"]
     )
-    cfg = GRPOConfig(a.prompts, a.group, a.max_new_tokens, a.temperature, a.inner_steps, seed=a.seed)
+    cfg = GRPOConfig(a.prompts, a.group, a.max_new_tokens, a.temperature, a.inner_steps, seed=seed)
 
     def show(row):
         acc = f"{row['accept_length']:.2f}" if row["accept_length"] else "-"
@@ -102,7 +102,33 @@ def run_mode(mode: str, a, setup, profile: Path, task) -> Dict:
             flush=True,
         )
 
-    return run_rl(args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode == "respec", show, spex_info)
+    out = run_rl(args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode == "respec", show, spex_info)
+    out["seed"] = seed
+    return out
+
+
+def seed_noise(runs: Dict[str, List[Dict]]) -> Dict:
+    """Reward against no speculation, paired by RL seed: per mode, each seed's run-mean reward minus the
+    no-speculation run's of the same seed (mean and min–max over seeds), next to the spread of no speculation's own
+    run-mean reward across seeds (the noise a gap is read against)."""
+
+    def by_seed(reps):
+        return {r["seed"]: statistics.mean(s["reward_mean"] for s in r["steps"]) for r in reps if r["steps"]}
+
+    base = by_seed(runs.get("none", []))
+    out: Dict = {"none_reward_by_seed": base}
+    if len(base) > 1:
+        out["none_reward_spread"] = max(base.values()) - min(base.values())
+    for mode, reps in runs.items():
+        mine = by_seed(reps)
+        gaps = [mine[k] - base[k] for k in mine if k in base]
+        if mode != "none" and gaps:
+            out[mode] = {
+                "reward_by_seed": mine,
+                "gap_mean": statistics.mean(gaps),
+                "gap_min_max": [min(gaps), max(gaps)],
+            }
+    return out
 
 
 def summarize(runs: Dict[str, List[Dict]]) -> Dict:
@@ -188,7 +214,15 @@ def main(argv=None) -> int:
     add_run_args(ap, max_new_tokens=32)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--steps", type=int, default=8, help="RL (policy) steps per run")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per mode, modes interleaved")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per mode and seed, modes interleaved")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="RL seeds (sampling, prompt order), each run in every mode; "
+        "default: --seed. The setup (policy, drafter, profile) is --seed's",
+    )
     ap.add_argument("--profile", default=None, help="ReSpec profile JSON (default: measured into --work-dir)")
     ap.add_argument("--profile-batches", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--work-dir", default=None, help="setup cache (policy, drafter, profile); default: a new one")
@@ -211,10 +245,14 @@ def main(argv=None) -> int:
     print(f"setup in {work}: {json.dumps(setup.info)}; profile {profile} ({time.monotonic() - t0:.0f} s)", flush=True)
     runs: Dict[str, List[Dict]] = {m: [] for m in a.modes}
     for rep in range(a.repeats):
-        for mode in a.modes:
-            print(f"repeat {rep} mode {mode}", flush=True)
-            runs[mode].append(run_mode(mode, a, setup, profile, task))
+        for seed in a.seeds or [a.seed]:
+            for mode in a.modes:
+                print(f"repeat {rep} seed {seed} mode {mode}", flush=True)
+                runs[mode].append(run_mode(mode, a, setup, profile, task, seed))
     summary = summarize(runs)
+    noise = seed_noise(runs)
+    if len(a.seeds or []) > 1:
+        print(f"reward vs no speculation, paired by seed: {json.dumps(noise)}")
     for mode, m in summary.items():
         if m.get("respec_steps"):
             print(f"{mode}: adaptive server steps {m['respec_steps']}")
@@ -228,7 +266,7 @@ def main(argv=None) -> int:
         )
     png = Path(a.out).with_suffix(".png")
     plot(runs, png)
-    write_results(a.out, __file__, a, t0, png, summary=summary, runs=runs, profile=str(profile))
+    write_results(a.out, __file__, a, t0, png, summary=summary, seeds=noise, runs=runs, profile=str(profile))
     return 0
 
 

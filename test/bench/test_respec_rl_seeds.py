@@ -1,0 +1,34 @@
+"""bench_respec_rl's reward comparison across RL seeds: gaps paired by seed, read against no speculation's spread."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
+
+from bench_respec_rl import seed_noise  # noqa: E402
+
+
+def _run(seed: int, rewards):
+    return {"seed": seed, "steps": [{"reward_mean": r} for r in rewards]}
+
+
+def test_gaps_are_paired_by_seed():
+    runs = {
+        "none": [_run(0, [0.2, 0.4]), _run(1, [0.5, 0.7])],  # run means 0.3 and 0.6
+        "respec": [_run(1, [0.6, 0.6]), _run(0, [0.1, 0.3])],  # 0.6 (seed 1) and 0.2 (seed 0): listed out of order
+    }
+    out = seed_noise(runs)
+    assert out["none_reward_by_seed"] == pytest.approx({0: 0.3, 1: 0.6})
+    assert out["none_reward_spread"] == pytest.approx(0.3)
+    assert out["respec"]["gap_min_max"] == pytest.approx([-0.1, 0.0])
+    assert out["respec"]["gap_mean"] == pytest.approx(-0.05)
+
+
+def test_a_seed_without_a_baseline_run_is_not_compared():
+    out = seed_noise({"none": [_run(0, [0.5])], "naive": [_run(0, [0.7]), _run(3, [0.0])]})
+    assert out["naive"]["gap_min_max"] == pytest.approx([0.2, 0.2])
+    assert "none_reward_spread" not in out
