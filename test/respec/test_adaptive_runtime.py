@@ -144,6 +144,36 @@ def test_draft_ledger_records_prunes_and_caps(graphs):
     assert ledger.lost == {"a"} and ledger.info()["skipped_positions"] == 8
 
 
+def test_draft_ledger_drops_a_step_once_nothing_points_into_it():
+    """A plain step's outputs stay while any pending position uses them and go with the last one, whichever way
+    it leaves (finished, caught up, overflowed)."""
+    ledger = DraftLedger(max_positions=4)
+
+    def step(rids, k):
+        batch = SimpleNamespace(reqs=[SimpleNamespace(rid=r) for r in rids])
+        out = SimpleNamespace(
+            next_token_ids=torch.arange(len(rids)) + 10 * k,
+            logits_output=SimpleNamespace(hidden_states=torch.zeros(len(rids), 2)),
+            can_run_cuda_graph=False,
+        )
+        ledger.record(batch, out)
+
+    step(["a", "b", "c"], 0)
+    step(["a", "b"], 1)
+    assert ledger.info()["kept_steps"] == 2
+    ledger.keep_only(["a", "b"])  # c finished: step 0 still holds a's and b's first positions
+    assert ledger.info()["kept_steps"] == 2 and ledger.info()["pending_positions"] == 4
+    ledger.pop(["a"])  # a caught up
+    assert ledger.info()["kept_steps"] == 2
+    tokens, _, index = ledger.flat(["b"])
+    assert [int(tokens[i]) for i in index[0]] == [1, 11]
+    ledger.pop(["b"])
+    assert ledger.info()["kept_steps"] == 0 and not ledger.pending
+    for k in range(5):  # d overflows at its fifth position: its four steps go with it
+        step(["d"], k)
+    assert ledger.info()["kept_steps"] == 0 and ledger.lost == {"d"}
+
+
 def test_acceptance_is_compared_in_means_not_medians():
     prof = _profile(spec_tps=1.4)  # a chain accepting its draft 40 % of the time: mean 1.4 tokens per step
     rp = OnlineReprofiler(prof, [KEY], max_batch=16, min_samples=8)

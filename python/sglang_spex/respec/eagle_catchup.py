@@ -62,15 +62,15 @@ class DraftLedger:
         self.catch_ups = 0
         self.copies = 0  # plain steps whose outputs had to be copied (graph-replayed forwards)
         self._steps: Dict[int, _PlainStep] = {}
+        self._refs: Dict[int, int] = {}  # step id -> pending positions that point into it (dropped at 0)
         self._next_id = 0
 
     def keep_only(self, rids: List[str]) -> None:
         """Forget requests no longer in the batch (finished, or retracted: a re-prefill resyncs the drafter)."""
         live = set(rids)
         for rid in [r for r in self.pending if r not in live]:
-            del self.pending[rid]
+            self._release(self.pending.pop(rid))
         self.lost &= live
-        self._drop_unreferenced()
 
     def record(self, batch: Any, result: Any) -> None:
         """A plain step's output: one (token, hidden) per request, in batch order (kept on the device)."""
@@ -79,18 +79,21 @@ class DraftLedger:
             tokens, hidden = tokens.clone(), hidden.clone()
             self.copies += 1
         step_id, self._next_id = self._next_id, self._next_id + 1
-        self._steps[step_id] = _PlainStep(tokens, hidden)
+        refs = 0
         for i, rid in enumerate(sw.rids(batch)):
             if rid in self.lost:
                 continue
             entries = self.pending.setdefault(rid, [])
             if len(entries) >= self.max_positions:
-                del self.pending[rid]
+                self._release(self.pending.pop(rid))
                 self.lost.add(rid)
                 continue
             entries.append((step_id, i))
+            refs += 1
+        if refs:
+            self._steps[step_id] = _PlainStep(tokens, hidden)
+            self._refs[step_id] = refs
         self.skipped += len(batch.reqs)
-        self._drop_unreferenced()
 
     def flat(self, rids: List[str]) -> Tuple[torch.Tensor, torch.Tensor, List[List[int]]]:
         """All pending positions of ``rids`` as one (tokens [T], hidden [T, H]) on the device, and each request's
@@ -105,17 +108,22 @@ class DraftLedger:
 
     def pop(self, rids: List[str]) -> None:
         for rid in rids:
-            self.pending.pop(rid, None)
-        self._drop_unreferenced()
+            self._release(self.pending.pop(rid, ()))
 
-    def _drop_unreferenced(self) -> None:
-        used = {s for entries in self.pending.values() for s, _ in entries}
-        for step_id in [s for s in self._steps if s not in used]:
-            del self._steps[step_id]
+    def _release(self, entries: List[Tuple[int, int]]) -> None:
+        """Positions leaving the ledger: a step's outputs are dropped once no pending position points into them
+        (per-request work, never a walk over every pending position)."""
+        for step_id, _ in entries:
+            left = self._refs[step_id] - 1
+            if left:
+                self._refs[step_id] = left
+            else:
+                del self._refs[step_id], self._steps[step_id]
 
     def info(self) -> dict:
         return {
             "pending_positions": sum(len(v) for v in self.pending.values()),
+            "kept_steps": len(self._steps),  # plain steps whose device outputs the ledger still holds
             "skipped_positions": self.skipped,
             "replayed_positions": self.replayed,
             "catch_ups": self.catch_ups,
