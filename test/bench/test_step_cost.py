@@ -14,47 +14,61 @@ import bench_tot  # noqa: E402
 import step_cost  # noqa: E402
 import tot_report  # noqa: E402
 
-PRICE = (0.10, 0.01, 0.03, 0.003)  # a, b per decode row, f per prefilling step, p per prompt token
+PRICE = (0.10, 0.01, 0.03, 0.003, 2e-5)  # a, b per decode row, f per prefilling step, p per prompt token, c per KV
 
 
 def _steps(rng, n, prefill_every=5, noise=0.002):
-    """``n`` steps of varying decode rows, every ``prefill_every``-th one prefilling 20-200 tokens."""
+    """``n`` steps of varying decode rows, every ``prefill_every``-th one prefilling 20-200 tokens, each row with a
+    context of 50-1000 tokens."""
     out = []
     for i in range(n):
         rows = int(rng.integers(1, 16))
         pre = 1.0 if i % prefill_every == 0 else 0.0
         tok = float(rng.integers(20, 200)) if pre else 0.0
-        t = PRICE[0] + PRICE[1] * rows + PRICE[2] * pre + PRICE[3] * tok + rng.normal(0, noise)
-        out.append([float(rows), pre, tok, t])
+        kv = float(rng.integers(50, 1000, rows).sum())
+        t = PRICE[0] + PRICE[1] * rows + PRICE[2] * pre + PRICE[3] * tok + PRICE[4] * kv + rng.normal(0, noise)
+        out.append([float(rows), pre, tok, kv, t])
     return out
 
 
 def test_fit_recovers_the_price_despite_a_stalled_step():
     rng = np.random.default_rng(0)
     steps = _steps(rng, 300)
-    steps[7][3] = 5.0  # the host stalled one step for seconds
+    steps[7][4] = 5.0  # the host stalled one step for seconds
     price = step_cost.fit_price([steps[:150], steps[150:]])
     assert price is not None and price.n == 300
     assert np.allclose(price.coef, PRICE, rtol=0.15, atol=2e-3)
-    assert price.cost_s([[4.0, 1.0, 100.0, float("nan")]]) == pytest.approx(0.1 + 0.04 + 0.03 + 0.3, rel=0.1)
+    assert price.coef[4] == pytest.approx(PRICE[4], rel=0.15)  # the context term itself, not only within atol
+    want = 0.1 + 0.04 + 0.03 + 0.3 + 2e-5 * 2000
+    assert price.cost_s([[4.0, 1.0, 100.0, 2000.0, float("nan")]]) == pytest.approx(want, rel=0.1)
+
+
+def test_rows_traced_before_kv_tokens_are_priced_without_context():
+    rng = np.random.default_rng(3)
+    old = [[r, pre, tok, t - PRICE[4] * kv] for r, pre, tok, kv, t in _steps(rng, 200)]
+    price = step_cost.fit_price([old])
+    assert price is not None and price.coef[4] == pytest.approx(0.0, abs=1e-9)
+    assert np.allclose(price.coef[:4], PRICE[:4], rtol=0.15, atol=2e-3)
 
 
 def test_fit_needs_measured_steps_and_keeps_prices_non_negative():
-    assert step_cost.fit_price([[[1.0, 0.0, 0.0, float("nan")]] * 20]) is None
+    assert step_cost.fit_price([[[1.0, 0.0, 0.0, 10.0, float("nan")]] * 20]) is None
     rng = np.random.default_rng(1)
-    steps = [[r, 0.0, 0.0, 0.2 - 0.001 * r + rng.normal(0, 1e-4)] for r in rng.integers(1, 30, 100).astype(float)]
+    steps = [
+        [r, 0.0, 0.0, 100 * r, 0.2 - 0.001 * r + rng.normal(0, 1e-4)] for r in rng.integers(1, 30, 100).astype(float)
+    ]
     assert min(step_cost.fit_price([steps]).coef) >= 0.0  # time falling with rows is not a negative price
 
 
 def test_compact_reads_batch_stats_rows():
     rows = [
-        {"mode": 2, "decode_rows": 3, "prefill_tokens": 0, "step_s": 0.1},
-        {"mode": 3, "decode_rows": 2, "prefill_tokens": 40, "step_s": None},
-        {"mode": 1, "decode_rows": 0, "prefill_tokens": 64, "step_s": 0.3},
+        {"mode": 2, "decode_rows": 3, "prefill_tokens": 0, "kv_tokens": 300, "step_s": 0.1},
+        {"mode": 3, "decode_rows": 2, "prefill_tokens": 40, "kv_tokens": 250, "step_s": None},
+        {"mode": 1, "decode_rows": 0, "prefill_tokens": 64, "step_s": 0.3},  # a row from before kv_tokens
     ]
     got = step_cost.compact(rows)
-    assert got[0] == [3.0, 0.0, 0.0, 0.1] and got[2] == [0.0, 1.0, 64.0, 0.3]
-    assert got[1][:3] == [2.0, 1.0, 40.0] and np.isnan(got[1][3])
+    assert got[0] == [3.0, 0.0, 0.0, 300.0, 0.1] and got[2] == [0.0, 1.0, 64.0, 0.0, 0.3]
+    assert got[1][:4] == [2.0, 1.0, 40.0, 250.0] and np.isnan(got[1][4])
 
 
 def _run(mode, rep, qpm, steps):
@@ -77,7 +91,7 @@ def test_priced_ratio_follows_the_schedule_not_the_wall_clock():
     """SPEX's schedule has the same steps but half its prefill tokens; the wall clock said 0.8x (a noisy pair)."""
     rng = np.random.default_rng(2)
     base = _steps(rng, 200)
-    spex = [[r, pre, tok / 2, t] for r, pre, tok, t in base]
+    spex = [[r, pre, tok / 2, kv, t] for r, pre, tok, kv, t in base]
     rows = [_run("baseline", 0, 10.0, base), _run("spex_t1t2", 0, 8.0, spex)]
     cells = {s["mode"]: s for s in bench_tot.summarise(rows)}
     price = tot_report.step_price(rows)

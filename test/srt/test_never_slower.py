@@ -152,6 +152,14 @@ def _check_gate_at_share(url: str) -> None:
     charged = sum(after.get(k, 0) - before.get(k, 0) for k in ("spec_prefill_bucket", "spec_prefill_worth"))
     assert charged >= len(beside_live), (charged, beside_live[:3])
     assert after.get("spec_before_primary", 0) == before.get("spec_before_primary", 0)
+    # each row carries the context its requests attend over: a decode step of an unchanged batch adds one per row
+    same = [
+        (a, b)
+        for a, b in zip(rows, rows[1:])
+        if a["mode"] == b["mode"] == 2 and b["step"] == a["step"] + 1 and a["batch_size"] == b["batch_size"]
+    ]
+    grew = [b["kv_tokens"] - a["kv_tokens"] == a["batch_size"] for a, b in same]
+    assert same and sum(grew) >= 0.8 * len(grew), same[:3]
 
     # not vacuous: the knee switched speculation off (retracting it), and decode protection held some back
     at_knee = [r for r in rows if r["knee"] > 0 and r["primary_live"] >= r["knee"]]

@@ -5,9 +5,11 @@ of nothing; and a search's rank change reaches its watchers."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any, List, Optional
 
 import pytest
+import torch
 
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.srt.census import census
@@ -145,3 +147,10 @@ def test_a_search_tells_its_watchers_when_it_is_pinned_to_a_rank():
     ctx.dp_rank = 1
     ctx.dp_rank = 0
     assert seen == [1, 0] and ctx.dp_rank == 0
+
+
+def test_context_tokens_reads_the_sum_sglang_keeps_or_recomputes_it():
+    lens = torch.tensor([5, 7, 11])
+    assert sa.context_tokens(SimpleNamespace(seq_lens_sum=23, seq_lens_cpu=lens)) == 23
+    assert sa.context_tokens(SimpleNamespace(seq_lens_sum=None, seq_lens_cpu=lens)) == 23  # a decode step's batch
+    assert sa.context_tokens(SimpleNamespace(seq_lens_sum=None, seq_lens_cpu=None)) == 0

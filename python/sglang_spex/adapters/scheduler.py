@@ -383,6 +383,16 @@ def prefill_tokens(batch: Any) -> Tuple[int, int, int]:
     return total, spec, len(decoding)
 
 
+def context_tokens(batch: Any) -> int:
+    """Tokens of context the batch's requests attend over this step: ``ScheduleBatch.seq_lens_sum``, or the sum of
+    ``seq_lens_cpu`` where SGLang left it to be recomputed (a decode step's ``prepare_for_decode``)."""
+    total = getattr(batch, "seq_lens_sum", None)
+    if total is None:
+        lens = getattr(batch, "seq_lens_cpu", None)
+        total = lens.sum() if lens is not None else 0
+    return int(total)
+
+
 _SURE_ATTR = "_spex_sure"  # custom_params["spex_sure"], cached beside the role (read per request per step)
 
 

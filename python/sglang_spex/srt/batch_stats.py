@@ -77,6 +77,7 @@ FIELDS = (
     "spec_prefill_credit_s",  # what speculative prefill beside primaries could spend this step (-1 = no limit)
     "spec_prefill_cost_s",  # ... and the price of what it admitted (prefill_allowance.py)
     "decode_rows",  # requests this step decodes (a mixed step's running batch; a decode step's whole batch)
+    "kv_tokens",  # context tokens this step's requests attend over (SGLang's ``seq_lens_sum`` of the batch)
 )
 COUNTERS = (
     "cancel_extra_immediate_0",  # the cancel histograms' bins (scheduling.EXTRA_BINS each), written in this order
@@ -377,6 +378,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
         -1 if allowance is None else allowance.credit_s,  # spec_prefill_credit_s
         0.0 if allowance is None else allowance.spent_s,  # spec_prefill_cost_s
         decode_rows,  # decode_rows
+        sa.context_tokens(batch),  # kv_tokens
     )
     pg, curve, hist, counts = state.protection, state.curve, state.extra_hist, state.counters
     line = curve.line()
