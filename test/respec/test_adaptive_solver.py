@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_spex.respec.profiler import PLAIN, Point, Profile, SpecConfig, ngram
-from sglang_spex.respec.solver import Plan, SpeedupModel, solve
+from sglang_spex.respec.solver import Plan, SpeedupModel, best_case_speedup, solve
 
 
 def _profile(curves):
@@ -78,3 +78,25 @@ def test_spec_config_keys_and_flags():
 def test_profile_without_baseline_is_rejected():
     with pytest.raises(ValueError, match="baseline"):
         solve(_profile({"NGRAM:s4t1n4": PLAIN_CURVE}))
+
+
+def test_best_case_speedup_bounds_what_any_drafter_could_reach(tmp_path):
+    """A chain of s steps gains at most s + 1 tokens per step: where its step costs more than that many plain
+    steps, no training makes it pay, and the learner is told so (adaptive.drafter_never_pays)."""
+    from sglang_spex.config import RespecConfig
+    from sglang_spex.respec.adaptive import drafter_never_pays
+
+    slow = {b: (4.5 * (0.050 + 0.004 * b), 2.2) for b in (1, 4, 16, 32)}  # the tiny model's EAGLE3 s3: 4.5x a step
+    hopeless = _profile({PLAIN: PLAIN_CURVE, "EAGLE3:s3t1n4": slow})
+    speedup, key, _ = best_case_speedup(hopeless, max_batch=32)
+    assert key == "EAGLE3:s3t1n4" and speedup == pytest.approx(4 / 4.5)
+    cheap = {1: (1.5 * 0.054, 1.2), 32: (4.5 * (0.050 + 0.004 * 32), 1.0)}  # pays at B=1 if drafts were accepted
+    hopeful = _profile({PLAIN: PLAIN_CURVE, "EAGLE3:s3t1n4": cheap})
+    assert best_case_speedup(hopeful, max_batch=32)[:3:2] == (pytest.approx(4 / 1.5), 1)
+    assert solve(hopeful, max_batch=32).spec_max_batch() == 0  # today's acceptance does not pay: the plan is plain
+
+    on = RespecConfig(enabled=True, profile=str(hopeless.save(tmp_path / "hopeless.json")))
+    assert "x0.89 at B=" in drafter_never_pays(on)
+    assert drafter_never_pays(RespecConfig(enabled=True, profile=str(hopeful.save(tmp_path / "hopeful.json")))) is None
+    assert drafter_never_pays(RespecConfig(enabled=False, profile=on.profile)) is None  # no adaptive server
+    assert drafter_never_pays(RespecConfig(enabled=True, profile=on.profile, force="spec")) is None

@@ -41,6 +41,18 @@ def test_frozen_never_updates(tiny_drafter, tiny_features, tiny_seqs):
     assert lrn.version == 0 and not published and lrn.history == [] and len(lrn.buffer) == 9
 
 
+def test_an_idle_learner_skips_its_updates_and_says_why(tiny_drafter, tiny_features, tiny_seqs):
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync", update_interval=1)
+    lrn.idle_reason = "no profiled config beats plain decode even at full acceptance"
+    for _ in range(3):
+        assert lrn.submit(_rollouts(tiny_seqs[:3]))["update_due"] is False
+    state = lrn.state()
+    assert lrn.version == 0 and not published and lrn.history == [] and len(lrn.buffer) == 9
+    assert state["skipped_updates"] == 3 and state["idle_reason"] == lrn.idle_reason
+    lrn.idle_reason = None  # the same learner updates once it may pay
+    assert lrn.submit(_rollouts(tiny_seqs[:3]))["update_due"] is True and lrn.version == 1
+
+
 def test_nan_update_is_rolled_back(tiny_drafter, tiny_features, tiny_seqs):
     def poisoned(seqs):
         b = tiny_features.batch(seqs)

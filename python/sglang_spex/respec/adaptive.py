@@ -28,7 +28,7 @@ from sglang_spex.config import RespecConfig
 from sglang_spex.respec.drift import OnlineReprofiler
 from sglang_spex.respec.fsm import AdaptiveFSM, Hysteresis, State
 from sglang_spex.respec.profiler import PROFILE_DIR, Profile, SpecConfig, _slug
-from sglang_spex.respec.solver import Plan, solve
+from sglang_spex.respec.solver import MIN_GAIN, Plan, best_case_speedup, solve
 from sglang_spex.srt.metrics import RespecMetrics
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,22 @@ def load_profile_and_plan(cfg: RespecConfig, model_path: str = "") -> tuple:
         return None, None
     profile = Profile.load(path)
     return profile, solve(profile, max_batch=cfg.max_batch, configs=runnable_configs(profile, cfg))
+
+
+def drafter_never_pays(cfg: RespecConfig, model_path: str = "") -> Optional[str]:
+    """Why training a drafter is pointless on this server (None: it may pay): with the adaptive server on and a
+    profile, no runnable config beats plain decode at any planned batch size even if every draft were accepted
+    (:func:`~.solver.best_case_speedup`), so no update could ever be served. Force modes and servers without a
+    profile always train."""
+    if not cfg.enabled:
+        return None
+    profile, _ = load_profile_and_plan(cfg, model_path)
+    if profile is None:
+        return None
+    speedup, key, batch = best_case_speedup(profile, cfg.max_batch, runnable_configs(profile, cfg))
+    if speedup >= 1.0 + MIN_GAIN:
+        return None
+    return f"no profiled config beats plain decode even at full acceptance (best: {key} x{speedup:.2f} at B={batch})"
 
 
 def load_plan(cfg: RespecConfig, model_path: str = "") -> Optional[Plan]:

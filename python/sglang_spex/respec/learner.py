@@ -17,6 +17,9 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
   from the policy copy's logits for the whole batch (``"copy"``). The copy runs either way: the drafter's input
   features (the aux hidden states) only come from it. ``target_logp_gap`` is the mean |copy − served| log p of the
   sampled tokens that carry a served log-prob (``target_logprobs``, else their top-k entry): a stale copy shows;
+- idle: when the server's adaptive plan could never serve a drafter (no profiled config beats plain decode even at
+  full acceptance: ``adaptive.drafter_never_pays``, set as ``idle_reason`` by the routes), due updates are skipped
+  and counted (``skipped_updates``); rollouts are still stored;
 - timing: a record's ``seconds`` is the update's duration; the time ``submit`` blocked its caller (the RL loop's
   stall: validation, plus the whole update in sync mode) is ``state()``'s ``last/max/total_submit_seconds``.
 """
@@ -112,6 +115,8 @@ class OnlineLearner:
         self._rng = torch.Generator().manual_seed(self.config.seed)
         self.steps = 0
         self.attempts = 0
+        self.idle_reason: Optional[str] = None  # set: updates are skipped (adaptive.drafter_never_pays)
+        self.skipped_updates = 0
         self.history: List[UpdateRecord] = []
         self.max_submit_seconds = 0.0
         self.last_submit_seconds = 0.0
@@ -136,7 +141,8 @@ class OnlineLearner:
         with self._lock:
             self.steps += 1
             if self.config.variant != "frozen" and self.steps % self.config.update_interval == 0:
-                due = True
+                due = self.idle_reason is None
+                self.skipped_updates += 0 if due else 1
         if due:
             if self.config.mode == "sync":
                 self._update_once()
@@ -180,6 +186,8 @@ class OnlineLearner:
             "buffer_size": len(self.buffer),
             "rollouts_received": self.buffer.total_added,
             "updating": not self._idle.is_set(),
+            "idle_reason": self.idle_reason,
+            "skipped_updates": self.skipped_updates,
             "last_loss": losses[-1] if losses else None,
             "last_update": asdict(last) if last else None,
             "updates": [

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sglang_spex.respec.profiler import PLAIN, Profile
+from sglang_spex.respec.profiler import PLAIN, Profile, SpecConfig
 
 
 def _interp(xs: Sequence[int], ys: Sequence[float], x: float, extrapolate: bool) -> float:
@@ -123,8 +123,11 @@ class Plan:
         return cls({int(b): Choice(c["config"], c["speedup"]) for b, c in json.loads(text).items()})
 
 
+MIN_GAIN = 0.02  # a config is chosen only if it beats plain decode by this fraction
+
+
 def solve(
-    profile: Profile, max_batch: int = 64, min_gain: float = 0.02, configs: Optional[Sequence[str]] = None
+    profile: Profile, max_batch: int = 64, min_gain: float = MIN_GAIN, configs: Optional[Sequence[str]] = None
 ) -> Plan:
     """Best config per batch size 1..max_batch; plain decode unless a config is ``min_gain`` faster."""
     model = SpeedupModel(profile)
@@ -138,3 +141,21 @@ def solve(
                 best = Choice(key, s)
         choices[b] = best
     return Plan(choices)
+
+
+def best_case_speedup(
+    profile: Profile, max_batch: int = 64, configs: Optional[Sequence[str]] = None
+) -> Tuple[float, Optional[str], int]:
+    """The largest speedup any config could reach at batch sizes 1..max_batch if every draft were accepted
+    (``num_steps`` + 1 tokens per step, at most ``num_draft_tokens``) at its profiled step cost: (speedup, config,
+    batch). Below 1 + ``min_gain`` no drafter, however well trained, makes speculation pay on this profile."""
+    model = SpeedupModel(profile)
+    best: Tuple[float, Optional[str], int] = (0.0, None, 1)
+    for key in configs if configs is not None else model.configs:
+        c = SpecConfig.parse(key)
+        tokens = min(c.num_steps + 1, c.num_draft_tokens)
+        for b in range(1, max_batch + 1):
+            s = tokens * model.step_s(PLAIN, b) / model.step_s(key, b)
+            if s > best[0]:
+                best = (s, key, b)
+    return best
