@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
@@ -24,7 +23,6 @@ import pytest
 import requests
 import torch
 from safetensors.torch import load_file, save_file
-from scipy import stats
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from sgl_kernel_ext import spec_sampling
@@ -32,6 +30,9 @@ from sglang_spex.serve import ServerProcess
 from sglang_spex.srt import lossless_verify
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kernel_ext"))  # eagle3_head helper
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))  # the shared homogeneity test
+
+import check_on_policy  # noqa: E402
 
 PROMPT = "a b c a b c a b c a b c"
 N = 300  # samples per population and arm
@@ -47,15 +48,8 @@ Sample = Tuple[int, ...]
 
 
 def homogeneity_pvalue(a: Sequence[Sample], b: Sequence[Sample], min_cell: int = MIN_CELL) -> float:
-    """Chi-square homogeneity p-value of two samples of token tuples (rare cells pooled into one)."""
-    ca, cb = Counter(a), Counter(b)
-    cells = sorted(c for c in set(ca) | set(cb) if ca[c] + cb[c] >= min_cell)
-    rows = [[cnt[c] for c in cells] + [len(s) - sum(cnt[c] for c in cells)] for cnt, s in ((ca, a), (cb, b))]
-    table = np.array(rows)
-    table = table[:, table.sum(0) > 0]
-    if table.shape[1] < 2:
-        return 1.0
-    return float(stats.chi2_contingency(table).pvalue)
+    """Chi-square homogeneity p-value of two samples of token tuples (``benchmark/check_on_policy.py``'s)."""
+    return check_on_policy.homogeneity_pvalue(a, b, min_cell)
 
 
 def _scaled_model(src: Path, out: Path) -> Path:
