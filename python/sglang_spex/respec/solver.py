@@ -148,7 +148,7 @@ def best_case_speedup(
 ) -> Tuple[float, Optional[str], int]:
     """The largest speedup any config could reach at batch sizes 1..max_batch if every draft were accepted
     (``num_steps`` + 1 tokens per step, at most ``num_draft_tokens``) at its profiled step cost: (speedup, config,
-    batch). Below 1 + ``min_gain`` no drafter, however well trained, makes speculation pay on this profile."""
+    batch). Below 1 + ``MIN_GAIN`` no drafter, however well trained, makes speculation pay on this profile."""
     model = SpeedupModel(profile)
     best: Tuple[float, Optional[str], int] = (0.0, None, 1)
     for key in configs if configs is not None else model.configs:
