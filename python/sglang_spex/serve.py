@@ -23,6 +23,7 @@ def free_port() -> int:
 
 # SGLang's crash diagnostics (py-spy dump, CUDA coredump) run when a scheduler exits on a signal, after a 5 s sleep;
 # a server this class stops on purpose is not a crash, so they are off unless the caller's environment sets them.
+_BIND_ERROR = "error while attempting to bind on address"  # uvicorn's log line when the port is taken
 QUIET_STOP_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
@@ -37,15 +38,31 @@ class ServerProcess:
         startup_timeout: float = 600.0,
         log_path: Optional[str] = None,
     ):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args: List[str] = list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self._base_args = list(args)
+        self._fixed_port = port is not None
+        self._set_port(port or free_port())
         self.env = {**QUIET_STOP_ENV, **os.environ, **(env or {})}
         self.startup_timeout = startup_timeout
         self.log_path = log_path or tempfile.mkstemp(prefix="spex-server-", suffix=".log")[1]
         self.proc: Optional[subprocess.Popen] = None
 
-    def start(self) -> "ServerProcess":
+    def _set_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args: List[str] = self._base_args + ["--host", "127.0.0.1", "--port", str(self.port)]
+
+    def start(self, attempts: int = 3) -> "ServerProcess":
+        """Launch and wait for ``/health_generate``. If another process took the free port before the server bound
+        it (uvicorn then neither serves nor exits), the server is stopped and started again on a new port."""
+        for _ in range(attempts if not self._fixed_port else 1):
+            if self._launch():
+                return self
+            self.stop()
+            self._set_port(free_port())
+        raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{self.log_tail()}")
+
+    def _launch(self) -> bool:
+        """True once healthy; False when the HTTP port was already in use."""
         cmd = [sys.executable, "-m", "sglang_spex.launch_server", *self.args]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
@@ -55,9 +72,11 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
+            if _BIND_ERROR in self.log_tail(20):
+                return False
             try:
                 if httpx.get(self.url + "/health_generate", timeout=30).status_code == 200:
-                    return self
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
