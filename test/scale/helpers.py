@@ -67,6 +67,14 @@ def idle_pool(url: str, timeout: float = 120) -> dict:
     raise TimeoutError(f"{url} did not go idle")
 
 
+def start_pool(url: str) -> dict:
+    """The idle pool after one 1-token request, so a step the scheduler still owed an earlier test (a cancel
+    racing its end) has run before the snapshot a later check compares with."""
+    body = {"text": "settle", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    requests.post(url + "/generate", json=body, timeout=120)
+    return idle_pool(url)
+
+
 def settled_pool(url: str, start: dict, tries: int = 3) -> dict:
     """The idle pool once its free + evictable KV is back at ``start``'s, or after ``tries`` looks, with one 1-token
     request between looks so the scheduler runs another step. A cancel racing the end of a step was seen once one

@@ -20,7 +20,7 @@ from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec
 
-from .helpers import finish_reasons, idle_pool, load, received_by_worker, settled_pool
+from .helpers import finish_reasons, load, received_by_worker, settled_pool, start_pool
 
 pytestmark = pytest.mark.server  # the cluster fixture starts real servers
 
@@ -85,7 +85,7 @@ def test_speculative_requests_stay_speculative_through_the_router(cluster):
 
 
 def test_cancel_frees_kv_on_the_holding_worker(cluster):
-    start = {u: idle_pool(u) for u in cluster.worker_urls}
+    start = {u: start_pool(u) for u in cluster.worker_urls}
     spec = _spec({"name": "rebase", "width": 3, "max_depth": 2}, LONG_STEP, seed=7)
 
     async def main():
