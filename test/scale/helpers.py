@@ -67,11 +67,16 @@ def idle_pool(url: str, timeout: float = 120) -> dict:
     raise TimeoutError(f"{url} did not go idle")
 
 
+def _settle(url: str) -> None:
+    """One 1-token request: the scheduler runs another step."""
+    body = {"text": "settle", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    requests.post(url + "/generate", json=body, timeout=120)
+
+
 def start_pool(url: str) -> dict:
     """The idle pool after one 1-token request, so a step the scheduler still owed an earlier test (a cancel
     racing its end) has run before the snapshot a later check compares with."""
-    body = {"text": "settle", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    requests.post(url + "/generate", json=body, timeout=120)
+    _settle(url)
     return idle_pool(url)
 
 
@@ -84,7 +89,6 @@ def settled_pool(url: str, start: dict, tries: int = 3) -> dict:
     for _ in range(tries - 1):
         if pool_now["kv_available"] + pool_now["kv_evictable"] == start["kv_available"] + start["kv_evictable"]:
             break
-        body = {"text": "settle", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-        requests.post(url + "/generate", json=body, timeout=120)
+        _settle(url)
         pool_now = idle_pool(url)
     return pool_now
