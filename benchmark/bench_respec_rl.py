@@ -1,7 +1,7 @@
 """End-to-end ReSpec RL benchmark: the same GRPO run (same initial policy, seeds, prompts and steps) with no
 speculation, naive always-on EAGLE3 with a frozen drafter, and ReSpec (adaptive server + online learner).
 
-    python benchmark/bench_respec_rl.py                        # tiny Llama warm-started on toy_add 2..10, 8 steps
+    python benchmark/bench_respec_rl.py                        # tiny Llama warm-started on toy_add 2..10, 30 steps
     python benchmark/bench_respec_rl.py --steps 20 --repeats 2 --group 8
 
 Setup (once, or reused from ``--work-dir``): the initial policy (supervised warm start), a bootstrap EAGLE-3
@@ -14,12 +14,16 @@ run inside the server, overlapping the next generation, and their own seconds ar
 update (optimizer + push), active batch (time-averaged running requests), acceptance length (completion tokens /
 verify passes), reward, distinct responses per group (1 would mean argmax, not sampling). Speedup of a mode =
 no-speculation seconds / mode seconds, per step (median, min–max) and over the whole run (ratio of sums).
+Reward trend per mode (``reward_trend``): the least-squares slope of step reward on step index pooled over seeds,
+with its standard error and the one-sided p-value of "no rise". ReSpec's learner state says how many updates its
+payback gate skipped (``learner_skipped``, ``learner_payback``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -131,6 +135,32 @@ def seed_noise(runs: Dict[str, List[Dict]]) -> Dict:
     return out
 
 
+def reward_trend(reps: List[Dict]) -> Dict:
+    """Does reward rise over the run? Least squares of each step's mean reward on its step index, pooled over the
+    runs (seeds): slope per step with its standard error, the one-sided p-value of "no rise" (``p_rise``), the
+    fitted rise over the run (slope × (steps − 1)) and the mean of the first and last third of the steps."""
+    from scipy import stats
+
+    xs = [s["step"] for r in reps for s in r["steps"]]
+    ys = [s["reward_mean"] for r in reps for s in r["steps"]]
+    if len(set(xs)) < 3:
+        return {}
+    fit = stats.linregress(xs, ys)
+    lo, hi = min(xs), max(xs)
+    third = (hi - lo + 1) / 3
+    first = [y for x, y in zip(xs, ys) if x < lo + third]
+    last = [y for x, y in zip(xs, ys) if x > hi - third]
+    t = fit.slope / fit.stderr if fit.stderr > 0 else math.inf * (1 if fit.slope > 0 else -1)
+    return {
+        "slope_per_step": fit.slope,
+        "slope_se": fit.stderr,
+        "p_rise": float(stats.t.sf(t, len(xs) - 2)),
+        "fitted_rise": fit.slope * (hi - lo),
+        "first_third_mean": statistics.mean(first),
+        "last_third_mean": statistics.mean(last),
+    }
+
+
 def summarize(runs: Dict[str, List[Dict]]) -> Dict:
     """Per mode: mean step seconds and split, acceptance start/end, reward; speedup vs ``none`` per step."""
     out: Dict = {}
@@ -151,6 +181,7 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
             "active_batch_mean": statistics.mean(s["active_batch"] for s in steps),
             "reward_mean": statistics.mean(s["reward_mean"] for s in steps),
             "reward_curve": [statistics.mean(r["steps"][i]["reward_mean"] for r in reps) for i in range(n)],
+            "reward_trend": reward_trend(reps),
             "accept_mean": statistics.mean(acc) if acc else None,
             "accept_first": statistics.mean(first_acc) if first_acc else None,
             "accept_last": statistics.mean(last_acc) if last_acc else None,
@@ -168,6 +199,8 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
             m["learner_updates"] = len(ups)
             m["learner_published"] = sum(u["outcome"] == "published" for u in ups)
             m["learner_update_s_mean"] = statistics.mean(u["seconds"] for u in ups) if ups else None
+            m["learner_skipped"] = sum(st.get("skipped_updates", 0) for st in learners)
+            m["learner_payback"] = [st.get("payback") for st in learners]
         if base and mode != "none":
             ratios = [
                 b["steps"][i]["seconds"] / r["steps"][i]["seconds"]
@@ -181,6 +214,15 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
             m["reward_gap_vs_none"] = m["reward_mean"] - out["none"]["reward_mean"]
         out[mode] = m
     return out
+
+
+def _trend(t: Dict) -> str:
+    if not t:
+        return ""
+    return (
+        f" (slope {t['slope_per_step']:+.4f}/step ± {t['slope_se']:.4f}, p_rise {t['p_rise']:.3f}; thirds "
+        f"{t['first_third_mean']:.3f}→{t['last_third_mean']:.3f})"
+    )
 
 
 def plot(runs: Dict[str, List[Dict]], path: Path) -> None:
@@ -213,7 +255,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(ap, max_new_tokens=32)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    ap.add_argument("--steps", type=int, default=8, help="RL (policy) steps per run")
+    ap.add_argument("--steps", type=int, default=30, help="RL (policy) steps per run")
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode and seed, modes interleaved")
     ap.add_argument(
         "--seeds",
@@ -261,7 +303,7 @@ def main(argv=None) -> int:
             f"{mode:6s} step {m['step_s_mean']:.2f} s (gen {m['generation_s_mean']:.2f} drafter "
             f"{m['drafter_update_s_mean']:.2f} policy {m['policy_update_s_mean']:.2f}) batch "
             f"{m['active_batch_mean']:.1f} accept {m['accept_first']}→{m['accept_last']} reward "
-            f"{m['reward_mean']:.3f}" + (f" speedup {sp:.2f}× (per step median {m['speedup_per_step_median']:.2f}×)"
+            f"{m['reward_mean']:.3f}{_trend(m['reward_trend'])}" + (f" speedup {sp:.2f}× (per step median {m['speedup_per_step_median']:.2f}×)"
                                           if sp else "")  # fmt: skip
         )
     png = Path(a.out).with_suffix(".png")

@@ -475,6 +475,12 @@ class LearnerConfig(_Section):
         0.5, flag=None, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="rollback below this acceptance ratio"
     )
     buffer_capacity: int = _opt(4096, flag=None, check=_POSITIVE, help="replay buffer size (rollouts)")
+    payback: bool = _opt(
+        True,
+        flag=None,
+        help="skip updates that take longer than the most speculation could save over an update interval (needs the "
+        "adaptive server's profile)",
+    )
     seed: int = _opt(0, flag=None, help="learner random seed")
 
 

@@ -1,4 +1,5 @@
-"""bench_respec_rl's reward comparison across RL seeds: gaps paired by seed, read against no speculation's spread."""
+"""bench_respec_rl's reward comparison across RL seeds (gaps paired by seed, read against no speculation's spread)
+and its reward trend over the run."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 
-from bench_respec_rl import seed_noise  # noqa: E402
+from bench_respec_rl import reward_trend, seed_noise  # noqa: E402
 
 
 def _run(seed: int, rewards):
-    return {"seed": seed, "steps": [{"reward_mean": r} for r in rewards]}
+    return {"seed": seed, "steps": [{"step": i, "reward_mean": r} for i, r in enumerate(rewards)]}
 
 
 def test_gaps_are_paired_by_seed():
@@ -32,3 +33,14 @@ def test_a_seed_without_a_baseline_run_is_not_compared():
     out = seed_noise({"none": [_run(0, [0.5])], "naive": [_run(0, [0.7]), _run(3, [0.0])]})
     assert out["naive"]["gap_min_max"] == pytest.approx([0.2, 0.2])
     assert "none_reward_spread" not in out
+
+
+def test_reward_trend_pools_seeds_and_reads_a_rise():
+    rising = [_run(0, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), _run(1, [0.2, 0.2, 0.4, 0.4, 0.6, 0.6])]
+    t = reward_trend(rising)
+    assert t["slope_per_step"] == pytest.approx(0.67 / 7, rel=1e-9)  # least squares: Sxy 3.35 over Sxx 35
+    assert t["fitted_rise"] == pytest.approx(5 * t["slope_per_step"])
+    assert t["p_rise"] < 1e-4 and t["first_third_mean"] == pytest.approx(0.175) and t["last_third_mean"] == 0.575
+    flat = reward_trend([_run(0, [0.5, 0.1, 0.5, 0.1, 0.5, 0.1]), _run(1, [0.1, 0.5, 0.1, 0.5, 0.1, 0.5])])
+    assert flat["slope_per_step"] == pytest.approx(0.0, abs=1e-12) and flat["p_rise"] == pytest.approx(0.5)
+    assert reward_trend([_run(0, [0.1, 0.2])]) == {}  # two steps: no trend to read

@@ -84,7 +84,7 @@ def test_best_case_speedup_bounds_what_any_drafter_could_reach(tmp_path):
     """A chain of s steps gains at most s + 1 tokens per step: where its step costs more than that many plain
     steps, no training makes it pay, and the learner is told so (adaptive.drafter_never_pays)."""
     from sglang_spex.config import RespecConfig
-    from sglang_spex.respec.adaptive import drafter_never_pays
+    from sglang_spex.respec.adaptive import best_case, drafter_never_pays
 
     slow = {b: (4.5 * (0.050 + 0.004 * b), 2.2) for b in (1, 4, 16, 32)}  # the tiny model's EAGLE3 s3: 4.5x a step
     hopeless = _profile({PLAIN: PLAIN_CURVE, "EAGLE3:s3t1n4": slow})
@@ -100,3 +100,6 @@ def test_best_case_speedup_bounds_what_any_drafter_could_reach(tmp_path):
     assert drafter_never_pays(RespecConfig(enabled=True, profile=str(hopeful.save(tmp_path / "hopeful.json")))) is None
     assert drafter_never_pays(RespecConfig(enabled=False, profile=on.profile)) is None  # no adaptive server
     assert drafter_never_pays(RespecConfig(enabled=True, profile=on.profile, force="spec")) is None
+    hope = RespecConfig(enabled=True, profile=str(tmp_path / "hopeful.json"))
+    assert best_case(hope)[0] == pytest.approx(4 / 1.5)  # what the learner's payback gate reads
+    assert best_case(RespecConfig(enabled=False, profile=hope.profile)) is None

@@ -66,6 +66,50 @@ def test_grpo_step_moves_logprobs_with_the_advantage(tiny_model):
         pol.grpo_step(pairs, [1.0])
 
 
+class _RecordingClient(ServerClient):
+    """Pure loop logic: canned completions, and every learner call recorded; the learner answers ``training``."""
+
+    def __init__(self, training):
+        super().__init__("http://unused")
+        self.training = list(training)
+        self.calls = []
+
+    def generate(self, input_ids, params, concurrency=0, extra=None):
+        self.calls.append(("generate", bool(extra and extra.get("return_logprob"))))
+        return [{"output_ids": [5, 6, 7], "meta_info": {}} for _ in input_ids]
+
+    def weight_version(self):
+        return "0"
+
+    def post_policy(self, version, named):
+        self.calls.append(("policy", version))
+        return {}
+
+    def post_rollouts(self, rollouts):
+        self.calls.append(("rollouts", len(rollouts)))
+        return {"training": self.training.pop(0)}
+
+
+def test_grpo_loop_skips_logprobs_and_policy_copies_while_the_learner_is_not_training(tiny_model):
+    from transformers import AutoTokenizer
+
+    client = _RecordingClient([True, False, False, True])
+    cfg = GRPOConfig(prompts_per_step=1, group_size=2, max_new_tokens=3, seed=0)
+    loop = GRPOLoop(client, _fresh_policy(tiny_model), AutoTokenizer.from_pretrained(tiny_model), ToyAdd(), cfg)
+    loop.swaps = [type("NoSwap", (), {"push": lambda self, version, named: None})()]
+    for _ in range(4):
+        loop.step()
+    steps, step = [], []
+    for call in client.calls:
+        step.append(call)
+        if call[0] == "rollouts":
+            steps.append(step)
+            step = []
+    assert [s[0] for s in steps] == [("generate", True)] * 2 + [("generate", False)] * 2
+    assert [any(c[0] == "policy" for c in s) for s in steps] == [True, True, False, False]
+    assert all(s[-1] == ("rollouts", 2) for s in steps)  # the rollouts are posted either way
+
+
 # -- live server ------------------------------------------------------------------------------------------------
 
 

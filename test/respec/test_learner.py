@@ -53,6 +53,33 @@ def test_an_idle_learner_skips_its_updates_and_says_why(tiny_drafter, tiny_featu
     assert lrn.submit(_rollouts(tiny_seqs[:3]))["update_due"] is True and lrn.version == 1
 
 
+def test_payback_gate_skips_updates_that_cost_more_than_speculation_could_save(
+    tiny_drafter, tiny_features, tiny_seqs, monkeypatch
+):
+    """An update that took 1 s against a best case of 1.5x (a third of the interval saved at most) is skipped while
+    submits come 1 s apart, and resumes one due point after they come 10 s apart."""
+    clock = iter([0.0, 1.0, 2.0, 12.0, 22.0, 32.0])
+    monkeypatch.setattr(learner_mod.time, "monotonic", lambda: next(clock))
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync", update_interval=1)
+    lrn.best_speedup = 1.5
+    first = lrn.submit(_rollouts(tiny_seqs[:3]))  # no update measured yet: the gate does not apply
+    assert first["update_due"] is True and first["training"] is True and lrn.version == 1
+    lrn.history[-1].seconds = 1.0
+    for _ in range(2):  # 1 s apart: at most 0.33 s saved per interval
+        out = lrn.submit(_rollouts(tiny_seqs[:3]))
+        assert out["update_due"] is False and out["training"] is False
+    gate = lrn.state()["payback"]
+    assert gate["pays"] is False and abs(gate["saving_bound_seconds"] - 1.0 / 3) < 1e-9 and gate["update_seconds"] == 1
+    assert lrn.version == 1 and lrn.skipped_updates == 2 and len(lrn.buffer) == 6  # rollouts are still stored
+    back = lrn.submit(_rollouts(tiny_seqs[:3]))  # gaps 1, 1, 10: median 1 s, still short
+    assert back["update_due"] is False and back["training"] is False
+    back = lrn.submit(_rollouts(tiny_seqs[:3]))  # gaps 1, 1, 10, 10: 5.5 s, pays; trains from the next due point
+    assert back["update_due"] is False and back["training"] is True and lrn.skipped_updates == 4
+    assert lrn.submit(_rollouts(tiny_seqs[:3]))["update_due"] is True and lrn.version == 2
+    lrn.config = LearnerConfig(mode="sync", payback=False)
+    assert lrn._pays_back() is True and lrn.payback is None  # switched off
+
+
 def test_nan_update_is_rolled_back(tiny_drafter, tiny_features, tiny_seqs):
     def poisoned(seqs):
         b = tiny_features.batch(seqs)

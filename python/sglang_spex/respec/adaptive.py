@@ -88,19 +88,26 @@ def load_profile_and_plan(cfg: RespecConfig, model_path: str = "") -> tuple:
     return profile, solve(profile, max_batch=cfg.max_batch, configs=runnable_configs(profile, cfg))
 
 
-def drafter_never_pays(cfg: RespecConfig, model_path: str = "") -> Optional[str]:
-    """Why training a drafter is pointless on this server (None: it may pay): with the adaptive server on and a
-    profile, no runnable config beats plain decode at any planned batch size even if every draft were accepted
-    (:func:`~.solver.best_case_speedup`), so no update could ever be served. Force modes and servers without a
-    profile always train."""
+def best_case(cfg: RespecConfig, model_path: str = "") -> Optional[Tuple[float, Optional[str], int]]:
+    """(speedup, config, batch) of the best any runnable config could do at full acceptance on this server's
+    profile (:func:`~.solver.best_case_speedup`); None in force modes, without the adaptive server or a profile."""
     if not cfg.enabled:
         return None
     profile, _ = load_profile_and_plan(cfg, model_path)
     if profile is None:
         return None
-    speedup, key, batch = best_case_speedup(profile, cfg.max_batch, runnable_configs(profile, cfg))
-    if speedup >= 1.0 + MIN_GAIN:
+    return best_case_speedup(profile, cfg.max_batch, runnable_configs(profile, cfg))
+
+
+def drafter_never_pays(cfg: RespecConfig, model_path: str = "", best=None) -> Optional[str]:
+    """Why training a drafter is pointless on this server (None: it may pay): with the adaptive server on and a
+    profile, no runnable config beats plain decode at any planned batch size even if every draft were accepted
+    (:func:`best_case`, or ``best`` when already computed), so no update could ever be served. Force modes and
+    servers without a profile always train."""
+    best = best if best is not None else best_case(cfg, model_path)
+    if best is None or best[0] >= 1.0 + MIN_GAIN:
         return None
+    speedup, key, batch = best
     return f"no profiled config beats plain decode even at full acceptance (best: {key} x{speedup:.2f} at B={batch})"
 
 

@@ -10,6 +10,8 @@ in-memory path works on CPU and needs no shared filesystem), and post the rollou
 When the rollouts go to a learner and ``top_logprobs_num`` > 0, the rollout requests also ask SGLang for
 ``return_logprob`` and the top-``top_logprobs_num`` log-probs per output token, and each posted rollout carries
 them (``target_logprobs``, ``target_top_logprobs``): the learner's KD target then comes from the served model.
+While the learner answers ``training: false`` (idle, or its payback gate skips updates), the loop sends neither
+the log-probs nor the policy copy, which only an update would use; the rollouts are still posted.
 
 Each step also reports what speculation did for its rollouts (SGLang's ``meta_info``: tokens per verify pass =
 acceptance length) and rollout throughput, which is what ``benchmark/bench_respec_learner.py`` plots.
@@ -246,6 +248,7 @@ class GRPOLoop:
         self._rng = random.Random(self.config.seed)
         self._pool = task.questions(256, split=self.config.split, seed=self.config.seed)
         self.step_index = 0
+        self.learner_training = True  # the learner's last "training" answer: False skips log-probs and policy copies
 
     def sample(
         self, questions: Sequence[Question], client: Optional[ServerClient] = None, logprobs: bool = False
@@ -294,7 +297,7 @@ class GRPOLoop:
         learner_s = 0.0
         for client, swap in zip(self.servers, self.swaps):
             swap.push(self.policy.version, named)
-            if self.post and self.config.sync_learner_policy:
+            if self.post and self.config.sync_learner_policy and self.learner_training:
                 t = time.perf_counter()
                 client.post_policy(self.policy.version, named)
                 learner_s += time.perf_counter() - t
@@ -304,7 +307,7 @@ class GRPOLoop:
         cfg = self.config
         t0 = time.perf_counter()
         questions = self.last_questions = self._rng.sample(self._pool, cfg.prompts_per_step)
-        samples = self.sample(questions, logprobs=self.post and cfg.top_logprobs_num > 0)
+        samples = self.sample(questions, logprobs=self.post and cfg.top_logprobs_num > 0 and self.learner_training)
         t_roll = time.perf_counter() - t0
         rewards = [s.reward for s in samples]
         adv = group_advantages(rewards, cfg.group_size)
@@ -317,6 +320,7 @@ class GRPOLoop:
             t = time.perf_counter()
             rollouts = rollout_payloads(samples)
             learner = [c.post_rollouts(rollouts) for c in self.servers][0]
+            self.learner_training = bool(learner.get("training", True))
             learner_s += time.perf_counter() - t
         tokens = sum(len(s.response_ids) for s in samples)
         stats = StepStats(

@@ -20,6 +20,13 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 - idle: when the server's adaptive plan could never serve a drafter (no profiled config beats plain decode even at
   full acceptance: ``adaptive.drafter_never_pays``, set as ``idle_reason`` by the routes), due updates are skipped
   and counted (``skipped_updates``); rollouts are still stored;
+- payback: with ``best_speedup`` set (the routes: the profile's best case at full acceptance, ``adaptive.best_case``)
+  and ``config.payback`` on, a due update is skipped (counted) when the last updates took longer than the most
+  speculation could save over one update interval: (1 − 1/best_speedup) × the interval's wall time (the median gap
+  between submits × ``update_interval``, an upper bound on its decode time). The gate is re-read at every due point
+  (``state()["payback"]``); a learner coming back trains from the due point after (so the caller can sync its policy
+  copy and send log-probs again first). ``submit`` says ``training``: whether updates currently run, so an RL loop can
+  skip the log-probs and policy pushes only an update would use;
 - timing: a record's ``seconds`` is the update's duration; the time ``submit`` blocked its caller (the RL loop's
   stall: validation, plus the whole update in sync mode) is ``state()``'s ``last/max/total_submit_seconds``.
 """
@@ -28,8 +35,10 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -117,6 +126,10 @@ class OnlineLearner:
         self.attempts = 0
         self.idle_reason: Optional[str] = None  # set: updates are skipped (adaptive.drafter_never_pays)
         self.skipped_updates = 0
+        self.best_speedup: Optional[float] = None  # the profile's best case at full acceptance (payback gate)
+        self.payback: Optional[dict] = None  # the payback gate's last reading (None: not applied)
+        self._paying = True  # the gate's last verdict
+        self._submit_times: deque = deque(maxlen=9)
         self.history: List[UpdateRecord] = []
         self.max_submit_seconds = 0.0
         self.last_submit_seconds = 0.0
@@ -140,8 +153,11 @@ class OnlineLearner:
         due = False
         with self._lock:
             self.steps += 1
+            self._submit_times.append(time.monotonic())
             if self.config.variant != "frozen" and self.steps % self.config.update_interval == 0:
-                due = self.idle_reason is None
+                pays = self._pays_back()
+                due = self.idle_reason is None and pays and self._paying  # back from the gate: next due point
+                self._paying = pays
                 self.skipped_updates += 0 if due else 1
         if due:
             if self.config.mode == "sync":
@@ -152,7 +168,37 @@ class OnlineLearner:
         self.last_submit_seconds = blocked
         self.total_submit_seconds += blocked
         self.max_submit_seconds = max(self.max_submit_seconds, blocked)
-        return {"accepted": n, "buffer_size": len(self.buffer), "version": self.version, "update_due": due}
+        return {
+            "accepted": n,
+            "buffer_size": len(self.buffer),
+            "version": self.version,
+            "update_due": due,
+            "training": self.training,
+        }
+
+    @property
+    def training(self) -> bool:
+        """Whether updates run (not frozen, not idle, the payback gate's last verdict)."""
+        return self.config.variant != "frozen" and self.idle_reason is None and self._paying
+
+    def _pays_back(self) -> bool:
+        """The payback gate (see the module docstring); True where it does not apply. Called under the lock."""
+        trained = [r.seconds for r in self.history if r.rollouts and r.reason != "empty_buffer"][-3:]
+        times = list(self._submit_times)
+        if not self.config.payback or self.best_speedup is None or not trained or len(times) < 2:
+            self.payback = None
+            return True
+        interval = statistics.median(b - a for a, b in zip(times, times[1:])) * self.config.update_interval
+        cost = statistics.median(trained)
+        saving = max(0.0, 1.0 - 1.0 / self.best_speedup) * interval if self.best_speedup > 0 else 0.0
+        self.payback = {
+            "update_seconds": cost,
+            "saving_bound_seconds": saving,
+            "interval_seconds": interval,
+            "best_speedup": self.best_speedup,
+            "pays": cost <= saving,
+        }
+        return cost <= saving
 
     def set_policy(self, version: int, named: List[Tuple[str, torch.Tensor]]) -> int:
         """The RL trainer pushed new policy weights: later updates distill from them (the KD target moves with the
@@ -188,6 +234,8 @@ class OnlineLearner:
             "updating": not self._idle.is_set(),
             "idle_reason": self.idle_reason,
             "skipped_updates": self.skipped_updates,
+            "training": self.training,
+            "payback": self.payback,
             "last_loss": losses[-1] if losses else None,
             "last_update": asdict(last) if last else None,
             "updates": [

@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM
 
 from sglang_spex.config import ENV_VAR, LearnerSpec, load
-from sglang_spex.respec.adaptive import drafter_never_pays
+from sglang_spex.respec.adaptive import best_case, drafter_never_pays
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import HotSwapClient, ReplicaPublisher, deserialize_named_tensors
@@ -195,7 +195,9 @@ def install_from_env(app: FastAPI, server_args: Optional[Callable[[], Any]] = No
         if server_args is None:
             raise ValueError(f"{ENV_VAR}: the learner spec has no server_url and there is no server to publish into")
         learner.publish = LocalServerPublisher(server_args, replica_urls)
-    learner.idle_reason = drafter_never_pays(load().respec, spec.target)
+    best = best_case(load().respec, spec.target)
+    learner.best_speedup = best[0] if best is not None else None
+    learner.idle_reason = drafter_never_pays(load().respec, best=best)
     if learner.idle_reason:
         logger.info("respec: the learner skips its updates: %s", learner.idle_reason)
     install(app, learner)
