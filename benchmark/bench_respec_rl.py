@@ -106,7 +106,10 @@ def run_mode(mode: str, a, setup, profile: Path, task, seed: int) -> Dict:
             flush=True,
         )
 
-    out = run_rl(args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode == "respec", show, spex_info)
+    save = Path(a.save_policies) / f"{mode}-seed{seed}" if a.save_policies else None
+    out = run_rl(
+        args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode == "respec", show, spex_info, save
+    )  # fmt: skip
     out["seed"] = seed
     return out
 
@@ -269,6 +272,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-batches", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--work-dir", default=None, help="setup cache (policy, drafter, profile); default: a new one")
     ap.add_argument("--out", default=str(RESULTS / "respec_rl.json"))
+    ap.add_argument(
+        "--save-policies",
+        default=None,
+        help="save each run's final policy under DIR/<mode>-seed<seed> (for check_on_policy.py --policy-dir)",
+    )
     a = ap.parse_args(argv)
 
     import tempfile

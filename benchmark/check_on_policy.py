@@ -73,6 +73,12 @@ def sample_server(args: Sequence[str], prompts: List[List[int]], arms: Sequence[
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work-dir", required=True, help="a bench_respec_rl.py setup (setup.json)")
+    ap.add_argument(
+        "--policy-dir",
+        default=None,
+        help="the policy to serve (default: the setup's initial one; e.g. a run's final policy from "
+        "bench_respec_rl.py --save-policies)",
+    )
     ap.add_argument("--task", default="toy_add")
     ap.add_argument("--toy-range", type=int, nargs=2, default=[2, 10])
     ap.add_argument("--questions", type=int, default=3)
@@ -92,7 +98,7 @@ def main(argv=None) -> int:
 
     t0 = time.monotonic()
     setup = json.loads((Path(a.work_dir) / "setup.json").read_text())
-    policy, drafter = Path(setup["policy_dir"]), Path(setup["drafter_dir"])
+    policy, drafter = Path(a.policy_dir or setup["policy_dir"]), Path(setup["drafter_dir"])
     task = resolve_task(a.task, a.toy_range)
     questions = task.questions(a.questions, split="dev", seed=7)
     tok = AutoTokenizer.from_pretrained(str(policy))

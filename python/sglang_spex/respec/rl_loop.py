@@ -66,11 +66,13 @@ def run_rl(
     with_learner: bool = False,
     on_step: Optional[Callable[[Dict], None]] = None,
     on_start: Optional[Callable[[str], Dict]] = None,
+    save_dir: Optional[Path] = None,
 ) -> Dict:
     """Start the server, run ``steps`` GRPO steps from ``policy_dir`` (seeded by ``config.seed``), stop it.
     Returns ``{"steps": [per-step dict], "server_start_s": float, "learner": final learner state or None,
     "on_start": what ``on_start(server_url)`` returned, called once the server is up, "respec_report": the
-    adaptive server's counters or None}``."""
+    adaptive server's counters or None}``. With ``save_dir`` the final policy is saved there (HF layout, with the
+    tokenizer) and ``"policy_dir"`` names it."""
     from transformers import AutoTokenizer
 
     from sglang_spex.serve import ServerProcess
@@ -98,6 +100,8 @@ def run_rl(
         if with_learner:
             out["learner"] = client.learner_state()
         out["respec_report"] = respec_report(srv.url)
+    if save_dir is not None:
+        out["policy_dir"] = str(policy.save_pretrained(save_dir, tok))
     return out
 
 
