@@ -62,8 +62,13 @@ def _ranking(url: str) -> None:
     jumped = [
         r["step"] for r in rows if r["mode"] in (1, 3) and r["n_spec"] > 0 and r["waiting"] - r["waiting_spec"] > 0
     ]
-    assert not jumped, f"speculative work was admitted ahead of a waiting primary at steps {jumped}"
     after = sched(url)["counters"]
+    # on failure, the offending steps' rows and their neighbours, and the scheduler's own count of the same event
+    near = [r for r in rows if any(abs(r["step"] - j) <= 1 for j in jumped)]
+    assert not jumped, (
+        f"speculative work was admitted ahead of a waiting primary at steps {jumped}; spec_before_primary "
+        f"{before.get('spec_before_primary', 0)} -> {after.get('spec_before_primary', 0)}; rows {near}"
+    )
     moved = after.get("preempt_for_primary", 0) - before.get("preempt_for_primary", 0)
     assert moved > 0, "primaries never had to displace speculative work: the pool was not short"
 
