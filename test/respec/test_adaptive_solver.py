@@ -95,6 +95,11 @@ def test_best_case_speedup_bounds_what_any_drafter_could_reach(tmp_path):
     assert best_case_speedup(hopeful, max_batch=32)[:3:2] == (pytest.approx(4 / 1.5), 1)
     assert solve(hopeful, max_batch=32).spec_max_batch() == 0  # today's acceptance does not pay: the plan is plain
 
+    # a noisy spec curve that falls with the batch: its line extrapolated to B=64 would claim far more
+    falling = {1: (4.5 * 0.054, 2.2), 4: (4.5 * 0.066, 2.2), 16: (4.5 * 0.060, 2.2)}
+    noisy = _profile({PLAIN: PLAIN_CURVE, "EAGLE3:s3t1n4": falling})
+    speedup, _, batch = best_case_speedup(noisy, max_batch=64)
+    assert batch <= 16 and speedup == pytest.approx(max(4 * PLAIN_CURVE[b][0] / falling[b][0] for b in falling))
     on = RespecConfig(enabled=True, profile=str(hopeless.save(tmp_path / "hopeless.json")))
     assert "x0.89 at B=" in drafter_never_pays(on)
     assert drafter_never_pays(RespecConfig(enabled=True, profile=str(hopeful.save(tmp_path / "hopeful.json")))) is None

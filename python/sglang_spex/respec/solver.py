@@ -52,6 +52,10 @@ class SpeedupModel:
     def configs(self) -> List[str]:
         return [k for k in self._curves if k != PLAIN]
 
+    def measured_batches(self, key: str) -> List[int]:
+        """The batch sizes the profile measured for ``key``, ascending."""
+        return self._curves[key][0]
+
     def step_s(self, key: str, batch: int) -> float:
         bs, cost, _ = self._curves[key]
         floor = min(cost) * 0.5  # extrapolating a noisy profile downwards must not reach zero
@@ -148,13 +152,18 @@ def best_case_speedup(
 ) -> Tuple[float, Optional[str], int]:
     """The largest speedup any config could reach at batch sizes 1..max_batch if every draft were accepted
     (``num_steps`` + 1 tokens per step, at most ``num_draft_tokens``) at its profiled step cost: (speedup, config,
-    batch). Below 1 + ``MIN_GAIN`` no drafter, however well trained, makes speculation pay on this profile."""
+    batch). Only batch sizes inside the range both curves measured count: a bound read from a line extrapolated
+    past the profile (a noisy curve that falls with the batch) could claim anything. Below 1 + ``MIN_GAIN`` no
+    drafter, however well trained, makes speculation pay on this profile."""
     model = SpeedupModel(profile)
     best: Tuple[float, Optional[str], int] = (0.0, None, 1)
+    plain = model.measured_batches(PLAIN)
     for key in configs if configs is not None else model.configs:
         c = SpecConfig.parse(key)
         tokens = min(c.num_steps + 1, c.num_draft_tokens)
-        for b in range(1, max_batch + 1):
+        measured = model.measured_batches(key)
+        lo, hi = max(plain[0], measured[0]), min(plain[-1], measured[-1], max_batch)
+        for b in range(lo, hi + 1):
             s = tokens * model.step_s(PLAIN, b) / model.step_s(key, b)
             if s > best[0]:
                 best = (s, key, b)
