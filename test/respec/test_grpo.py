@@ -93,21 +93,18 @@ class _RecordingClient(ServerClient):
 def test_grpo_loop_skips_logprobs_and_policy_copies_while_the_learner_is_not_training(tiny_model):
     from transformers import AutoTokenizer
 
-    client = _RecordingClient([True, False, False, True])
+    client = _RecordingClient([True, False, False, True, True])
     cfg = GRPOConfig(prompts_per_step=1, group_size=2, max_new_tokens=3, seed=0)
     loop = GRPOLoop(client, _fresh_policy(tiny_model), AutoTokenizer.from_pretrained(tiny_model), ToyAdd(), cfg)
     loop.swaps = [type("NoSwap", (), {"push": lambda self, version, named: None})()]
-    for _ in range(4):
-        loop.step()
-    steps, step = [], []
-    for call in client.calls:
-        step.append(call)
-        if call[0] == "rollouts":
-            steps.append(step)
-            step = []
-    assert [s[0] for s in steps] == [("generate", True)] * 2 + [("generate", False)] * 2
-    assert [any(c[0] == "policy" for c in s) for s in steps] == [True, True, False, False]
-    assert all(s[-1] == ("rollouts", 2) for s in steps)  # the rollouts are posted either way
+    steps = list(loop.run(5, progress=False))
+    # step 2's answer (False) arrives with step 3 in the background; step 3's (True) is read before step 4 samples
+    assert [c[1] for c in client.calls if c[0] == "generate"] == [True, True, False, False, True]
+    assert [c[1] for c in client.calls if c[0] == "policy"] == [1, 2, 5]  # policy versions pushed to the copy
+    assert [c for c in client.calls if c[0] == "rollouts"] == [("rollouts", 2)] * 5  # every batch is posted
+    # each step reports the last answer it has: step 2's post is still in flight, step 3 reports step 2's answer
+    assert [s.learner["training"] if s.learner else None for s in steps] == [True, False, None, False, True]
+    assert loop._pending_post is None  # run() waits for the last background post
 
 
 # -- live server ------------------------------------------------------------------------------------------------

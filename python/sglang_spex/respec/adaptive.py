@@ -101,7 +101,7 @@ def best_case(cfg: RespecConfig, model_path: str = "") -> Optional[Tuple[float, 
 
 def drafter_never_pays(cfg: RespecConfig, model_path: str = "", best=None) -> Optional[str]:
     """Why training a drafter is pointless on this server (None: it may pay): with the adaptive server on and a
-    profile, no runnable config beats plain decode at any planned batch size even if every draft were accepted
+    profile, no runnable config beats plain decode at any batch size it measured even if every draft were accepted
     (:func:`best_case`, or ``best`` when already computed), so no update could ever be served. Force modes and
     servers without a profile always train."""
     best = best if best is not None else best_case(cfg, model_path)

@@ -11,7 +11,8 @@ When the rollouts go to a learner and ``top_logprobs_num`` > 0, the rollout requ
 ``return_logprob`` and the top-``top_logprobs_num`` log-probs per output token, and each posted rollout carries
 them (``target_logprobs``, ``target_top_logprobs``): the learner's KD target then comes from the served model.
 While the learner answers ``training: false`` (idle, or its payback gate skips updates), the loop sends neither
-the log-probs nor the policy copy, which only an update would use; the rollouts are still posted.
+the log-probs nor the policy copy, which only an update would use; the rollouts are still posted, in the
+background (no update can run inside that post), and the answer is read at the start of the next step.
 
 Each step also reports what speculation did for its rollouts (SGLang's ``meta_info``: tokens per verify pass =
 acceptance length) and rollout throughput, which is what ``benchmark/bench_respec_learner.py`` plots.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -119,10 +120,11 @@ class StepStats:
     tokens_per_s: float
     accept_length: Optional[float]  # completion tokens / verify passes (None without speculation)
     weight_version: str
-    learner: Optional[dict] = None
+    learner: Optional[dict] = None  # the learner's answer to the rollouts posted last (a step late when in background)
     seconds: float = 0.0
     # where the step's wall-clock goes (seconds): rollouts, the policy's optimizer steps, the policy push into
-    # the server(s), and the learner calls (rollouts + policy copy; a sync learner trains inside them)
+    # the server(s), and the learner calls (rollouts + policy copy; a sync learner trains inside them; a background
+    # rollout post counts the time the next step waited for it)
     generation_s: float = 0.0
     policy_update_s: float = 0.0
     push_s: float = 0.0
@@ -249,6 +251,8 @@ class GRPOLoop:
         self._pool = task.questions(256, split=self.config.split, seed=self.config.seed)
         self.step_index = 0
         self.learner_training = True  # the learner's last "training" answer: False skips log-probs and policy copies
+        self._poster: Optional[ThreadPoolExecutor] = None  # background rollout posts while the learner is not training
+        self._pending_post: Optional[Future] = None
 
     def sample(
         self, questions: Sequence[Question], client: Optional[ServerClient] = None, logprobs: bool = False
@@ -303,24 +307,48 @@ class GRPOLoop:
                 learner_s += time.perf_counter() - t
         return learner_s
 
+    def collect_post(self) -> Optional[dict]:
+        """Wait for a rollout post still in flight and read its answer (raises its error); None if there is none."""
+        if self._pending_post is None:
+            return None
+        pending, self._pending_post = self._pending_post, None
+        answer = pending.result()
+        self.learner_training = bool(answer.get("training", True))
+        return answer
+
+    def _post_rollouts(self, samples: Sequence[Sample]) -> Optional[dict]:
+        rollouts = rollout_payloads(samples)
+
+        def post() -> dict:
+            return [c.post_rollouts(rollouts) for c in self.servers][0]
+
+        if not self.learner_training:  # nothing trains inside this post: do not wait for it
+            self._poster = self._poster or ThreadPoolExecutor(1, thread_name_prefix="grpo-post")
+            self._pending_post = self._poster.submit(post)
+            return None
+        answer = post()
+        self.learner_training = bool(answer.get("training", True))
+        return answer
+
     def step(self) -> StepStats:
         cfg = self.config
         t0 = time.perf_counter()
+        earlier = self.collect_post()
+        t_wait = time.perf_counter() - t0
         questions = self.last_questions = self._rng.sample(self._pool, cfg.prompts_per_step)
         samples = self.sample(questions, logprobs=self.post and cfg.top_logprobs_num > 0 and self.learner_training)
-        t_roll = time.perf_counter() - t0
+        t_roll = time.perf_counter() - t0 - t_wait
         rewards = [s.reward for s in samples]
         adv = group_advantages(rewards, cfg.group_size)
         upd = self.policy.grpo_step([(s.prompt_ids, s.response_ids) for s in samples], adv, cfg.inner_steps)
-        t_policy = time.perf_counter() - t0 - t_roll
+        t_policy = time.perf_counter() - t0 - t_wait - t_roll
         learner_s = self.push()
-        t_push = time.perf_counter() - t0 - t_roll - t_policy - learner_s
-        learner = None
+        t_push = time.perf_counter() - t0 - t_wait - t_roll - t_policy - learner_s
+        learner_s += t_wait
+        learner = earlier
         if self.post:
             t = time.perf_counter()
-            rollouts = rollout_payloads(samples)
-            learner = [c.post_rollouts(rollouts) for c in self.servers][0]
-            self.learner_training = bool(learner.get("training", True))
+            learner = self._post_rollouts(samples) or earlier
             learner_s += time.perf_counter() - t
         tokens = sum(len(s.response_ids) for s in samples)
         stats = StepStats(
@@ -359,6 +387,7 @@ class GRPOLoop:
                 bar.set_postfix(reward=f"{s.reward_mean:.2f}", accept=acc, tok_s=f"{s.tokens_per_s:.0f}")
                 bar.update(1)
                 yield s
+            self.collect_post()  # the last rollouts are with the learner before the caller reads its state
         finally:
             bar.close()
 
