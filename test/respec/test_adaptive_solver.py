@@ -108,3 +108,20 @@ def test_best_case_speedup_bounds_what_any_drafter_could_reach(tmp_path):
     hope = RespecConfig(enabled=True, profile=str(tmp_path / "hopeful.json"))
     assert best_case(hope)[0] == pytest.approx(4 / 1.5)  # what the learner's payback gate reads
     assert best_case(RespecConfig(enabled=False, profile=hope.profile)) is None
+
+
+def test_past_the_profile_speculation_never_gains_more_than_where_it_was_measured():
+    """Two extrapolated lines can cross anywhere: a spec curve that falls at its end (noise) must not make speculation
+    'pay' past the largest measured batch; a gain measured at that batch may still fade with the lines."""
+    falling = {1: (4.0 * 0.054, 2.4), 4: (5.5 * 0.066, 2.4), 16: (3.0 * 0.114, 2.4)}  # x0.6, x0.44, x0.8: cheaper at 16
+    noisy = _profile({PLAIN: {b: PLAIN_CURVE[b] for b in (1, 4, 16)}, "EAGLE3:s3t1n4": falling})
+    model = SpeedupModel(noisy)
+    assert model.speedup("EAGLE3:s3t1n4", 16) == pytest.approx(2.4 / 3.0)
+    assert all(model.speedup("EAGLE3:s3t1n4", b) <= 2.4 / 3.0 + 1e-12 for b in (17, 32, 64, 256))
+    lines = model.throughput("EAGLE3:s3t1n4", 64) / model.throughput(PLAIN, 64)
+    assert lines > 2.0  # what the two lines alone would say at B=64
+    assert solve(noisy, max_batch=256).spec_max_batch() == 0 and solve(noisy, max_batch=256).boundaries() == []
+    fading = {1: (0.5 * 0.054, 2.0), 16: (0.5 * 0.114 * 1.6, 2.0)}  # x4 at B=1, x2.5 at 16, cost rising faster
+    fades = _profile({PLAIN: {b: PLAIN_CURVE[b] for b in (1, 16)}, "EAGLE3:s3t1n4": fading})
+    m2 = SpeedupModel(fades)
+    assert m2.speedup("EAGLE3:s3t1n4", 64) < m2.speedup("EAGLE3:s3t1n4", 16)  # extrapolation still lowers it

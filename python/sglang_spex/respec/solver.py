@@ -73,7 +73,14 @@ class SpeedupModel:
         return batch * self.tokens_per_step(key, batch) / self.step_s(key, batch)
 
     def speedup(self, key: str, batch: int) -> float:
-        return self.throughput(key, batch) / self.throughput(PLAIN, batch)
+        """Throughput ratio to plain decode. Past the largest batch both curves measured it is never more than
+        there: two extrapolated lines may cross anywhere (a noisy spec curve falling at its end would have
+        speculation "pay" at a batch no measurement supports), while a measured gain may still fade."""
+        s = self.throughput(key, batch) / self.throughput(PLAIN, batch)
+        hi = min(self.measured_batches(key)[-1], self.measured_batches(PLAIN)[-1])
+        if batch > hi:
+            s = min(s, self.throughput(key, hi) / self.throughput(PLAIN, hi))
+        return s
 
 
 @dataclass(frozen=True)
