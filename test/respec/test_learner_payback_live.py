@@ -1,0 +1,63 @@
+"""The learner's payback gate on a real CPU SGLang server: an adaptive EAGLE3 server (tiny Llama) whose profile
+says speculation could reach at most 1.5x at full acceptance, with a sync online learner inside. The first posted
+batch trains (no update measured yet); the next, posted right after it, is skipped: an update costs about the
+whole interval, more than the third of it that speculation could save. The state names the gate's reading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+import torch
+
+from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.grpo_setup import EAGLE_ARGS
+from sglang_spex.respec.profiler import PLAIN, Point, Profile
+from sglang_spex.serve import ServerProcess
+
+KEY = "EAGLE3:s3t1n4"  # EAGLE_ARGS
+IDS = [1, 17, 42, 99, 7, 230, 5, 61, 12, 300, 44, 9]
+
+
+def _profile() -> Profile:
+    """Plain 10 ms a step; EAGLE3 s3 26.7 ms: 4 tokens at full acceptance would be 1.5x, 2 measured are 0.75x."""
+    prof = Profile("tiny", "test", "cpu")
+    for b in (1, 4, 16):
+        prof.add(PLAIN, Point(b, 0.010, 1.0, b / 0.010))
+        prof.add(KEY, Point(b, 0.040 / 1.5, 2.0, b * 2.0 / (0.040 / 1.5), 2.0))
+    return prof
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tiny_target, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("payback")
+    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
+    drafter_dir = drafter.save_pretrained(tmp / "drafter", dtype=torch.float32)
+    learner = {"variant": "reward", "mode": "sync", "lr": 1e-3, "train_steps": 2}
+    spec = {"drafter": str(drafter_dir), "target": tiny_model, "learner": learner}
+    args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]
+    args += ["--speculative-draft-model-path", str(drafter_dir), *EAGLE_ARGS, "--respec-adaptive"]
+    args += ["--respec-profile", str(_profile().save(tmp / "profile.json")), "--respec-learner", json.dumps(spec)]
+    with ServerProcess(args) as srv:
+        yield srv
+
+
+def _post(url: str) -> dict:
+    rollouts = [{"prompt_ids": IDS[:6], "response_ids": IDS[6:], "reward": float(i % 2)} for i in range(4)]
+    r = requests.post(url + "/respec/rollouts", json={"rollouts": rollouts}, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_an_update_that_costs_more_than_speculation_could_save_is_skipped(server):
+    url = server.url
+    first = _post(url)
+    assert first["update_due"] is True and first["training"] is True  # nothing measured yet: it trains
+    second = _post(url)  # sync: the first post returned after its update, so the gap is about one update
+    state = requests.get(url + "/respec/state", timeout=60).json()
+    gate = state["payback"]
+    assert gate["best_speedup"] == pytest.approx(1.5)  # the profile's best case, read by the routes at install
+    assert second["update_due"] is False and second["training"] is False, (second, gate)
+    assert gate["pays"] is False and gate["saving_bound_seconds"] < gate["update_seconds"]
+    assert state["skipped_updates"] == 1 and state["version"] == 1 and state["buffer_size"] == 4
