@@ -55,12 +55,14 @@ def _ranking(url: str) -> None:
     # Spec requests submitted first and already running: without ranking they would all finish first.
     assert prim_end <= spec_end[len(spec_end) // 2], "primaries did not overtake the speculative backlog"
     rows = requests.get(url + "/spex/stats", params={"history_since": seq0}).json()["batch"]["history"]["rows"]
-    # Ranking invariant, per scheduler step: no speculative request is admitted (prefilled) while a primary is
-    # still waiting. (A primary may wait behind *other primaries* while a speculative request keeps decoding when
+    # Ranking invariant, per scheduler step: no speculative request is admitted (prefilled: spec_prefill_tokens; a
+    # mixed batch's speculative decode rows were admitted earlier) while a primary is still waiting. (A primary may wait behind *other primaries* while a speculative request keeps decoding when
     # retracting it would not make room; that is not a ranking violation, and how often it happens depends on
     # arrival timing, so it is not asserted.)
     jumped = [
-        r["step"] for r in rows if r["mode"] in (1, 3) and r["n_spec"] > 0 and r["waiting"] - r["waiting_spec"] > 0
+        r["step"]
+        for r in rows
+        if r["mode"] in (1, 3) and r["spec_prefill_tokens"] > 0 and r["waiting"] - r["waiting_spec"] > 0
     ]
     after = sched(url)["counters"]
     # on failure, the offending steps' rows and their neighbours, and the scheduler's own count of the same event

@@ -367,20 +367,25 @@ def batch_mode(batch: Any) -> int:
     return 0
 
 
+def prefilled_reqs(batch: Any) -> List[Any]:
+    """The requests an extend batch prefills: a mixed batch's running rows (``decoding_reqs``) left out."""
+    decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or ())}
+    return [r for r in batch_reqs(batch) if id(r) not in decoding]
+
+
 def prefill_tokens(batch: Any) -> Tuple[int, int, int]:
     """(prompt tokens this batch prefills, of which for speculative requests, requests it decodes). In a mixed
     batch the running batch's rows (``decoding_reqs``) decode; a target-verify batch counts as decode."""
     fm = batch.forward_mode
     if not fm.is_extend() or fm.is_target_verify():
         return 0, 0, len(batch.reqs)
-    decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or ())}
     total = spec = 0
-    for r in batch.reqs:
-        if id(r) not in decoding:
-            n = int(r.extend_len)
-            total += n
-            spec += n if is_spec(r) else 0
-    return total, spec, len(decoding)
+    prefilled = prefilled_reqs(batch)
+    for r in prefilled:
+        n = int(r.extend_len)
+        total += n
+        spec += n if is_spec(r) else 0
+    return total, spec, len(batch.reqs) - len(prefilled)
 
 
 def context_tokens(batch: Any) -> int:
