@@ -52,6 +52,13 @@ def make_drafter(target, seqs, seed: int = 0) -> Eagle3Drafter:
     return Eagle3Drafter.for_target(target, DRAFT_VOCAB, counts, seed=seed)
 
 
+@pytest.fixture(scope="session")
+def drafter_dir(tiny_target, tmp_path_factory):
+    """An untrained EAGLE-3 drafter for the tiny target (draft vocabulary: the first 128 ids), saved for a server."""
+    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
+    return drafter.save_pretrained(tmp_path_factory.mktemp("drafter"), dtype=torch.float32)
+
+
 @pytest.fixture
 def tiny_drafter(tiny_target, tiny_seqs) -> Eagle3Drafter:
     return make_drafter(tiny_target, tiny_seqs)

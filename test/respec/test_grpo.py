@@ -13,7 +13,6 @@ import pytest
 import requests
 import torch
 
-from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.grpo import GRPOConfig, GRPOLoop, ServerClient, accept_length, extract_number, group_advantages
 from sglang_spex.respec.grpo_setup import EAGLE_ARGS
 from sglang_spex.respec.policy import Policy
@@ -115,12 +114,6 @@ def _server(tiny_model, drafter_dir, learner: dict):
     args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]
     args += ["--speculative-draft-model-path", str(drafter_dir), *EAGLE_ARGS]
     return ServerProcess([*args, "--respec-learner", json.dumps(spec)])
-
-
-@pytest.fixture(scope="module")
-def drafter_dir(tiny_target, tmp_path_factory):
-    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
-    return drafter.save_pretrained(tmp_path_factory.mktemp("drafter"), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ import json
 
 import pytest
 import requests
-import torch
 
-from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.grpo_setup import EAGLE_ARGS
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
 from sglang_spex.serve import ServerProcess
@@ -30,10 +28,8 @@ def _profile() -> Profile:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tiny_target, tmp_path_factory):
+def server(tiny_model, drafter_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("payback")
-    drafter = Eagle3Drafter.for_target(tiny_target, 128, torch.arange(tiny_target.config.vocab_size).float())
-    drafter_dir = drafter.save_pretrained(tmp / "drafter", dtype=torch.float32)
     learner = {"variant": "reward", "mode": "sync", "lr": 1e-3, "train_steps": 2}
     spec = {"drafter": str(drafter_dir), "target": tiny_model, "learner": learner}
     args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]

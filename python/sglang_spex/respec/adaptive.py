@@ -99,7 +99,9 @@ def best_case(cfg: RespecConfig, model_path: str = "") -> Optional[Tuple[float, 
     return best_case_speedup(profile, cfg.max_batch, runnable_configs(profile, cfg))
 
 
-def drafter_never_pays(cfg: RespecConfig, model_path: str = "", best=None) -> Optional[str]:
+def drafter_never_pays(
+    cfg: RespecConfig, model_path: str = "", best: Optional[Tuple[float, Optional[str], int]] = None
+) -> Optional[str]:
     """Why training a drafter is pointless on this server (None: it may pay): with the adaptive server on and a
     profile, no runnable config beats plain decode at any batch size it measured even if every draft were accepted
     (:func:`best_case`, or ``best`` when already computed), so no update could ever be served. Force modes and

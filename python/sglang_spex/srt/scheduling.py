@@ -398,8 +398,7 @@ def _check_order(scheduler: Any, result: Any) -> None:
     """Count a step that admitted speculative work while a primary stayed waiting (never expected). A mixed batch's
     running rows decode: only the requests it prefills were admitted."""
     batch = result[0] if isinstance(result, tuple) and result else None
-    admitted = sa.prefilled_reqs(batch) if batch is not None else []
-    if any(is_spec(r) for r in admitted) and any(not is_spec(r) for r in sa.waiting(scheduler)):
+    if any(is_spec(r) for r in sa.prefilled_reqs(batch)) and any(not is_spec(r) for r in sa.waiting(scheduler)):
         state_of(scheduler).bump("spec_before_primary")
 
 
