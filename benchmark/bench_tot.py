@@ -97,6 +97,7 @@ def build_spec(
     task: str = "toy_add",
     speculation: Optional[dict] = None,
     reward: Union[str, Dict[str, Any]] = "logprob",
+    stop: Sequence[str] = ("\n\n",),
 ) -> SearchSpec:
     name, knobs = PRESETS[preset]
     policy = {"name": name, **knobs, "max_depth": max_depth}
@@ -108,7 +109,7 @@ def build_spec(
         "policy": policy,
         "step": {
             "max_tokens": step_tokens,
-            "stop": ["\n\n"],
+            "stop": list(stop),
             "temperature": 0.8,
             "prompt_template": PROMPT,
             "max_total_tokens": max_depth * step_tokens,
@@ -246,10 +247,17 @@ async def run_mode(url: str, spec: SearchSpec, questions, concurrency: int, mode
 def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: int) -> Dict[str, Any]:
     """One run of (policy, concurrency, mode) on the chosen path."""
     if args.client_side:
-        spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, reward=args.reward)
+        spec = build_spec(policy, args.max_depth, args.step_tokens, seed, args.task, reward=args.reward, stop=args.stop)
         return asyncio.run(run_mode(url, spec, questions, conc, MODES[mode], args.k_total_client))
     spec = build_spec(
-        policy, args.max_depth, args.step_tokens, seed, args.task, speculation=args.overrides[mode], reward=args.reward
+        policy,
+        args.max_depth,
+        args.step_tokens,
+        seed,
+        args.task,
+        speculation=args.overrides[mode],
+        reward=args.reward,
+        stop=args.stop,
     )
     profile_wait_s = wait_for_profiler(url)
     before, cpu0 = spex_stats(url), cpu_seconds(args.server_pid)
@@ -289,6 +297,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--questions", type=int, help="questions per run, at least the concurrency (default 4)")
     ap.add_argument("--max-depth", type=int, help="search depth (default 4)")
     ap.add_argument("--step-tokens", type=int, help="max tokens per step (default 48)")
+    ap.add_argument(
+        "--stop",
+        type=lambda v: json.loads(v) if v.startswith("[") else [v.encode().decode("unicode_escape")],
+        default=["\n\n"],
+        help='a step ends at this string (escapes allowed, e.g. "\\n"), or at any of a JSON list; default "\\n\\n"',
+    )
     ap.add_argument("--repeats", type=int, help="repeats of every cell, modes interleaved (default 3)")
     ap.add_argument("--task", default="rg:chain_sum", help="toy_add or any rg:<reasoning_gym dataset>")
     ap.add_argument(
