@@ -51,6 +51,18 @@ def _time_split(rs: List[Dict[str, Any]], conc: int) -> Dict[str, Any]:
     return out
 
 
+def priced_bound(row: Dict[str, Any], cost_s: float, a_s: float, conc: int) -> Optional[float]:
+    """The most a run's tree allows at one step price: its priced schedule over the same schedule with its decode
+    steps cut to the critical-path bound (:func:`steps_bound`), each step cut saving the fixed price ``a_s``; every
+    row, prefill and context token still paid. On a baseline run (the tree's work, nothing wasted) this bounds
+    what any speculation can reach on this host, where a step costs more with every row it carries."""
+    t, paths = row.get("trace") or {}, row.get("critical_path_tokens")
+    if not paths or not t.get("decode_steps") or cost_s <= 0:
+        return None
+    cut = max(0.0, t["decode_steps"] + t.get("mixed_steps", 0) - steps_bound(paths, conc))
+    return cost_s / max(cost_s - cut * a_s, 1e-9)
+
+
 def tree_key(row: Dict[str, Any]) -> Tuple[Any, ...]:
     """What two runs that grew the same trees agree on: tokens generated and every answer."""
     return row["tokens"], tuple(row["answers"])
@@ -86,6 +98,14 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             if cost.get(id(r)) and base_cost.get((policy, conc, r["repeat"]))
         ]
 
+        bounds = [
+            b
+            for r in rs
+            if price and cost.get(id(r))
+            for b in [priced_bound(r, cost[id(r)], price.coef[0], conc)]
+            if b is not None
+        ]
+
         def total(key: str) -> int:
             return int(sum(s.get(key, 0) for s in spec))
 
@@ -104,6 +124,7 @@ def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "same_tree": f"{sum(same)}/{len(same)}",
                 **_spread("cost_ratio", cost_ratios),
                 **_time_split(rs, conc),
+                "priced_bound": round(statistics.median(bounds), 2) if bounds else None,
                 "hits": total("hits"),
                 "issued": total("issued"),
                 "wasted_tokens": total("wasted_tokens"),
@@ -150,12 +171,14 @@ def print_table(summary: List[Dict[str, Any]]) -> None:
 def print_time_split(summary: List[Dict[str, Any]]) -> None:
     """Where the time goes, per cell: baseline vs SPEX steps that decode, ms per such step, mean decode batch,
     prefill-only seconds, the critical-path bound on decode steps (baseline steps / bound = the most that fewer
-    steps could give), and the CPU seconds of the server's launcher process (HTTP, TokenizerManager, server-side
+    steps could give; ``priced max x``: the same at the step price, :func:`priced_bound` of the baseline's runs),
+    and the CPU seconds of the server's launcher process (HTTP, TokenizerManager, server-side
     searches) and scheduler: on a host with few cores the launcher's work slows the scheduler's steps."""
     base = {(s["policy"], s["concurrency"]): s for s in summary if s["mode"] == "baseline"}
     print(
         f"\n{'policy':10} {'conc':>4} {'mode':12} {'decode steps':>14} {'ms/step':>13} {'batch':>11} "
-        f"{'prefill s':>13} {'path bound':>10} {'max x':>6} {'CPU s: launcher':>16} {'scheduler':>13}"
+        f"{'prefill s':>13} {'path bound':>10} {'max x':>6} {'priced max x':>12} {'CPU s: launcher':>16} "
+        f"{'scheduler':>13}"
     )
     for s in summary:
         b = base.get((s["policy"], s["concurrency"]))
@@ -166,7 +189,7 @@ def print_time_split(summary: List[Dict[str, Any]]) -> None:
         print(
             f"{s['policy']:10} {s['concurrency']:>4} {s['mode']:12} {b['decode_steps']:>6g} -> {s['decode_steps']:<5g} "
             f"{b['decode_ms']:>5} -> {s['decode_ms']:<5} {b['mean_decode_batch']:>4} -> {s['mean_decode_batch']:<4} "
-            f"{b['prefill_s']:>5} -> {s['prefill_s']:<5} {bound or '-':>10} {best:>6} "
+            f"{b['prefill_s']:>5} -> {s['prefill_s']:<5} {bound or '-':>10} {best:>6} {b.get('priced_bound') or '-':>12} "
             f"{_cpu(b, s, 'tokenizer_manager'):>16} {_cpu(b, s, 'scheduler'):>13}"
         )
 

@@ -169,6 +169,18 @@ def test_bench_tot_critical_path_bound():
     assert tot_report.steps_bound([30, 30, 30, 30], 2) == 60
 
 
+def test_bench_tot_priced_bound_cuts_steps_to_the_path_and_keeps_the_rows():
+    import tot_report
+
+    row = {"trace": {"decode_steps": 90, "mixed_steps": 10}, "critical_path_tokens": [40]}
+    # 100 steps priced 20 s; cutting 60 of them at a = 0.1 s leaves 14 s: at most 20/14 on this host
+    assert tot_report.priced_bound(row, 20.0, 0.1, 1) == pytest.approx(20.0 / 14.0)
+    assert tot_report.priced_bound(row, 20.0, 0.0, 1) == pytest.approx(1.0)  # no fixed price: nothing to gain
+    short = {"trace": {"decode_steps": 30}, "critical_path_tokens": [40]}
+    assert tot_report.priced_bound(short, 20.0, 0.1, 1) == pytest.approx(1.0)  # already at the path
+    assert tot_report.priced_bound({"trace": {}}, 20.0, 0.1, 1) is None
+
+
 def test_bench_tot_time_split_counts_mixed_steps_as_decoding():
     import tot_report
 
