@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -25,6 +26,7 @@ from sglang_spex.config import (
     flag_value,
 )
 from sglang_spex.flags import add_flags, parse_args
+from sglang_spex.serve import PORT_TAKEN
 
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
 CPU_DEFAULTS: Dict[str, Optional[str]] = {
@@ -205,6 +207,22 @@ def keep_overlap(server_args) -> None:
     """Replacement of SGLang's CPU guard: leave ``disable_overlap_schedule`` as the launcher resolved it."""
 
 
+def check_port_free(args: Sequence[str]) -> None:
+    """Exit with status 2, before any model loads, when SGLang's HTTP port (``--host``/``--port``, SGLang's defaults
+    127.0.0.1:30000) is taken: uvicorn would report it only after the model loaded, and then neither serve nor
+    exit. Bound as uvicorn binds (SO_REUSEADDR); another process can still take the port before uvicorn does."""
+    host = flag_value(args, "--host") or "127.0.0.1"
+    port = int(flag_value(args, "--port") or 30000)
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as e:
+        print(f"sglang_spex.launch_server: error: --port {port}: {PORT_TAKEN} on {host} ({e})", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def print_help() -> None:
     """Our flags (generated from the config's fields), then SGLang's own help."""
     parser = argparse.ArgumentParser(prog="python -m sglang_spex.launch_server", add_help=False)
@@ -226,6 +244,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except ConfigError as e:
         print(f"sglang_spex.launch_server: error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    check_port_free(args)
     if not has_gpu():
         import torch
 

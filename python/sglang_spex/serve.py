@@ -24,6 +24,7 @@ def free_port() -> int:
 # SGLang's crash diagnostics (py-spy dump, CUDA coredump) run when a scheduler exits on a signal, after a 5 s sleep;
 # a server this class stops on purpose is not a crash, so they are off unless the caller's environment sets them.
 _BIND_ERROR = "error while attempting to bind on address"  # uvicorn's log line when the port is taken
+PORT_TAKEN = "HTTP port already in use"  # the launcher's error when the port is taken before any model loads
 QUIET_STOP_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
@@ -71,6 +72,8 @@ class ServerProcess:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if PORT_TAKEN in self.log_tail(20):  # the launcher's own check, before any model loaded
+                    return False
                 raise RuntimeError(f"server exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
             if _BIND_ERROR in self.log_tail(20):
                 return False
@@ -88,7 +91,10 @@ class ServerProcess:
         return "\n".join(lines[-n:])
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None:
+            self._log.close()
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)

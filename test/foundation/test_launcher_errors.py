@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import pytest
 from sglang_spex.config import ConfigError, PluginConfig, SpexConfig
 from sglang_spex.flags import parse_args
 from sglang_spex.launch_server import CPU_DEFAULTS, build_sglang_args
+from sglang_spex.serve import PORT_TAKEN
 
 
 def spex_args(argv):
@@ -41,6 +43,19 @@ def test_bad_input_fails_fast_with_named_flag(args, needle):
     assert p.returncode == 2
     assert needle in p.stderr
     assert "Traceback" not in p.stderr
+    assert took < 60
+
+
+def test_a_taken_port_fails_fast_with_its_number(tiny_model):
+    """The launcher checks SGLang's HTTP port before any model loads (uvicorn would hit it after, then hang)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p, took = run_launcher("--model-path", tiny_model, "--host", "127.0.0.1", "--port", str(port))
+    assert p.returncode == 2
+    assert f"--port {port}: {PORT_TAKEN}" in p.stderr
+    assert "Traceback" not in p.stderr and "Load weight" not in p.stderr + p.stdout
     assert took < 60
 
 
