@@ -78,7 +78,7 @@ class ServerProcess:
             if _BIND_ERROR in self.log_tail(20):
                 return False
             try:
-                if httpx.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                if httpx.get(self.url + "/health_generate", timeout=5).status_code == 200:  # short: a taken port hangs
                     return True
             except httpx.HTTPError:
                 pass
