@@ -62,6 +62,10 @@ TOT_DEFAULTS: Dict[str, Optional[str]] = {
     "--default-priority-value": "0",
     "--schedule-policy": "fcfs",
     "--radix-eviction-policy": "priority",
+    # Every ToT node is seeded (hook H2). SGLang's flashinfer/intel_xpu top-k/top-p kernels take no seed, so under
+    # them such steps would sample unseeded (hook H2c); torch's path keeps them seeded, as SGLang's own
+    # --enable-deterministic-inference does. A --sampling-backend the user passes wins.
+    "--sampling-backend": "pytorch",
 }
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sglang_spex.config import ConfigError, PluginConfig, SpexConfig
+from sglang_spex.config import ConfigError, PluginConfig, SpexConfig, flag_value
 from sglang_spex.flags import parse_args
 from sglang_spex.launch_server import CPU_DEFAULTS, build_sglang_args
 from sglang_spex.serve import PORT_TAKEN
@@ -119,3 +119,16 @@ def test_mixed_prefill_is_on_under_tot_speculation_unless_off_or_speculative(tin
     assert "--enable-mixed-chunk" not in args_for("--tot-speculation", "--tot-mixed-prefill", "off")
     assert "--enable-mixed-chunk" not in args_for()
     assert "--enable-mixed-chunk" not in args_for("--tot-speculation", "--speculative-algorithm", "NGRAM")
+
+
+def test_tot_speculation_samples_with_torch_unless_told(tiny_model):
+    """Seeded ToT nodes need a sampler that takes seeds for top-k/top-p: pytorch under --tot-speculation on a GPU
+    too (SGLang's GPU default, flashinfer, takes none); a backend the user names is kept; no default without it."""
+    model = ["--model-path", tiny_model]
+    cfg, rest = parse_args([*model, "--tot-speculation"])
+    assert flag_value(build_sglang_args(cfg, rest, gpu=True), "--sampling-backend") == "pytorch"
+    cfg, rest = parse_args([*model, "--tot-speculation", "--sampling-backend", "flashinfer"])
+    args = build_sglang_args(cfg, rest, gpu=True)
+    assert flag_value(args, "--sampling-backend") == "flashinfer" and args.count("--sampling-backend") == 1
+    cfg, rest = parse_args(model)
+    assert "--sampling-backend" not in build_sglang_args(cfg, rest, gpu=True)

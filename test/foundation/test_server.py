@@ -50,3 +50,22 @@ def test_sampling_seed_is_batch_independent(spex_server):
         crowd = list(ex.map(sample, [11, None, 12, 11, None, 13]))
     assert crowd[0] == alone and crowd[3] == alone
     assert crowd[2] != alone  # another seed gives another sample
+
+
+def test_min_p_beside_seeded_requests_keeps_the_server_up(spex_server):
+    """SGLang's sampler asserts on a seeded batch that needs min-p; H2 seeds a whole batch once one request has a
+    seed, so an unseeded min_p request beside a seeded one killed the scheduler. H2c samples such steps unseeded."""
+
+    def post(params):
+        body = {"text": PROMPTS[2], "sampling_params": {"max_new_tokens": 24, "ignore_eos": True, **params}}
+        return requests.post(spex_server.url + "/generate", json=body, timeout=120)
+
+    seeded = {"temperature": 1.0, "sampling_seed": 21}
+    alone = post(seeded).json()["output_ids"]
+    mixes = [seeded, {"temperature": 0.8, "min_p": 0.1}, {"temperature": 0.8, "min_p": 0.2, "sampling_seed": 5}] * 2
+    with cf.ThreadPoolExecutor(len(mixes)) as ex:
+        replies = list(ex.map(post, mixes))
+    assert [r.status_code for r in replies] == [200] * len(mixes)
+    assert all(len(r.json()["output_ids"]) == 24 for r in replies)
+    assert requests.get(spex_server.url + "/health_generate", timeout=60).status_code == 200
+    assert post(seeded).json()["output_ids"] == alone  # seeds still decide the sample once min_p has left

@@ -27,7 +27,6 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import sglang
-import torch
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_spex import __version__
@@ -54,6 +53,7 @@ DRAFT_FACTORY = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
 SELF = "sglang_spex.srt.hooks"
 SCHED = "sglang_spex.srt.scheduling"
 PROTECT = "sglang_spex.srt.prefix_protection"
+SEEDS = "sglang_spex.srt.seeded_sampling"
 SCHED_ADAPTER = "sglang_spex.adapters.scheduler"
 SPEC_ADAPTER = "sglang_spex.adapters.spec_workers"
 KERNEL_EXT = "sgl_kernel_ext.attention"
@@ -207,10 +207,16 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     # ---- seeded_sampling (--tot-speculation)
     _T("H2", f"{SAMPLING_INFO}.from_schedule_batch", "AFTER", "seeded_sampling",
        "honour per-request sampling_seed: a node's sample depends on (seed, position), not on its batch",
-       f"{SELF}:_h2_seeded_sampling"),
+       f"{SEEDS}:h2_seeded_sampling"),
     _T("H2b", f"{SAMPLING_INFO}.merge_batch", "BEFORE", "seeded_sampling",
        "give the unseeded side random seeds so seeded and unseeded batches merge with matching lengths",
-       f"{SELF}:_h2_merge_seeds"),
+       f"{SEEDS}:h2_merge_seeds"),
+    _T("H2c", "sglang.srt.layers.sampler.Sampler.forward", "AROUND", "seeded_sampling",
+       "a step whose seeded batch SGLang's sampler refuses (min-p; top-k/top-p under flashinfer or intel_xpu) "
+       "samples unseeded instead of asserting; its seeds are put back after the step",
+       f"{SEEDS}:h2c_sample"),
+    _T("P21", "sglang.srt.runtime_context.get_exec", "call", "seeded_sampling",
+       "the process's sampling backend, as SGLang's sampler reads it, for H2c", by=SEEDS),
     # ---- scheduler (--tot-speculation): ranking, admission cap, immediate cancel, prefix protection, stats
     _T("C1", "sglang.srt.managers.io_struct.hook_custom_types", "types", "scheduler",
        "the IPC decoder of every process learns SpexControlReq", "sglang_spex.srt.control:SpexControlReq",
@@ -492,41 +498,3 @@ def register_all(cfg: SpexConfig) -> HookPlan:
 def scheduler_report() -> Dict[str, Any]:
     """This process's plugin report (``/spex/info``'s scheduler part when run in the scheduler)."""
     return (current_plan() or HookPlan(SpexConfig())).report()
-
-
-# ------------------------------------------------------------------- H2 bodies (seeded sampling)
-def _random_seeds(n: int, device: Any) -> torch.Tensor:
-    return torch.randint(0, 2**62, (n,), dtype=torch.int64, device=device)
-
-
-def _h2_seeded_sampling(result, cls, batch, *args, **kwargs):
-    """H2 (AFTER SamplingBatchInfo.from_schedule_batch): honour ``sampling_seed`` per request.
-
-    SGLang 0.5.23 reads seeds only under ``--enable-deterministic-inference`` (which the CPU
-    torch_native path refuses). ToT trees need (seed, position)-determined samples so a speculative
-    node equals the one the search would generate later; rows without a seed get a fresh random one.
-    """
-    try:
-        if result.sampling_seed is not None:
-            return result
-        seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
-        if all(s is None for s in seeds):
-            return result
-        fill = _random_seeds(len(seeds), "cpu").tolist()
-        values = [s if s is not None else f for s, f in zip(seeds, fill)]
-        result.sampling_seed = torch.tensor(values, dtype=torch.int64).to(batch.device)
-    except Exception:
-        logger.exception("spex: H2 seeded sampling failed; falling back to unseeded sampling")
-    return result
-
-
-def _h2_merge_seeds(self, other, *args, **kwargs):
-    """H2b (BEFORE SamplingBatchInfo.merge_batch): give the unseeded side random seeds so lengths match."""
-    try:
-        a, b = self.sampling_seed, other.sampling_seed
-        if (a is None) != (b is None):
-            side = self if a is None else other
-            side.sampling_seed = _random_seeds(len(side), side.temperatures.device)
-    except Exception:
-        logger.exception("spex: H2b seed merge failed")
-    return None
