@@ -48,6 +48,7 @@ import httpx
 import requests
 from reward_service import delayed_verifier
 from sched_trace import cpu_delta, cpu_seconds, scheduler_trace, spex_stats
+from step_cost import StepPrice
 from tot_report import print_table, print_time_split, step_price, summarise
 from tqdm import tqdm
 
@@ -349,6 +350,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--server-arg", action="append", default=[], help="extra launcher flag for the server (repeat)")
     ap.add_argument("--out", default="benchmark/results/bench_tot.json")
     ap.add_argument("--summarise", metavar="JSON", help="only print the table of an earlier (or partial) run's JSON")
+    ap.add_argument(
+        "--price",
+        metavar="JSON[:KEY]",
+        help="with --summarise: price the schedules at this step price (gpu_step_price.py's output, KEY wall or kernel,"
+        " default kernel; or a bare as_dict price) instead of the run's own fitted one",
+    )
     args = ap.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
@@ -384,6 +391,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def load_price(spec: str) -> StepPrice:
+    """``FILE[:KEY]``: a step price from gpu_step_price.py's JSON (``price[KEY]``, default kernel) or a bare one."""
+    path, _, key = spec.partition(":")
+    data = json.loads(Path(path).read_text())
+    if "price" in data:
+        prices = data["price"]
+        key = key or ("kernel" if "kernel" in prices else "wall")
+        if key not in prices:
+            raise SystemExit(f"--price {spec}: no {key!r} price in {path} (has {sorted(prices)})")
+        data = prices[key]
+    return StepPrice.from_dict(data)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from overlap import stop_servers_on_sigterm  # a sibling script's helper (benchmark/ is on the path here)
 
@@ -391,7 +411,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     stop_servers_on_sigterm()  # a killed run still stops the server it started
     if args.summarise:
         data = json.loads(Path(args.summarise).read_text())
-        data["summary"] = summarise(data["rows"])
+        price = load_price(args.price) if args.price else None
+        data["summary"] = summarise(data["rows"], price)
+        if price is not None:
+            print(f"schedules priced at {args.price}: {price.as_dict()}")
         print_table(data["summary"])
         print_time_split(data["summary"])
         return data

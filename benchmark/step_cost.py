@@ -67,6 +67,14 @@ class StepPrice:
             return 0.0
         return float((_design(steps) @ np.asarray(self.coef)).sum())
 
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "StepPrice":
+        """A price written by :meth:`as_dict` (another benchmark's, another machine's)."""
+        missing = [k for k in NAMES if k not in d]
+        if missing:
+            raise ValueError(f"step price: missing {missing} (expected {list(NAMES)})")
+        return cls(tuple(float(d[k]) for k in NAMES), float(d.get("r2", float("nan"))), int(d.get("steps", 0)))
+
     def as_dict(self) -> Dict[str, float]:
         return {**{k: round(v, 6) for k, v in zip(NAMES, self.coef)}, "r2": round(self.r2, 3), "steps": self.n}
 

@@ -68,11 +68,12 @@ def tree_key(row: Dict[str, Any]) -> Tuple[Any, ...]:
     return row["tokens"], tuple(row["answers"])
 
 
-def summarise(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def summarise(rows: List[Dict[str, Any]], price: Optional[StepPrice] = None) -> List[Dict[str, Any]]:
     """One line per (policy, concurrency, mode): medians over repeats, the per-repeat ratio to the baseline of
-    the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time."""
+    the same repeat (median, min, max), summed accounting, per-query p50/p99 completion time. ``price``: price the
+    schedules at this step price instead of the one fitted over ``rows`` (another machine's)."""
     base = {(r["policy"], r["concurrency"], r["repeat"]): r["q_per_min"] for r in rows if r["mode"] == "baseline"}
-    price = step_price(rows)
+    price = price or step_price(rows)
     cost = {id(r): price.cost_s(r["trace"]["step_rows"]) for r in rows if price and "step_rows" in r.get("trace", {})}
     base_cost = {(r["policy"], r["concurrency"], r["repeat"]): cost.get(id(r)) for r in rows if r["mode"] == "baseline"}
     base_tps = {(r["policy"], r["concurrency"], r["repeat"]): _tps(r) for r in rows if r["mode"] == "baseline"}

@@ -25,11 +25,30 @@ OUT="${GPU_CHECK_OUT:-/tmp/gpu_check}"
 START=$(date +%s)
 mkdir -p "$OUT"
 
+# step price (GPU run only; needs torch, transformers and scipy, not SGLang): SmolLM2-135M's architecture on this
+# accelerator, in bench_tot's step-price terms (benchmark/gpu_step_price.py), so it is measured even where SGLang
+# cannot be installed.
+if [ "$DRY" != 1 ]; then
+  nvidia-smi -L > "$OUT/env.txt" 2>&1
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' \
+    >> "$OUT/env.txt" 2>&1
+  if timeout 180 python3 benchmark/gpu_step_price.py --out "$OUT/step_price_gpu.json" > "$OUT/step_price.log" 2>&1; then
+    echo "[gpu_check] step price: PASS (see $OUT/step_price_gpu.json)"
+  else
+    echo "[gpu_check] step price: FAIL"; tail -n 5 "$OUT/step_price.log"
+  fi
+fi
+
 # setup: the dry run reuses an existing .venv (a CPU checkout is set up already); the GPU run always runs the
-# idempotent setup, which installs full sglang when nvidia-smi sees a GPU.
+# idempotent setup, which installs full sglang when nvidia-smi sees a GPU. SGLang's GPU install needs a package
+# index: sglang-kernel (373 MB) and flashinfer-python (65 MB) wheels and torch==2.14.1 do not fit a 64 MiB carry.
 SETUP="PASS"
 if [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then
   SETUP="SKIP"
+elif [ ! -x .venv/bin/python ] && ! timeout 20 python3 -m pip download -q --no-deps --retries 0 --timeout 5 \
+    -d "$OUT/index_probe" pip > "$OUT/setup.log" 2>&1; then
+  SETUP="FAIL"
+  echo "no package index reachable from this machine: SGLang's GPU install cannot run here" >> "$OUT/setup.log"
 elif ! timeout 420 bash scripts/setup.sh > "$OUT/setup.log" 2>&1; then
   SETUP="FAIL"
 fi

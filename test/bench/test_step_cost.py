@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -106,3 +107,47 @@ def test_runs_without_step_rows_have_no_priced_ratio():
     for r in rows:
         del r["trace"]
     assert bench_tot.summarise(rows)[1]["cost_ratio"] is None
+
+
+def test_schedules_priced_at_another_machines_price(tmp_path):
+    """--summarise RUN --price FILE[:KEY]: the same two schedules at a price where a row costs nothing beside the
+    step give the ratio of their step counts; a file without that key is refused naming what it has."""
+    import gpu_step_price
+
+    rng = np.random.default_rng(3)
+    base = _steps(rng, 120)
+    spex = base[::2]  # half the steps
+    rows = [_run("baseline", 0, 10.0, base), _run("spex_t1t2", 0, 8.0, spex)]
+    flat = {"a_s": 0.002, "b_s_per_row": 0.0, "f_s": 0.0, "p_s_per_token": 0.0, "c_s_per_kv_token": 0.0}
+    path = tmp_path / "price.json"
+    path.write_text(json.dumps({"device": "x", "rows": [], "price": {"wall": flat}}))
+    price = bench_tot.load_price(f"{path}:wall")
+    assert price.coef == (0.002, 0.0, 0.0, 0.0, 0.0)
+    cells = {s["mode"]: s for s in bench_tot.summarise(rows, price)}
+    assert cells["spex_t1t2"]["cost_ratio"] == pytest.approx(2.0)
+    assert bench_tot.summarise(rows)[1]["cost_ratio"] != pytest.approx(2.0)  # the run's own price differs
+    assert bench_tot.load_price(str(path)).coef == price.coef  # no kernel price: the wall one
+    with pytest.raises(SystemExit, match="no 'kernel' price.*has \\['wall'\\]"):
+        bench_tot.load_price(f"{path}:kernel")
+    with pytest.raises(ValueError, match="missing"):
+        step_cost.StepPrice.from_dict({"a_s": 1.0})
+    assert gpu_step_price.step_rows(
+        [{"kind": "decode", "batch": 4, "context": 100, "wall_s": 0.01}, {"kind": "prefill", "tokens": 64}],
+        "wall_s",
+    ) == [[4.0, 0.0, 0.0, 400.0, 0.01]]
+
+
+def test_gpu_step_price_measures_a_price_on_cpu(tmp_path):
+    """The step-price sweep (benchmark/gpu_step_price.py) on CPU, two layers: every point timed, a price fitted."""
+    import gpu_step_price
+
+    out = tmp_path / "sp.json"
+    data = gpu_step_price.main(
+        ["--device", "cpu", "--dtype", "float32", "--layers", "2", "--batches", "1,8", "--contexts", "16,64",
+         "--prefills", "16,128", "--reps", "2", "--out", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text())["price"] == data["price"]
+    assert [r["kind"] for r in data["rows"]] == ["decode"] * 4 + ["prefill"] * 2
+    assert all(r["wall_s"] > 0 and "kernel_s" not in r for r in data["rows"])
+    wall = data["price"]["wall"]
+    assert wall["steps"] == 6 and wall["a_s"] + wall["b_s_per_row"] + wall["p_s_per_token"] > 0
