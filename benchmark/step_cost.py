@@ -76,7 +76,7 @@ class StepPrice:
         return cls(tuple(float(d[k]) for k in NAMES), float(d.get("r2", float("nan"))), int(d.get("steps", 0)))
 
     def as_dict(self) -> Dict[str, float]:
-        return {**{k: round(v, 6) for k, v in zip(NAMES, self.coef)}, "r2": round(self.r2, 3), "steps": self.n}
+        return {**{k: float(f"{v:.4g}") for k, v in zip(NAMES, self.coef)}, "r2": round(self.r2, 3), "steps": self.n}
 
 
 def fit_price(step_lists: Iterable[Sequence[Sequence[float]]], min_steps: int = 8) -> Optional[StepPrice]:
