@@ -7,8 +7,9 @@ recorded on the CPU host can be priced at a GPU's step costs (``bench_tot.py --s
 
 Two prices come out of one sweep: ``wall`` (eager steps, with the launch overhead of ~30 layers in Python) and, on
 CUDA, ``kernel`` (the sum of the step's GPU kernel times from torch.profiler: what a CUDA-graph step such as SGLang's
-approaches, launch gaps removed). Both are transformers' kernels, not SGLang's; the schedule they price is the one the
-CPU host's scheduler made.
+approaches, launch gaps removed), and ``graph`` (decode steps over a static KV cache replayed as a CUDA graph;
+prefills at their kernel time; first written in session 22 after the lent GPU went back, so not yet run on one).
+All are transformers' kernels, not SGLang's; the schedule they price is the one the CPU host's scheduler made.
 
     python benchmark/gpu_step_price.py --out benchmark/results/step_price_gpu.json
 """
@@ -88,9 +89,51 @@ def timed(fn: Callable[[], Any], device: str, reps: int) -> Dict[str, float]:
     return out
 
 
+def static_decode(model, batch: int, context: int):
+    """A decode step over a static KV cache holding ``context`` prompt tokens (shapes fixed, as a graph needs)."""
+    from transformers import StaticCache
+
+    device, vocab = model.device, model.config.vocab_size
+    cache = StaticCache(config=model.config, max_cache_len=context + 1)
+    ids = torch.randint(0, vocab, (batch, context), device=device)
+    model(ids, past_key_values=cache, position_ids=torch.arange(context, device=device)[None], use_cache=True)
+    step = torch.randint(0, vocab, (batch, 1), device=device)
+    pos = torch.tensor([[context]], device=device)
+    lengths = [layer.cumulative_length for layer in getattr(cache, "layers", []) if hasattr(layer, "cumulative_length")]
+
+    def decode():  # every call writes position ``context`` again (the cache's write index is reset in place)
+        for n in lengths:
+            if torch.is_tensor(n):
+                n.fill_(context)
+        return model(step, past_key_values=cache, position_ids=pos, use_cache=True)
+
+    return decode
+
+
+def graph_decode_s(model, batch: int, context: int, reps: int) -> float:
+    """Median seconds of one CUDA-graph replay of a static-cache decode step (how SGLang runs decode on a GPU)."""
+    step = static_decode(model, batch, context)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return timed(graph.replay, "cuda", reps)["wall_s"]
+
+
 @torch.inference_mode()
 def sweep(
-    model, device: str, batches: Sequence[int], contexts: Sequence[int], prefills: Sequence[int], reps: int
+    model,
+    device: str,
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    prefills: Sequence[int],
+    reps: int,
+    graphs: bool = True,
 ) -> List[Dict[str, Any]]:
     """Decode steps at each (batch, context) and single-request prefills of each length, one row per point."""
     from transformers import DynamicCache
@@ -109,7 +152,13 @@ def sweep(
                 model(step, past_key_values=cache, use_cache=True)
                 cache.crop(n0)
 
-            rows.append({"kind": "decode", "batch": b, "context": ctx, **timed(decode, device, reps)})
+            row = {"kind": "decode", "batch": b, "context": ctx, **timed(decode, device, reps)}
+            if graphs and device.startswith("cuda"):
+                try:
+                    row["graph_s"] = graph_decode_s(model, b, ctx, reps)
+                except Exception as e:  # the other prices stand without it
+                    row["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
     for t in prefills:
         ids = torch.randint(0, vocab, (1, t), device=device)
         rows.append({"kind": "prefill", "tokens": t, **timed(lambda: model(ids, use_cache=True), device, reps)})
@@ -120,6 +169,8 @@ def step_rows(rows: Sequence[Dict[str, Any]], key: str) -> List[List[float]]:
     """The sweep as :mod:`step_cost` rows ``[decode_rows, prefills, prefill_tokens, kv_tokens, step_s]``."""
     out = []
     for r in rows:
+        if key == "graph_s" and r["kind"] == "prefill":
+            r = {**r, key: r.get("kernel_s")}  # prefill is not graph-captured: its kernel time stands in
         if r.get(key) is None:
             continue
         if r["kind"] == "decode":
@@ -131,7 +182,7 @@ def step_rows(rows: Sequence[Dict[str, Any]], key: str) -> List[List[float]]:
 
 def prices(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     out = {}
-    for key, name in (("wall_s", "wall"), ("kernel_s", "kernel")):
+    for key, name in (("wall_s", "wall"), ("kernel_s", "kernel"), ("graph_s", "graph")):
         price = fit_price([step_rows(rows, key)], min_steps=6)
         if price is not None:
             out[name] = price.as_dict()
@@ -168,6 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for r in rows:
         what = f"B={r['batch']:4d} ctx={r['context']:5d}" if r["kind"] == "decode" else f"prefill T={r['tokens']:5d}"
         kern = f"  kernels {1e3 * r['kernel_s']:7.3f} ms" if "kernel_s" in r else ""
+        kern += f"  graph {1e3 * r['graph_s']:7.3f} ms" if "graph_s" in r else r.get("graph_error", "")[:80]
         print(f"{what}  wall {1e3 * r['wall_s']:7.3f} ms{kern}")
     print(json.dumps({"device": name, "price": data["price"]}, indent=1))
     return data

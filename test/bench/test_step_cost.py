@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 
@@ -151,3 +152,9 @@ def test_gpu_step_price_measures_a_price_on_cpu(tmp_path):
     assert all(r["wall_s"] > 0 and "kernel_s" not in r for r in data["rows"])
     wall = data["price"]["wall"]
     assert wall["steps"] == 6 and wall["a_s"] + wall["b_s_per_row"] + wall["p_s_per_token"] > 0
+    # the static-cache step a CUDA graph replays: every call decodes the same position again
+    model = gpu_step_price.build_model("cpu", torch.float32, 2)
+    with torch.inference_mode():
+        step = gpu_step_price.static_decode(model, 2, 12)
+        first, again = step().logits, step().logits
+    assert first.shape == (2, 1, model.config.vocab_size) and torch.equal(first, again)

@@ -14,6 +14,7 @@ sampling backend under ``--tot-speculation`` so that seeded top-k / top-p ToT st
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Optional
 
@@ -72,8 +73,9 @@ def unusable_seed_reason(sampling_info: Any, backend: Optional[str]) -> Optional
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def sampling_backend() -> Optional[str]:
-    """The process's sampling backend as SGLang's sampler reads it (touch point P21)."""
+    """The process's sampling backend as SGLang's sampler reads it (touch point P21; fixed for a process's life)."""
     from sglang.srt.runtime_context import get_exec
 
     return get_exec().kernel.sampling_backend
