@@ -43,6 +43,7 @@ fi
 # idempotent setup, which installs full sglang when nvidia-smi sees a GPU. SGLang's GPU install needs a package
 # index: sglang-kernel (373 MB) and flashinfer-python (65 MB) wheels and torch==2.14.1 do not fit a 64 MiB carry.
 SETUP="PASS"
+SETUP_T0=$(date +%s)
 if [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then
   SETUP="SKIP"
 elif [ ! -x .venv/bin/python ] && ! timeout 20 python3 -m pip download -q --no-deps --retries 0 --timeout 5 \
@@ -52,7 +53,7 @@ elif [ ! -x .venv/bin/python ] && ! timeout 20 python3 -m pip download -q --no-d
 elif ! timeout 420 bash scripts/setup.sh > "$OUT/setup.log" 2>&1; then
   SETUP="FAIL"
 fi
-SETUP_S=$(( $(date +%s) - START ))
+SETUP_S=$(( $(date +%s) - SETUP_T0 ))
 echo "[gpu_check] setup: $SETUP (${SETUP_S} s)"
 if [ "$SETUP" = FAIL ] || [ ! -x .venv/bin/python ]; then
   tail -n 5 "$OUT/setup.log" >&2
@@ -60,7 +61,7 @@ if [ "$SETUP" = FAIL ] || [ ! -x .venv/bin/python ]; then
   exit 1
 fi
 
-LEFT=$(( BUDGET - SETUP_S ))
+LEFT=$(( BUDGET - ($(date +%s) - START) ))  # the step price and setup both spent it
 [ "$LEFT" -lt 60 ] && LEFT=60
 FLAGS=(--budget-s "$LEFT" --out "$OUT")
 [ "$DRY" = 1 ] && FLAGS+=(--dry-run)

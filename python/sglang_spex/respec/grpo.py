@@ -82,7 +82,10 @@ class GRPOConfig:
     seed: int = 0
     split: str = "dev"
     sync_learner_policy: bool = True
-    seed_rollouts: bool = True  # each rollout request gets SGLang's sampling_seed from (seed, step, index)
+    # each rollout request carries a sampling_seed from (seed, step, index); SGLang 0.5.23 samples by it only under
+    # --enable-deterministic-inference or --tot-speculation (hook H2): on a plain or ReSpec server rollouts stay
+    # unseeded (checked: one seed, three different samples), so runs pair by RL seed, not by sample
+    seed_rollouts: bool = True
     # served top-k log-probs per token posted with the rollouts when they go to a learner (0: none, KD uses the
     # copy); a ReSpec server's off steps stay plain decode steps for such batches (spec_workers.keeps_spec_path)
     top_logprobs_num: int = 20
