@@ -360,6 +360,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.price and not args.summarise:
+        ap.error("--price prices recorded schedules: use it with --summarise RUN.json")
     if args.client_side and args.k_total == "auto":
         ap.error("--client-side needs a numeric --k-total (the client-side budget has no profile)")
     args.k_total_client = None if args.k_total == "auto" else int(args.k_total)

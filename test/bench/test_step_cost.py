@@ -132,6 +132,8 @@ def test_schedules_priced_at_another_machines_price(tmp_path):
         bench_tot.load_price(f"{path}:kernel")
     with pytest.raises(ValueError, match="missing"):
         step_cost.StepPrice.from_dict({"a_s": 1.0})
+    with pytest.raises(SystemExit):  # a price without recorded schedules to price
+        bench_tot.parse_args(["--price", str(path)])
     assert gpu_step_price.step_rows(
         [{"kind": "decode", "batch": 4, "context": 100, "wall_s": 0.01}, {"kind": "prefill", "tokens": 64}],
         "wall_s",
