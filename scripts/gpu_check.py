@@ -488,8 +488,8 @@ def _timed_generate(url: str, texts: List[str], n: int) -> float:
 
 
 async def _post_all(url: str, bodies: List[dict], timeout: float) -> List[dict]:
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        rs = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
+    """``bodies`` posted together to ``url``; each answer's JSON (a non-200 as ``{"status": "HTTP n", ...}``)."""
+    rs = await _post_each(url, [("", b) for b in bodies], timeout)
     return [
         r.json() if r.status_code == 200 else {"status": f"HTTP {r.status_code}", "error": r.text[:200]} for r in rs
     ]

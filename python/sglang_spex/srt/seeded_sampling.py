@@ -62,9 +62,7 @@ def h2_merge_seeds(self, other, *args, **kwargs):
 
 def unusable_seed_reason(sampling_info: Any, backend: Optional[str]) -> Optional[str]:
     """Why SGLang's sampler would assert on this seeded batch (None when the seeds can be used)."""
-    if getattr(sampling_info, "sampling_seed", None) is None or getattr(sampling_info, "is_all_greedy", False):
-        return None
-    if backend == "ascend":
+    if sampling_info.sampling_seed is None or sampling_info.is_all_greedy or backend == "ascend":
         return None
     if sampling_info.need_min_p_sampling:
         return "min_p"
@@ -83,6 +81,8 @@ def sampling_backend() -> Optional[str]:
 
 def h2c_sample(original: Callable[..., Any], sampler, logits_output, sampling_info, *args, **kwargs):
     """H2c (AROUND ``Sampler.forward``): a step whose seeded batch SGLang cannot sample seeded runs unseeded."""
+    if sampling_info.sampling_seed is None:  # the common step: nothing to inspect
+        return original(sampler, logits_output, sampling_info, *args, **kwargs)
     reason = None
     try:
         reason = unusable_seed_reason(sampling_info, sampling_backend())
