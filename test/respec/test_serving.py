@@ -89,6 +89,8 @@ def _stream(url: str, text: str, out: dict, started: threading.Event) -> None:
 def test_hot_swap_under_load(eagle3_server, eagle3_outputs, respec_reference, tiny_target):
     url = eagle3_server.url
     before = _weight_version(url)
+    # build and serialise the new version before the load starts: only the push itself races the streams
+    tensors = _drafter(tiny_target, seed=1).hot_swap_tensors(torch.float32)
     results: List[dict] = [{} for _ in LOAD]
     events = [threading.Event() for _ in LOAD]
     threads = [threading.Thread(target=_stream, args=(url, t, results[i], events[i])) for i, t in enumerate(LOAD)]
@@ -97,8 +99,7 @@ def test_hot_swap_under_load(eagle3_server, eagle3_outputs, respec_reference, ti
     for e in events:
         assert e.wait(120), "a streamed request produced no tokens"
     in_flight = sum(t.is_alive() for t in threads)
-    new = _drafter(tiny_target, seed=1)
-    HotSwapClient(url, tag_weight_version=True).push(7, new.hot_swap_tensors(torch.float32))
+    HotSwapClient(url, tag_weight_version=True).push(7, tensors)
     for t in threads:
         t.join(300)
     assert not any(t.is_alive() for t in threads)
