@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from sglang_spex.speculation.store import SpecEntry, SpecStore
 from sglang_spex.tot.tree import DONE, GENERATING, Node, Tree
 from sglang_spex.ui.observer import TreeObserver
 
@@ -38,3 +39,31 @@ def test_observer_reports_changes_and_speculative_nodes():
     last = {e["node"]["path"]: e["node"] for e in obs.changes() if e["event"] == "view"}
     assert set(last) == {"r.0.0"} and last["r.0.0"]["show"] == "cancelled" and last["r.0.0"]["ghost"]
     assert obs.adopted() == ["r.1"] and [g["path"] for g in obs.ghosts()] == ["r.0.0"]
+
+
+def test_observer_draws_a_node_issued_and_cancelled_between_two_calls():
+    """BFS strict cancel often aborts a speculative node before its first token, between two of the watcher's
+    reads: the store's pop still reaches the observer, so the page draws it as cancelled; an adopted one joins
+    the tree instead, and after ``close`` the observer hears no more pops."""
+    tree = Tree(0)
+    a = tree.child(tree.root, 0)
+    a.status = DONE
+    store = SpecStore()
+    ctx = SimpleNamespace(tree=tree, store=store, tokens_generated=0, num_requests=1, inflight=set(), stop_reason=None)
+    obs = TreeObserver(ctx)
+    obs.changes()
+    for path in ("r.0.0", "r.0.1"):  # issued and popped with no read in between
+        store.entries[path] = SpecEntry(node=Node(path=path, parent=a, status=GENERATING), distance=1)
+    store.pop("r.0.1")  # cancelled
+    adopted = tree.child(a, 0)
+    adopted.status, adopted.extra = DONE, {"speculative": True}
+    store.pop("r.0.0")  # adopted
+    views = {e["node"]["path"]: e["node"] for e in obs.changes() if e["event"] == "view"}
+    assert views["r.0.1"]["show"] == "cancelled" and views["r.0.1"]["ghost"]
+    assert views["r.0.0"]["show"] == "adopted" and not views["r.0.0"]["ghost"]
+    assert [g["path"] for g in obs.ghosts()] == ["r.0.1"] and obs.changes() == []  # drawn once, and it stays
+    obs.close()
+    assert store.on_pop == []
+    store.entries["r.0.2"] = SpecEntry(node=Node(path="r.0.2", parent=a, status=GENERATING), distance=1)
+    store.pop("r.0.2")
+    assert obs.changes() == [] and [g["path"] for g in obs.ghosts()] == ["r.0.1"]

@@ -107,7 +107,8 @@ def test_page_draws_the_search(live, spex_server):
     adopted = [p for p, c in tree if "show-adopted" in c]
     assert spec["hits"] > 0 and sorted(adopted) == sorted(res["ui"]["adopted"]) and len(adopted) == spec["hits"]
     cancelled = [p for p, c in ghosts if "show-cancelled" in c]
-    assert 0 < len(cancelled) <= spec["cancelled"]
+    # every cancelled speculative node is drawn, also one aborted between two of the watcher's reads
+    assert 0 < len(cancelled) == spec["cancelled"], spec
     assert all(p not in {n["path"] for n in res["nodes"]} for p, _ in ghosts)
     styles = live["styles"]
     assert styles["show-adopted"][0] != styles["show-primary"][0]

@@ -54,10 +54,12 @@ class SpecEntry:
 
 
 class SpecStore:
-    """Speculative entries by path; one per path at most."""
+    """Speculative entries by path; one per path at most. ``on_pop`` callbacks see every entry that leaves the
+    store (adopted or cancelled), so a watcher misses none, however short-lived (:meth:`watch_pops`)."""
 
     def __init__(self) -> None:
         self.entries: Dict[str, SpecEntry] = {}
+        self.on_pop: List[Callable[[SpecEntry], None]] = []
 
     def __contains__(self, path: str) -> bool:
         return path in self.entries
@@ -88,7 +90,21 @@ class SpecStore:
         return entry
 
     def pop(self, path: str) -> Optional[SpecEntry]:
-        return self.entries.pop(path, None)
+        entry = self.entries.pop(path, None)
+        if entry is not None:
+            for callback in list(self.on_pop):
+                callback(entry)
+        return entry
+
+    def watch_pops(self, callback: Callable[[SpecEntry], None]) -> Callable[[], None]:
+        """Call ``callback(entry)`` for every entry popped from now on; returns the function that stops it."""
+        self.on_pop.append(callback)
+
+        def stop() -> None:
+            if callback in self.on_pop:
+                self.on_pop.remove(callback)
+
+        return stop
 
     def running(self) -> List[SpecEntry]:
         return [e for e in self.entries.values() if e.state == RUNNING]
