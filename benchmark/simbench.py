@@ -11,6 +11,8 @@ import os
 import platform
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
 from sglang_spex.sim.workload import Workload
@@ -77,6 +79,7 @@ def run_row(run: SimRun) -> Dict[str, Any]:
     """One JSON row for a simulated run."""
     res = run.results
     n = max(len(res), 1)
+    lat = [r.wall_time for r in res]
     return {
         "virtual_time_s": round(run.virtual_time, 3),
         "q_per_min": round(run.questions_per_min, 3),
@@ -96,6 +99,9 @@ def run_row(run: SimRun) -> Dict[str, Any]:
         "prefill_passes": run.engine.get("prefill_passes"),
         "client_cpu_s": round(run.engine.get("client_cpu_time", 0.0), 3),
         "wall_s": round(run.wall_time, 2),
+        # per question, virtual seconds from its start to its result (sim.run.baseline_driver)
+        "latency_p50_s": round(float(np.percentile(lat, 50)), 3) if lat else None,
+        "latency_p99_s": round(float(np.percentile(lat, 99)), 3) if lat else None,
         "speculation": sum_speculation([r.speculation for r in res]),
     }
 

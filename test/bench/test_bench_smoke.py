@@ -41,6 +41,34 @@ def test_scripts_write_json_and_png(tmp_path, monkeypatch, script, extra):
     assert json.loads(out.read_text())["rows"] and png.stat().st_size > 0
 
 
+def test_t2_temperature_writes_shares_latencies_and_a_plot(tmp_path, monkeypatch):
+    """bench_t2_temperature: every mode's row has per-question latency percentiles; the shares table sums to k_total
+    at every τ and concentrates on the best hit rate as τ falls (even at a large τ)."""
+    mod = __import__("bench_t2_temperature")
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    argv = [
+        "--policies",
+        "rebase-8",
+        "--batch-sizes",
+        "2",
+        "--seeds",
+        "0",
+        "--temperatures",
+        "0.05,4",
+        "--k-total",
+        "8",
+    ]
+    monkeypatch.setattr(sys, "argv", ["bench_t2_temperature", *argv, "--out", str(out), "--plot", str(png)])
+    mod.main()
+    data = json.loads(out.read_text())
+    assert png.stat().st_size > 0
+    assert {r["mode"] for r in data["rows"]} == {"baseline", "T1 (even split)", "T2 tau=0.05", "T2 tau=4"}
+    assert all(0 < r["latency_p50_s"] <= r["latency_p99_s"] <= r["virtual_time_s"] for r in data["rows"])
+    sharp, flat = ([v for k, v in line.items() if k != "tau"] for line in data["shares"])
+    assert sum(sharp) == sum(flat) == 8
+    assert sharp[0] > flat[0] and max(flat) - min(flat) <= 1
+
+
 SCRIPTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "benchmark").glob("bench_*.py"))
 
 

@@ -172,3 +172,16 @@ def test_batching_helps_on_gpu_roofline():
     eight = simulate(spec, cost=("A100-80G", "Llemma-7B"), questions=8, concurrency=8)
     assert eight.questions_per_min > 3 * one.questions_per_min  # memory-bound: batching is nearly free
     assert eight.answers == one.answers  # the tree does not depend on timing
+
+
+def test_results_carry_their_virtual_latency():
+    """A simulated result's ``wall_time`` is its search's virtual latency: one at a time they add up to the run's
+    virtual time; with every question at once each is at most the run, and the last one to finish equals it."""
+    spec = SearchSpec(policy=PolicyConfig("rebase-8"), seed=1)
+    serial = simulate(spec, cost=("A100-80G", "Llemma-7B"), questions=3, concurrency=1)
+    assert sum(r.wall_time for r in serial.results) == pytest.approx(serial.virtual_time, rel=1e-9, abs=1e-9)
+    wave = simulate(spec, cost=("A100-80G", "Llemma-7B"), questions=3, concurrency=3)
+    lat = [r.wall_time for r in wave.results]
+    assert all(0 < x <= wave.virtual_time + 1e-9 for x in lat)
+    assert max(lat) == pytest.approx(wave.virtual_time, rel=1e-9, abs=1e-9)
+    assert wave.virtual_time < serial.virtual_time  # and these are virtual seconds, not the host's

@@ -55,7 +55,7 @@ class SimRun:
     results: List[SearchResult]
     virtual_time: float  # simulated seconds from the first submission to the last result
     engine: Dict[str, Any]
-    wall_time: float  # real seconds the simulation took
+    wall_time: float  # real seconds the simulation took (each result's ``wall_time``: its virtual latency)
     config: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -95,7 +95,30 @@ def resolve_cost(cost: CostSpec, profile=None) -> CostModel:
 async def baseline_driver(
     spec: SearchSpec, questions: Sequence[str], references: Sequence[str], port: SimPort, concurrency: int, **kw: Any
 ) -> List[SearchResult]:
-    return await run_batch(spec, questions, port, concurrency=concurrency, references=references, **kw)
+    """``run_batch``, with each result's ``wall_time`` in virtual seconds: from its search's start (when a
+    concurrency slot took it) to its result, the latency a client of a real server would see."""
+    loop = asyncio.get_running_loop()
+    factory = kw.pop("context_factory", SearchContext)
+    started: Dict[str, float] = {}
+
+    def timed_factory(*args: Any, **ctx_kw: Any) -> SearchContext:
+        ctx = factory(*args, **ctx_kw)
+        started[ctx.search_id] = loop.time()
+        return ctx
+
+    def on_result(_: int, res: SearchResult) -> None:
+        res.wall_time = loop.time() - started.pop(res.search_id)
+
+    return await run_batch(
+        spec,
+        questions,
+        port,
+        concurrency=concurrency,
+        references=references,
+        context_factory=timed_factory,
+        on_result=on_result,
+        **kw,
+    )
 
 
 def simulate(
