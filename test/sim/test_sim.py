@@ -136,6 +136,19 @@ def test_abort_frees_the_slot_at_the_next_step():
     assert res[1].finish_reason == "stop" and m.aborted == 1
 
 
+def test_abort_during_the_prefill_pass_stops_the_request():
+    """A request aborted while its prefill pass runs (in neither the waiting nor the running list) ends with that
+    pass: it must not decode to the end. SPEX cancels a speculative node this way; a lost abort made the search wait
+    for the whole node (its finalize waits for every cancel)."""
+    cost = RooflineCost("A100-80G", "Llemma-7B")
+    q = Workload().question(0)
+    prefill = cost.prefill_time(len(q.split()), 0)
+    (full,), full_end, _, _ = _engine_run([(0.0, _req(q, "r.0"))], cost)
+    (res,), end, m, _ = _engine_run([(0.0, _req(q, "r.0"))], cost, abort_at=(prefill / 2, "spex:s:r.0:"))
+    assert res.finish_reason == "abort" and res.completion_tokens == 0 and m.aborted == 1
+    assert end == pytest.approx(prefill, rel=1e-6) and end < full_end / 2
+
+
 def test_priority_preempts_when_full():
     cost = RooflineCost("A100-80G", "Llemma-7B")
     q = Workload().question(0)

@@ -168,6 +168,7 @@ class SimPort(EnginePort):
         self.cache = PrefixCache(cache_block, cache_capacity)
         self.waiting: List[_Req] = []
         self.running: List[_Req] = []
+        self.prefilling: List[_Req] = []  # the batch of the prefill pass in progress (in neither list above)
         self.metrics = EngineMetrics()
         self.frontend = SerialResource()  # the request path (HTTP server + tokenizer)
         self.client = SerialResource()  # the client's Python thread
@@ -211,22 +212,26 @@ class SimPort(EnginePort):
             self._wake.set()
             raise
 
+    def _live(self) -> List[_Req]:
+        """Every request the engine holds: waiting, running, and in the prefill pass in progress."""
+        return self.waiting + self.running + self.prefilling
+
     async def abort(self, rid_or_prefix: str) -> None:
         hit = False
-        for r in self.waiting + self.running:
+        for r in self._live():
             if r.req.rid.startswith(rid_or_prefix) and not r.aborted:
                 r.aborted, hit = True, True
         if hit and self._wake is not None:
             self._wake.set()
 
     async def promote(self, rid: str) -> None:
-        for r in self.waiting + self.running:
+        for r in self._live():
             if r.req.rid == rid:
                 r.priority = max(r.priority, self.default_priority)
 
     async def stats(self) -> Dict[str, Any]:
         return {
-            "inflight": len(self.waiting) + len(self.running),
+            "inflight": len(self._live()),
             "running": len(self.running),
             "waiting": len(self.waiting),
             "last_step_time": self.last_step_time,
@@ -380,6 +385,13 @@ class SimPort(EnginePort):
         self.metrics.preempted += 1
 
     async def _prefill(self, batch: List[_Req]) -> None:
+        self.prefilling = batch  # an abort or promote during the pass must still find these
+        try:
+            await self._prefill_pass(batch)
+        finally:
+            self.prefilling = []
+
+    async def _prefill_pass(self, batch: List[_Req]) -> None:
         lens = [len(r.prompt_words) + r.done for r in batch]
         new = sum(n - r.cached for n, r in zip(lens, batch))
         cached = sum(r.cached for r in batch)
