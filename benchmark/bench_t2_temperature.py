@@ -24,6 +24,7 @@ import simbench as sb
 from tqdm import tqdm
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.sim.workload import Workload
 from sglang_spex.speculation.budget import QueryDemand, split_budget
 
 
@@ -112,6 +113,13 @@ def main() -> None:
     ap.add_argument("--k-total", type=int, default=16, help="the global budget (small, so that T2 has to choose)")
     ap.add_argument("--questions-per-slot", type=int, default=2, help="questions per run = this x concurrency")
     ap.add_argument("--seeds", default="0,1,2", help="one workload per seed; cells show median (min–max)")
+    ap.add_argument(
+        "--reward-noise-spread",
+        type=float,
+        default=0.0,
+        help="per-question reward noise, log-normal around the workload's (0: the same for every question; >0: "
+        "questions with different hit rates, where T2 has something to choose between)",
+    )
     ap.add_argument("--device", default="A100-80G")
     ap.add_argument("--model", default="Llemma-7B")
     ap.add_argument("--out", default="benchmark/results/t2_temperature.json")
@@ -129,6 +137,7 @@ def main() -> None:
     rows = []
     for preset, conc, seed, name in tqdm(runs, desc="t2 temperature sim"):
         n = args.questions_per_slot * conc
+        workload = Workload.for_policy(preset, seed=seed, reward_noise_spread=args.reward_noise_spread)
         row = sb.run_mode(
             preset,
             table[name],
@@ -137,10 +146,12 @@ def main() -> None:
             concurrency=conc,
             seed=seed,
             k_total=args.k_total,
+            workload=workload,
         )
         rows.append({"policy": preset, "concurrency": conc, "seed": seed, "mode": name, "questions": n, **row})
     summary = summarise(rows, [m for m in table if m != "baseline"])
-    title = f"T2 temperature (simulator {args.device} + {args.model}, k_total {args.k_total})"
+    title = f"T2 temperature (simulator {args.device} + {args.model}, k_total {args.k_total}"
+    title += f", reward noise spread {args.reward_noise_spread:g})" if args.reward_noise_spread else ")"
     print(f"\n{title}; median (min–max) over seeds {args.seeds}")
     head = f"{'policy':10} {'q':>3} {'mode':16} {'speedup':>18} {'p50/base':>18} {'p99/base':>18} {'issued':>8} {'hit rate':>8}"
     print(head)

@@ -59,13 +59,13 @@ def test_the_last_search_ending_on_an_idle_engine_starts_it(monkeypatch):
         mgr = drifted_manager(monkeypatch, calls)
         wiring = SpexWiring(SpexConfig(enabled=True, k_total=None), lambda: mgr)
         other = object()
-        wiring.budget.contexts.add(other)
+        wiring.budget.contexts[other] = None
         monkeypatch.setattr(spex_wiring, "QUIET_S", 0.05)
         quiet = 0.2
         await wiring._on_finish(finished_search(0))  # another search is still live
         await asyncio.sleep(quiet)
         assert mgr.due and not calls
-        wiring.budget.contexts.discard(other)
+        wiring.budget.contexts.pop(other, None)
         await wiring._on_finish(finished_search(3))  # no search, but requests in flight (plain /generate traffic)
         await asyncio.sleep(quiet)
         assert mgr.due and not calls

@@ -198,3 +198,12 @@ def test_results_carry_their_virtual_latency():
     assert all(0 < x <= wave.virtual_time + 1e-9 for x in lat)
     assert max(lat) == pytest.approx(wave.virtual_time, rel=1e-9, abs=1e-9)
     assert wave.virtual_time < serial.virtual_time  # and these are virtual seconds, not the host's
+
+
+def test_reward_noise_spread_gives_each_question_its_own_noise():
+    flat = Workload(WorkloadParams(), seed=2)
+    spread = Workload(WorkloadParams(reward_noise_spread=1.0), seed=2)
+    assert {flat.reward_noise(q) for q in range(8)} == {WorkloadParams().reward_noise}
+    levels = [spread.reward_noise(q) for q in range(8)]
+    assert len(set(levels)) == 8 and levels == [Workload(spread.params, seed=2).reward_noise(q) for q in range(8)]
+    assert [flat.outcome(3, "r.0").num_tokens] == [spread.outcome(3, "r.0").num_tokens]  # only the reward moves

@@ -56,3 +56,19 @@ def test_bfs_keeps_speculating_three_depths_ahead_while_deep_nodes_hit():
     counts = _distance_counts(deep)
     assert counts[3][0] >= 10 and counts[2][0] >= 20, counts
     assert _done_nodes(deep) == _done_nodes(base) and deep.answers == base.answers
+
+
+@pytest.mark.parametrize("components", [("t1",), ("t1", "t2")])
+def test_spex_on_the_simulator_is_deterministic_and_runs_on_virtual_time(components):
+    """The same SPEX run twice gives the same run: the budget splits over searches in registration order (T1's
+    remainder once went by object address), and the runner's clocks (wave meter, hit spans, T2's wait, the
+    share log) are the simulated one, not the host's."""
+    spec = SearchSpec(policy=PolicyConfig("rstar-10"), seed=0)
+    cfg = SpexConfig(enabled=True, k_total=16, components=components, early_stop=False)
+    runs = [compare(spec, cfg, cost=("A100-80G", "Llemma-7B"), questions=8, concurrency=4)[1] for _ in range(3)]
+    first = runs[0]
+    for other in runs[1:]:
+        assert other.virtual_time == first.virtual_time and other.engine == first.engine
+        assert [r.speculation["issued"] for r in other.results] == [r.speculation["issued"] for r in first.results]
+    shares = [t for r in first.results for t, _ in r.speculation["budget_shares"]]
+    assert shares and max(shares) <= first.virtual_time and max(shares) > first.wall_time  # virtual seconds

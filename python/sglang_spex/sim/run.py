@@ -169,12 +169,18 @@ def simulate(
     return SimRun(results, elapsed, engine, time.perf_counter() - w0, config)
 
 
+def virtual_now() -> float:
+    """The running (virtual-time) loop's clock."""
+    return asyncio.get_running_loop().time()
+
+
 def spex_factory(cfg: SpexConfig, cost: Optional[CostModel] = None) -> Callable[..., SearchContext]:
     """SPEX contexts for :func:`simulate` (``k_total=None`` takes the knee of ``cost``, as ``--tot-k-total auto``
     takes the live profile's)."""
     if cfg.k_total is None and cost is not None:
         cfg = replace(cfg, k_total=cost.k_total())
     budget = make_budget(cfg)
+    budget.clock = virtual_now  # the starvation bound, wave meter and hit spans run on the simulated clock
     if cost is not None:  # the pay-off gate's step line: the cost model's fit below its knee (the server: its live fit)
         fit = cost.knee()
         budget.step_cost = lambda *rank: (fit.a, max(fit.b1, 0.0))

@@ -10,7 +10,8 @@ Model of one search tree (parameters in :class:`WorkloadParams`; where each defa
 - **Latent quality** ``v``: a question starts at ``v_root ~ N(root_mean, root_std)`` (difficulty); each step
   adds ``N(drift, step_std)``. A negative drift makes long chains worse (errors compound), one reason most
   correct answers are shallow (SPEX §3, Obs. 4 / Fig. 7).
-- **Reward** of a node: ``sigmoid(v + N(0, reward_noise))``; answer steps add ``± answer_signal`` for a right /
+- **Reward** of a node: ``sigmoid(v + N(0, reward_noise))`` (``reward_noise_spread`` > 0: a per-question noise
+  level around it); answer steps add ``± answer_signal`` for a right /
   wrong answer (a PRM partly sees correctness). ``reward_noise`` is the knob that makes short-term rankings
   more or less stable, which is what SPEX's lookahead bets on (Fig. 14's hit-rate decay).
 - **Step length** (tokens): ``dfs`` nodes uniform in [50, 100] (SPEX §3.1: "a reasoning node usually has 50–100
@@ -60,6 +61,7 @@ class WorkloadParams:
     drift: float = -0.15
     step_std: float = 0.8
     reward_noise: float = 0.5
+    reward_noise_spread: float = 0.0  # per question: reward_noise x exp(N(0, this)) (0: the same for every question)
     answer_signal: float = 0.5
     answer_sharpness: float = 1.5
     min_answer_depth: int = 2
@@ -183,13 +185,21 @@ class Workload:
                 k = rng.choices(range(p.distractors), weights=weights)[0]
                 answer = str(int(self.reference(qid)) + 7 * (k + 1))
             bonus = p.answer_signal if correct else -p.answer_signal
-        reward = _sigmoid(v + bonus + self._rng(qid, path, "reward").gauss(0.0, p.reward_noise))
+        reward = _sigmoid(v + bonus + self._rng(qid, path, "reward").gauss(0.0, self.reward_noise(qid)))
         out = StepOutcome(num_tokens=n, answer=answer, correct=correct, value=v, reward=reward)
         self._outcomes[key] = out
         return out
 
     def reward(self, qid: int, path: str) -> float:
         return self.outcome(qid, path).reward
+
+    def reward_noise(self, qid: int) -> float:
+        """The question's reward noise: ``reward_noise``, or with ``reward_noise_spread`` > 0 a log-normal draw
+        around it per question (questions whose rankings are more or less predictable: different hit rates)."""
+        p = self.params
+        if p.reward_noise_spread <= 0:
+            return p.reward_noise
+        return p.reward_noise * math.exp(self._rng(qid, "", "noise").gauss(0.0, p.reward_noise_spread))
 
     # ---- text --------------------------------------------------------------------------------------
 

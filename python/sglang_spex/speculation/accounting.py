@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 MIN_DEEP_HIT_RATE = (
     0.25  # a prediction distance past the nearest is planned while its resolved hit rate is at least this
@@ -44,6 +44,7 @@ class SpecAccounting:
     switched_off: int = 0  # 1 if auto-off had stopped this search's speculation when it last refilled
     probes: int = 0  # 1 if this search speculated as auto-off's probe (speculation was not paying)
     t0: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)  # times budget_shares
 
     def on_issue(self, distance: int = 1, depth: Optional[int] = None) -> None:
         """A speculative node was issued ``distance`` rollouts ahead, at tree ``depth`` (None: not recorded)."""
@@ -77,7 +78,7 @@ class SpecAccounting:
 
     def on_share(self, share: int) -> None:
         if not self.budget_shares or self.budget_shares[-1][1] != share:
-            self.budget_shares.append((round(time.monotonic() - self.t0, 4), share))
+            self.budget_shares.append((round(self.clock() - self.t0, 4), share))
 
     @property
     def hit_rate(self) -> float:
@@ -86,6 +87,7 @@ class SpecAccounting:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("t0")
+        d.pop("clock")
         d["hit_rate"] = round(self.hit_rate, 4)
         for name in ("hit_distance", "hit_depth"):
             d[name] = {str(k): {"hits": h, "issued": i} for k, (h, i) in sorted(getattr(self, name).items())}

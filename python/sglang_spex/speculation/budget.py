@@ -270,7 +270,9 @@ class SpecBudget:
         self.model = model
         self.max_wait_s = max_wait_s
         self.clock = clock
-        self.contexts: Set[BudgetClient] = set()
+        # registered searches in registration order (a dict as an ordered set): ties in a split, and T1's remainder,
+        # go the same way every run, not by object address
+        self.contexts: Dict[BudgetClient, None] = {}
         self._starved_since: Dict[str, float] = {}  # query -> when it last had work and no share
         # cached for the current event-loop round, per rank: the split, the engine load, clocks started
         self._round: Dict[Rank, _RoundSplit] = {}
@@ -314,7 +316,7 @@ class SpecBudget:
         return cost
 
     def register(self, ctx: BudgetClient) -> None:
-        self.contexts.add(ctx)
+        self.contexts[ctx] = None
         watchers = getattr(ctx, "rank_watchers", None)
         if isinstance(watchers, list):
             if self._rank_changed not in watchers:
@@ -329,7 +331,7 @@ class SpecBudget:
         self._clocks_running.clear()
 
     def unregister(self, ctx: BudgetClient) -> None:
-        self.contexts.discard(ctx)
+        self.contexts.pop(ctx, None)
         self._untracked.discard(ctx)
         watchers = getattr(ctx, "rank_watchers", None)
         if isinstance(watchers, list) and self._rank_changed in watchers:

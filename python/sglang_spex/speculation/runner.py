@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.config import SpexConfig
@@ -70,8 +69,9 @@ class SpexContext(SearchContext):
         self.on_finish = on_finish
         self.settings = resolve(settings, self.spec.speculation)
         self.budget = budget
-        self.store = SpecStore()
-        self.acc = SpecAccounting()
+        self.clock = budget.clock  # the engine's clock: monotonic on a server, virtual time in the simulator
+        self.store = SpecStore(self.clock)
+        self.acc = SpecAccounting(t0=self.clock(), clock=self.clock)
         self.early = EarlyStop(
             alpha=self.settings.early_stop_alpha,
             min_answers=self.settings.early_stop_min_answers,
@@ -104,7 +104,7 @@ class SpexContext(SearchContext):
             gate=self.settings.payoff_gate,
             auto_off=self.settings.auto_off,
         )
-        self.meter = WaveMeter(self.pay.on_wave, time.monotonic)  # steps speculation took off the critical path
+        self.meter = WaveMeter(self.pay.on_wave, self.clock)  # steps speculation took off the critical path
         self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
         budget.register(self)
         self._dues = dfs_lookahead.DuePredictions(lambda: self.payoff().distances)  # DFS: each prediction's rollout
@@ -456,7 +456,7 @@ class SpexContext(SearchContext):
         except Exception as e:
             node.status, node.error = CANCELLED, f"speculative generate: {e!r}"
             return
-        self._spec_done[node.path] = time.monotonic()
+        self._spec_done[node.path] = self.clock()
         if res.aborted:
             node.status = CANCELLED
             node.num_tokens = res.completion_tokens  # decoded before the abort: the cancel counts them as wasted
@@ -499,14 +499,14 @@ class SpexContext(SearchContext):
         if entry is None:
             return
         self.acc.on_miss(entry.distance)
-        t0 = time.monotonic()
+        t0 = self.clock()
         if entry.state == RUNNING and entry.task is not None:
             entry.cancel_requested_at = t0
 
             async def _abort() -> None:
                 await self.port.abort(entry.node.rid or node_rid(self.search_id, entry.path, ROLE_SPEC))
                 await asyncio.wait([entry.task], timeout=30)
-                self.acc.on_cancel(entry.node.num_tokens, (time.monotonic() - t0) * 1000.0)
+                self.acc.on_cancel(entry.node.num_tokens, (self.clock() - t0) * 1000.0)
                 self._missed(entry.node)
 
             self._cancels.append(asyncio.ensure_future(_abort()))

@@ -45,7 +45,7 @@ class SpecEntry:
     distance: int  # how many steps ahead of the primary search it was predicted (1 = next)
     task: Optional["asyncio.Task"] = None
     state: str = RUNNING
-    issued_at: float = field(default_factory=time.monotonic)
+    issued_at: float = field(default_factory=time.monotonic)  # SpecStore.issue sets it from the store's clock
     cancel_requested_at: Optional[float] = None
 
     @property
@@ -57,7 +57,8 @@ class SpecStore:
     """Speculative entries by path; one per path at most. ``on_pop`` callbacks see every entry that leaves the
     store (adopted or cancelled), so a watcher misses none, however short-lived (:meth:`watch_pops`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.entries: Dict[str, SpecEntry] = {}
         self.on_pop: List[Callable[[SpecEntry], None]] = []
 
@@ -74,7 +75,7 @@ class SpecStore:
         """Start generating ``node`` speculatively; ``run(node)`` fills it in place."""
         if node.path in self.entries:
             raise KeyError(f"speculative node {node.path} already issued")
-        entry = SpecEntry(node=node, distance=distance)
+        entry = SpecEntry(node=node, distance=distance, issued_at=self.clock())
 
         async def _run() -> None:
             try:
