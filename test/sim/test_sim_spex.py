@@ -72,3 +72,18 @@ def test_spex_on_the_simulator_is_deterministic_and_runs_on_virtual_time(compone
         assert [r.speculation["issued"] for r in other.results] == [r.speculation["issued"] for r in first.results]
     shares = [t for r in first.results for t, _ in r.speculation["budget_shares"]]
     assert shares and max(shares) <= first.virtual_time and max(shares) > first.wall_time  # virtual seconds
+
+
+def test_simulated_budget_reads_the_simulated_models_bytes():
+    """T2's S_w and KV bytes come from the cost model's model, as a server's come from its model config (a 7B
+    model's weights dwarf a branch's KV, so scores are close to P_q), not the unknown-model default of 1 byte."""
+    from sglang_spex.sim.cost import RooflineCost
+    from sglang_spex.sim.run import model_bytes_of, spex_factory
+    from sglang_spex.speculation.budget import UNKNOWN_MODEL
+
+    cost = RooflineCost("A100-80G", "Llemma-7B")
+    got = model_bytes_of(cost)
+    assert got.weight_bytes == pytest.approx(2 * 6.74e9, rel=0.05)
+    assert got.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2  # K and V, 32 layers x 32 heads x 128 dims, 2 bytes
+    budget = spex_factory(SpexConfig(enabled=True, k_total=8), cost).keywords["budget"]
+    assert budget.model == got and model_bytes_of(None) == UNKNOWN_MODEL

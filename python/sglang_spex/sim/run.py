@@ -21,7 +21,7 @@ from sglang_spex.sim.clock import run_virtual
 from sglang_spex.sim.cost import CostModel, RooflineCost, make_cost
 from sglang_spex.sim.engine import SimPort
 from sglang_spex.sim.workload import Workload
-from sglang_spex.speculation.budget import make_budget
+from sglang_spex.speculation.budget import UNKNOWN_MODEL, ModelBytes, make_budget
 from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.rewards import Reward
@@ -174,12 +174,20 @@ def virtual_now() -> float:
     return asyncio.get_running_loop().time()
 
 
+def model_bytes_of(cost: Optional[CostModel]) -> ModelBytes:
+    """T2's byte terms for the simulated model (S_w and K+V bytes per token), as a server reads them from its
+    model config; unknown (scores then see tokens) for a cost model without them."""
+    if cost is None or cost.weight_bytes <= 0 or cost.kv_bytes_per_token <= 0:
+        return UNKNOWN_MODEL
+    return ModelBytes(cost.weight_bytes, cost.kv_bytes_per_token)
+
+
 def spex_factory(cfg: SpexConfig, cost: Optional[CostModel] = None) -> Callable[..., SearchContext]:
     """SPEX contexts for :func:`simulate` (``k_total=None`` takes the knee of ``cost``, as ``--tot-k-total auto``
     takes the live profile's)."""
     if cfg.k_total is None and cost is not None:
         cfg = replace(cfg, k_total=cost.k_total())
-    budget = make_budget(cfg)
+    budget = make_budget(cfg, model=model_bytes_of(cost))
     budget.clock = virtual_now  # the starvation bound, wave meter and hit spans run on the simulated clock
     if cost is not None:  # the pay-off gate's step line: the cost model's fit below its knee (the server: its live fit)
         fit = cost.knee()
