@@ -54,13 +54,14 @@ class SpecEntry:
 
 
 class SpecStore:
-    """Speculative entries by path; one per path at most. ``on_pop`` callbacks see every entry that leaves the
-    store (adopted or cancelled), so a watcher misses none, however short-lived (:meth:`watch_pops`)."""
+    """Speculative entries by path; one per path at most. ``left`` keeps every entry that has left the store
+    (adopted or cancelled), in order, for the search's lifetime: a watcher that reads it from any point on misses
+    none, however short-lived, and one that attaches late sees what happened before it."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.entries: Dict[str, SpecEntry] = {}
-        self.on_pop: List[Callable[[SpecEntry], None]] = []
+        self.left: List[SpecEntry] = []
 
     def __contains__(self, path: str) -> bool:
         return path in self.entries
@@ -93,19 +94,8 @@ class SpecStore:
     def pop(self, path: str) -> Optional[SpecEntry]:
         entry = self.entries.pop(path, None)
         if entry is not None:
-            for callback in list(self.on_pop):
-                callback(entry)
+            self.left.append(entry)
         return entry
-
-    def watch_pops(self, callback: Callable[[SpecEntry], None]) -> Callable[[], None]:
-        """Call ``callback(entry)`` for every entry popped from now on; returns the function that stops it."""
-        self.on_pop.append(callback)
-
-        def stop() -> None:
-            if callback in self.on_pop:
-                self.on_pop.remove(callback)
-
-        return stop
 
     def running(self) -> List[SpecEntry]:
         return [e for e in self.entries.values() if e.state == RUNNING]

@@ -77,7 +77,6 @@ async def watch(handle: SearchHandle, poll_s: float = POLL_S) -> AsyncIterator[D
         ui = {"ghosts": observer.ghosts(), "adopted": observer.adopted()}
         yield {"event": "result", "result": handle.result.to_dict(), "ui": ui}
     finally:
-        observer.close()
         if queue in handle.subscribers:
             handle.subscribers.remove(queue)
 

@@ -5,9 +5,9 @@ engine status only. The page also draws each node's parent and text, whether SPE
 speculative nodes that are not (yet) in the primary tree (running, cancelled, never used), T3's state and the
 live accounting. :class:`TreeObserver` reads them from the search's context (``SearchContext`` or
 ``SpexContext``, duck-typed: ``tree``, and for SPEX ``store``, ``acc``, ``early``) each time it is asked, and
-returns what changed since the last call. It also hears every entry that leaves the store (``SpecStore.watch_pops``),
+returns what changed since the last call. It also reads every entry that has left the store (``SpecStore.left``),
 so a speculative node issued and cancelled between two calls (BFS strict cancel often aborts one before its first
-token) is still drawn as cancelled; call :meth:`TreeObserver.close` when done watching.
+token), or before the observer attached, is still drawn as cancelled.
 """
 
 from __future__ import annotations
@@ -47,15 +47,7 @@ class TreeObserver:
         self.ctx = ctx
         self._views: Dict[str, Dict[str, Any]] = {}
         self._state: Optional[Dict[str, Any]] = None
-        self._popped: List[Any] = []  # store entries that left since the last call
-        watch = getattr(getattr(ctx, "store", None), "watch_pops", None)
-        self._unwatch = watch(self._popped.append) if watch is not None else None
-
-    def close(self) -> None:
-        """Stop hearing the store's pops (the views seen so far stay)."""
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
+        self._left_read = 0  # entries of the store's ``left`` already read
 
     def _current(self) -> Dict[str, Dict[str, Any]]:
         tree = self.ctx.tree
@@ -71,10 +63,11 @@ class TreeObserver:
         for path, old in self._views.items():
             if path not in views and old["ghost"]:  # left the store without joining the tree: cancelled
                 views[path] = {**old, "show": CANCELLED}
-        popped, self._popped[:] = list(self._popped), []
-        for entry in popped:  # left before this call could see it
+        left = getattr(store, "left", None) or []
+        for entry in left[self._left_read :]:  # left before this call could see it: never joined the tree
             if entry.path not in views:
                 views[entry.path] = node_view(entry.node, ghost=True, show=CANCELLED)
+        self._left_read = len(left)
         return views
 
     def state(self) -> Dict[str, Any]:
