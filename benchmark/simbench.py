@@ -11,7 +11,7 @@ import os
 import platform
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
+from tot_report import percentile
 
 from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
@@ -100,8 +100,8 @@ def run_row(run: SimRun) -> Dict[str, Any]:
         "client_cpu_s": round(run.engine.get("client_cpu_time", 0.0), 3),
         "wall_s": round(run.wall_time, 2),
         # per question, virtual seconds from its start to its result (sim.run.baseline_driver)
-        "latency_p50_s": round(float(np.percentile(lat, 50)), 3) if lat else None,
-        "latency_p99_s": round(float(np.percentile(lat, 99)), 3) if lat else None,
+        "latency_p50_s": percentile(lat, 50),
+        "latency_p99_s": percentile(lat, 99),
         "speculation": sum_speculation([r.speculation for r in res]),
     }
 

@@ -43,8 +43,12 @@ class SpecAccounting:
     step_line: Optional[Tuple[float, float]] = None  # (a, b) of the step curve it used (None: unknown)
     switched_off: int = 0  # 1 if auto-off had stopped this search's speculation when it last refilled
     probes: int = 0  # 1 if this search speculated as auto-off's probe (speculation was not paying)
-    t0: float = field(default_factory=time.monotonic)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)  # times budget_shares
+    t0: Optional[float] = None  # the clock when the search started (default: at construction)
+
+    def __post_init__(self) -> None:
+        if self.t0 is None:
+            self.t0 = self.clock()
 
     def on_issue(self, distance: int = 1, depth: Optional[int] = None) -> None:
         """A speculative node was issued ``distance`` rollouts ahead, at tree ``depth`` (None: not recorded)."""

@@ -71,7 +71,7 @@ class SpexContext(SearchContext):
         self.budget = budget
         self.clock = budget.clock  # the engine's clock: monotonic on a server, virtual time in the simulator
         self.store = SpecStore(self.clock)
-        self.acc = SpecAccounting(t0=self.clock(), clock=self.clock)
+        self.acc = SpecAccounting(clock=self.clock)
         self.early = EarlyStop(
             alpha=self.settings.early_stop_alpha,
             min_answers=self.settings.early_stop_min_answers,
