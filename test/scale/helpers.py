@@ -73,22 +73,19 @@ def _settle(url: str) -> None:
     requests.post(url + "/generate", json=body, timeout=120)
 
 
-def start_pool(url: str) -> dict:
-    """The idle pool after one 1-token request, so a step the scheduler still owed an earlier test (a cancel
-    racing its end) has run before the snapshot a later check compares with."""
-    _settle(url)
-    return idle_pool(url)
+def held_tokens(p: dict) -> int:
+    """KV tokens neither free nor evictable: held by a request or a protected prefix."""
+    return p["kv_total"] - p["kv_available"] - p["kv_evictable"]
 
 
-def settled_pool(url: str, start: dict, tries: int = 3) -> dict:
-    """The idle pool once its free + evictable KV is back at ``start``'s, or after ``tries`` looks, with one 1-token
-    request between looks so the scheduler runs another step. A cancel racing the end of a step was seen once one
-    token short right after going idle (not reproduced since); only a shortfall that persists over further steps
-    fails the caller's check."""
-    pool_now = idle_pool(url)
-    for _ in range(tries - 1):
-        if pool_now["kv_available"] + pool_now["kv_evictable"] == start["kv_available"] + start["kv_evictable"]:
-            break
+def settled_pool(url: str, tries: int = 4) -> dict:
+    """The idle pool once it holds no KV, or after ``tries`` looks, with one 1-token request before each look so
+    the scheduler runs another step. Right after a worker goes idle its pool has been read one token short, before
+    an earlier test's check (CI, once) and after a cancel (once); the next step gave the token back both times. Only
+    a shortfall that persists over further steps fails the caller's check."""
+    for _ in range(tries):
         _settle(url)
         pool_now = idle_pool(url)
+        if held_tokens(pool_now) == 0:
+            break
     return pool_now

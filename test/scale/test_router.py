@@ -20,7 +20,7 @@ from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec
 
-from .helpers import finish_reasons, load, received_by_worker, settled_pool, start_pool
+from .helpers import finish_reasons, held_tokens, load, received_by_worker, settled_pool
 
 pytestmark = pytest.mark.server  # the cluster fixture starts real servers
 
@@ -85,7 +85,7 @@ def test_speculative_requests_stay_speculative_through_the_router(cluster):
 
 
 def test_cancel_frees_kv_on_the_holding_worker(cluster):
-    start = {u: start_pool(u) for u in cluster.worker_urls}
+    start = {u: settled_pool(u) for u in cluster.worker_urls}
     spec = _spec({"name": "rebase", "width": 3, "max_depth": 2}, LONG_STEP, seed=7)
 
     async def main():
@@ -113,8 +113,8 @@ def test_cancel_frees_kv_on_the_holding_worker(cluster):
     # and the abort reaching the scheduler (temperature 1, random weights), so one natural stop is not a failure.
     assert "abort" in ended and set(ended) <= {"abort", "stop"}, (running, reasons)
     for url in cluster.worker_urls:
-        a, b = start[url], settled_pool(url, start[url])
-        assert a["kv_available"] + a["kv_evictable"] == b["kv_available"] + b["kv_evictable"], (url, a, b)
+        a, b = start[url], settled_pool(url)
+        assert held_tokens(a) == held_tokens(b) == 0, (url, a, b)  # every token of the search is free or evictable
         assert a["req_slots_free"] == b["req_slots_free"] and b["kv_protected"] == 0, (url, a, b)
 
 
