@@ -79,6 +79,15 @@ def _spec_batch(url: str, tag: str, n: int, new_tokens: int):
     return reqs
 
 
+def _wait_spec_total(url: str, since: int, n: int, timeout: float = 60.0) -> None:
+    """Until a scheduler step since ``since`` ran ``n`` speculative requests (its batch-stats rows)."""
+    deadline = time.monotonic() + timeout
+    while not any(r["spec_total"] >= n for r in _stats(url, since)["batch"]["history"]["rows"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no step ran {n} speculative requests")
+        time.sleep(0.05)
+
+
 def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
     url = spex_server_in_mode.url
     post(url, "/spex/release", {})
@@ -91,8 +100,9 @@ def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
         reqs = _spec_batch(url, "cap", 12, 96)
         with cf.ThreadPoolExecutor(14) as ex:
             futs = [ex.submit(requests.post, url + "/generate", json=b, timeout=300) for b in reqs]
-            wait_running(url, 5)  # the 2 primaries and 3 speculative requests, the cap (admission is paced by
-            time.sleep(0.2)  # the prefill allowance: on a loaded host 0.2 s after the first one is not enough)
+            # the cap reached: 3 speculative requests in one step (not "5 running": the primaries may finish before
+            # the prefill allowance has paced in the third speculative one, CI once)
+            _wait_spec_total(url, seq0, 3)
             post(url, "/spex/budget", {"k": 1})  # lowered while speculative requests run: excess is retracted
             time.sleep(0.3)
             post(url, "/spex/budget", {"k": 5})
