@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import simbench as sb
 from tqdm import tqdm
@@ -28,11 +28,28 @@ from sglang_spex.sim.workload import Workload
 from sglang_spex.speculation.budget import QueryDemand, split_budget
 
 
-def modes(temperatures: Sequence[float]) -> Dict[str, Optional[Dict[str, Any]]]:
-    """Mode name -> SpexConfig overrides (None = baseline)."""
+def modes(
+    temperatures: Sequence[float], bounds: Sequence[Tuple[int, float]] = ()
+) -> Dict[str, Optional[Dict[str, Any]]]:
+    """Mode name -> SpexConfig overrides (None = baseline); ``bounds``: (min share, max wait s) starvation bounds,
+    each a T2 mode at the default τ."""
     out: Dict[str, Optional[Dict[str, Any]]] = {"baseline": None, "T1 (even split)": sb.ABLATION_MODES["T1"]}
+    t2 = dict(components=("t1", "t2"), early_stop=False)
     for tau in temperatures:
-        out[f"T2 tau={tau:g}"] = dict(components=("t1", "t2"), early_stop=False, budget_temperature=tau)
+        out[f"T2 tau={tau:g}"] = dict(t2, budget_temperature=tau)
+    for share, wait in bounds:
+        out[f"T2 min{share} wait{wait:g}s"] = dict(t2, min_share=share, budget_max_wait_s=wait)
+    return out
+
+
+def parse_bounds(text: str) -> List[Tuple[int, float]]:
+    """``"1/0.5,2/2"`` -> [(1, 0.5), (2, 2.0)]: min share / max wait in seconds."""
+    out = []
+    for item in sb.parse_list(text):
+        share, _, wait = item.partition("/")
+        if not wait:
+            raise SystemExit(f"--bounds: {item!r} is not MIN_SHARE/MAX_WAIT_S")
+        out.append((int(share), float(wait)))
     return out
 
 
@@ -110,6 +127,12 @@ def main() -> None:
     ap.add_argument("--policies", default="rstar-10,rebase-16")
     ap.add_argument("--batch-sizes", default="4,8,16")
     ap.add_argument("--temperatures", default="0.05,0.25,1,4")
+    ap.add_argument(
+        "--bounds",
+        default="",
+        help="starvation bounds to add as T2 modes at the default τ, MIN_SHARE/MAX_WAIT_S, comma-separated "
+        "(e.g. 0/2,2/0.5; the default bound is 1/%g)" % SpexConfig().budget_max_wait_s,
+    )
     ap.add_argument("--k-total", type=int, default=16, help="the global budget (small, so that T2 has to choose)")
     ap.add_argument("--questions-per-slot", type=int, default=2, help="questions per run = this x concurrency")
     ap.add_argument("--seeds", default="0,1,2", help="one workload per seed; cells show median (min–max)")
@@ -127,7 +150,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.monotonic()
     temperatures = sb.parse_list(args.temperatures, float)
-    table = modes(temperatures)
+    table = modes(temperatures, parse_bounds(args.bounds))
     policies, sizes, seeds = (
         sb.parse_list(args.policies),
         sb.parse_list(args.batch_sizes, int),

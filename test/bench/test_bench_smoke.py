@@ -57,12 +57,18 @@ def test_t2_temperature_writes_shares_latencies_and_a_plot(tmp_path, monkeypatch
         "0.05,4",
         "--k-total",
         "8",
+        "--bounds",
+        "0/1",
     ]
     monkeypatch.setattr(sys, "argv", ["bench_t2_temperature", *argv, "--out", str(out), "--plot", str(png)])
     mod.main()
     data = json.loads(out.read_text())
     assert png.stat().st_size > 0
-    assert {r["mode"] for r in data["rows"]} == {"baseline", "T1 (even split)", "T2 tau=0.05", "T2 tau=4"}
+    modes = {r["mode"] for r in data["rows"]}
+    assert modes == {"baseline", "T1 (even split)", "T2 tau=0.05", "T2 tau=4", "T2 min0 wait1s"}
+    assert mod.modes([], mod.parse_bounds("0/1"))["T2 min0 wait1s"]["min_share"] == 0
+    with pytest.raises(SystemExit, match="MIN_SHARE/MAX_WAIT_S"):
+        mod.parse_bounds("2")
     assert all(0 < r["latency_p50_s"] <= r["latency_p99_s"] <= r["virtual_time_s"] for r in data["rows"])
     sharp, flat = ([v for k, v in line.items() if k != "tau"] for line in data["shares"])
     assert sum(sharp) == sum(flat) == 8
