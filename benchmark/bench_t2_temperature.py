@@ -24,7 +24,6 @@ import simbench as sb
 from tqdm import tqdm
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.sim.workload import Workload
 from sglang_spex.speculation.budget import QueryDemand, split_budget
 
 
@@ -124,7 +123,11 @@ def plot(summary: List[Dict[str, Any]], temperatures: Sequence[float], path: Pat
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policies", default="rstar-10,rebase-16")
+    ap.add_argument(
+        "--policies",
+        default="rstar-10,rebase-16",
+        help="presets; a+b runs a mix on one engine (question i: part i %% parts), e.g. rstar-10+rebase-16",
+    )
     ap.add_argument("--batch-sizes", default="4,8,16")
     ap.add_argument("--temperatures", default="0.05,0.25,1,4")
     ap.add_argument(
@@ -160,7 +163,7 @@ def main() -> None:
     rows = []
     for preset, conc, seed, name in tqdm(runs, desc="t2 temperature sim"):
         n = args.questions_per_slot * conc
-        workload = Workload.for_policy(preset, seed=seed, reward_noise_spread=args.reward_noise_spread)
+        workload = sb.workload_for(preset, seed=seed, reward_noise_spread=args.reward_noise_spread)
         row = sb.run_mode(
             preset,
             table[name],

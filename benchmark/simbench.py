@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from tot_report import percentile
 
 from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
-from sglang_spex.sim.workload import Workload
+from sglang_spex.sim.workload import MixedWorkload, Workload
 from sglang_spex.tot.policies import BFS_POLICIES, PRESETS
 from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
@@ -43,6 +43,19 @@ def sim_spec(preset: str, seed: int = 0, **params: Any) -> SearchSpec:
     if PRESETS[preset][0] == "ets":
         params.setdefault("embedder", "tfidf")
     return SearchSpec(policy=PolicyConfig(preset, params), seed=seed)
+
+
+def mix_spec(preset: str, seed: int = 0) -> Union[SearchSpec, List[SearchSpec]]:
+    """``preset``'s spec, or for a mix (``"rstar-10+rebase-16"``: searches of both programs on one engine, question
+    ``i`` running part ``i % parts``) one spec per part."""
+    parts = preset.split("+")
+    return sim_spec(preset, seed) if len(parts) == 1 else [sim_spec(p, seed) for p in parts]
+
+
+def workload_for(preset: str, seed: int = 0, **overrides: Any) -> Union[Workload, MixedWorkload]:
+    """The simulated workload of ``preset`` (a mix: one part per preset, in :func:`mix_spec`'s order)."""
+    parts = [Workload.for_policy(p, seed=seed, **overrides) for p in preset.split("+")]
+    return parts[0] if len(parts) == 1 else MixedWorkload(parts)
 
 
 def merge_counts(dicts: Sequence[Dict[str, Dict[str, int]]]) -> Dict[str, Dict[str, Any]]:
@@ -119,8 +132,8 @@ def run_mode(
     max_lookahead: Optional[int] = None,
     bfs_lookahead: Optional[int] = None,
     reward_latency_s: float = 0.0,
-    workload: Optional[Workload] = None,
-    spec: Optional[SearchSpec] = None,
+    workload: Optional[Union[Workload, MixedWorkload]] = None,
+    spec: Optional[Union[SearchSpec, List[SearchSpec]]] = None,
     keep_results: bool = False,
     gate: bool = True,
     mixed: bool = True,
@@ -131,7 +144,7 @@ def run_mode(
     speculative gate at SPEX's knee; ``mixed``: prefill passes also run the decode step, as the launcher's
     ``--tot-mixed-prefill``; ``sim_kwargs`` go to ``simulate``)."""
     cost_model = resolve_cost(cost)
-    spec = spec or sim_spec(preset, seed)
+    spec = spec or mix_spec(preset, seed)
     engine = dict(sim_kwargs.pop("engine_kwargs", None) or {})
     engine.setdefault("mixed_chunk", mixed)  # both modes: one server's flags (--tot-mixed-prefill)
     kw: Dict[str, Any] = {"engine_kwargs": engine}

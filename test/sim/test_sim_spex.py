@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.sim.run import compare
+from sglang_spex.sim.run import compare, simulate
+from sglang_spex.sim.workload import MixedWorkload, Workload
 from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
 
@@ -87,3 +88,25 @@ def test_simulated_budget_reads_the_simulated_models_bytes():
     assert got.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2  # K and V, 32 layers x 32 heads x 128 dims, 2 bytes
     budget = spex_factory(SpexConfig(enabled=True, k_total=8), cost).keywords["budget"]
     assert budget.model == got and model_bytes_of(None) == UNKNOWN_MODEL
+
+
+def test_a_mix_of_programs_shares_one_engine_and_one_budget():
+    """Searches of two programs on one engine (``simulate`` with a spec per part): question i runs part i % 2 on
+    that part's workload, SPEX's budget spans both, and pure scheduling still returns each baseline search."""
+    specs = [SearchSpec(policy=PolicyConfig("rstar-5"), seed=3), SearchSpec(policy=PolicyConfig("rebase-8"), seed=3)]
+    cfg = SpexConfig(enabled=True, k_total=16, components=("t1", "t2"), early_stop=False)
+    base, spex = compare(specs, cfg, cost=("A100-80G", "Llemma-7B"), questions=6, concurrency=4)
+    assert [r.policy for r in base.results] == [r.policy for r in spex.results] == ["rstar-5", "rebase-8"] * 3
+    assert base.config["workload"]["mixed"][1]["lengths"] == "bfs" and len(base.config["spec"]) == 2
+    alone = simulate(
+        specs[1],
+        cost=("A100-80G", "Llemma-7B"),
+        questions=[(r.question, r.reference) for r in base.results[1::2]],
+        workload=MixedWorkload([Workload.for_policy("rstar-5", seed=3), Workload.for_policy("rebase-8", seed=3)]),
+    )
+    assert _done_nodes(alone) == _done_nodes(base)[1::2]  # a part's trees do not depend on what shares the engine
+    assert _done_nodes(spex) == _done_nodes(base) and spex.answers == base.answers
+    issued = {p: sum(r.speculation["issued"] for r in spex.results if r.policy == p) for p in ("rstar-5", "rebase-8")}
+    assert min(issued.values()) > 0, issued  # both programs speculated from the one budget
+    with pytest.raises(ValueError, match="MixedWorkload"):
+        simulate(specs, cost=("A100-80G", "Llemma-7B"), questions=2, workload=Workload.for_policy("rstar-5"))

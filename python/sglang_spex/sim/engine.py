@@ -43,13 +43,13 @@ import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
 from sglang_spex.sim.client import SerialResource
 from sglang_spex.sim.cost import CostModel, default_attn_pairs
-from sglang_spex.sim.workload import SimOutput, Workload
+from sglang_spex.sim.workload import MixedWorkload, SimOutput, Workload
 from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
 
 
@@ -148,7 +148,7 @@ class SimPort(EnginePort):
     def __init__(
         self,
         cost: CostModel,
-        workload: Workload,
+        workload: Union[Workload, MixedWorkload],
         *,
         max_running: int = 256,
         kv_capacity: Optional[int] = None,

@@ -20,7 +20,7 @@ from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.clock import run_virtual
 from sglang_spex.sim.cost import CostModel, RooflineCost, make_cost
 from sglang_spex.sim.engine import SimPort
-from sglang_spex.sim.workload import Workload
+from sglang_spex.sim.workload import MixedWorkload, Workload
 from sglang_spex.speculation.budget import UNKNOWN_MODEL, ModelBytes, make_budget
 from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.context import SearchContext
@@ -30,6 +30,7 @@ from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import Node
 
 CostSpec = Union[CostModel, Tuple[str, str], str]
+AnyWorkload = Union[Workload, MixedWorkload]
 # driver(spec, questions, references, port, concurrency, **ctx_kwargs) -> results in question order
 Driver = Callable[..., Awaitable[List[SearchResult]]]
 
@@ -37,7 +38,7 @@ Driver = Callable[..., Awaitable[List[SearchResult]]]
 class SimReward(Reward):
     """The workload's reward for a node (a PRM that costs ``latency_s`` of virtual time per call)."""
 
-    def __init__(self, workload: Workload, latency_s: float = 0.0):
+    def __init__(self, workload: AnyWorkload, latency_s: float = 0.0):
         self.workload = workload
         self.latency_s = latency_s
         self.calls = 0
@@ -93,7 +94,12 @@ def resolve_cost(cost: CostSpec, profile=None) -> CostModel:
 
 
 async def baseline_driver(
-    spec: SearchSpec, questions: Sequence[str], references: Sequence[str], port: SimPort, concurrency: int, **kw: Any
+    spec: Union[SearchSpec, Sequence[SearchSpec]],
+    questions: Sequence[str],
+    references: Sequence[str],
+    port: SimPort,
+    concurrency: int,
+    **kw: Any,
 ) -> List[SearchResult]:
     """``run_batch``, with each result's ``wall_time`` in virtual seconds: from its search's start (when a
     concurrency slot took it) to its result, the latency a client of a real server would see."""
@@ -122,10 +128,10 @@ async def baseline_driver(
 
 
 def simulate(
-    spec: SearchSpec,
+    spec: Union[SearchSpec, Sequence[SearchSpec]],
     *,
     cost: CostSpec,
-    workload: Optional[Workload] = None,
+    workload: Optional[AnyWorkload] = None,
     questions: Union[int, Sequence[Tuple[str, str]]] = 8,
     concurrency: int = 1,
     driver: Driver = baseline_driver,
@@ -134,10 +140,20 @@ def simulate(
     context_factory: Callable[..., SearchContext] = SearchContext,
     **ctx_kwargs: Any,
 ) -> SimRun:
-    """Run ``questions`` searches (``concurrency`` at a time) on a fresh simulated engine, in virtual time."""
+    """Run ``questions`` searches (``concurrency`` at a time) on a fresh simulated engine, in virtual time.
+
+    ``spec`` a sequence: a mix of programs on one engine. Question ``i`` runs ``spec[i % len(spec)]`` on the
+    matching part of a :class:`MixedWorkload` (by default one ``Workload.for_policy`` per spec)."""
     cost_model = resolve_cost(cost)
-    wl = workload or Workload.for_policy(spec.policy.name, seed=spec.seed)
+    specs = [spec] if isinstance(spec, SearchSpec) else list(spec)
+    if workload is None:
+        parts = [Workload.for_policy(s.policy.name, seed=s.seed) for s in specs]
+        workload = parts[0] if isinstance(spec, SearchSpec) else MixedWorkload(parts)
+    wl = workload
+    if not isinstance(spec, SearchSpec) and (not isinstance(wl, MixedWorkload) or len(wl.parts) != len(specs)):
+        raise ValueError(f"spec: {len(specs)} specs need a MixedWorkload of as many parts")
     qs = wl.questions(questions) if isinstance(questions, int) else list(questions)
+    run_spec = spec if isinstance(spec, SearchSpec) else [specs[i % len(specs)] for i in range(len(qs))]
     reward = SimReward(wl, reward_latency_s)
     ekw = dict(engine_kwargs or {})
     if "kv_capacity" not in ekw and isinstance(cost_model, RooflineCost):
@@ -149,7 +165,7 @@ def simulate(
         t0 = loop.time()
         try:
             results = await driver(
-                spec,
+                run_spec,
                 [q for q, _ in qs],
                 [a for _, a in qs],
                 port,
@@ -165,7 +181,12 @@ def simulate(
 
     w0 = time.perf_counter()
     results, elapsed, engine = run_virtual(main)
-    config = {"cost": cost_model.name, "workload": wl.describe(), "concurrency": concurrency, "spec": spec.to_dict()}
+    config = {
+        "cost": cost_model.name,
+        "workload": wl.describe(),
+        "concurrency": concurrency,
+        "spec": spec.to_dict() if isinstance(spec, SearchSpec) else [s.to_dict() for s in specs],
+    }
     return SimRun(results, elapsed, engine, time.perf_counter() - w0, config)
 
 

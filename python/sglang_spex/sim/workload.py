@@ -218,3 +218,44 @@ class Workload:
             return SimOutput(text, req.max_new_tokens, "length", None, out.reward)
         stop = None if out.answer is not None or not req.stop else req.stop[0]
         return SimOutput(" ".join(words), out.num_tokens, "stop", stop, out.reward)
+
+
+class MixedWorkload:
+    """Several workloads on one engine: searches of different programs (policies) sharing it, as on a server.
+
+    Question ``i`` of :meth:`questions` belongs to part ``i % len(parts)`` and is that part's question
+    ``i // len(parts)``; the parts' question ids are disjoint (part ``g`` numbers from ``g * QID_STRIDE``), so every
+    request and reward call finds its part from the prompt's question id."""
+
+    QID_STRIDE = 1_000_000
+
+    def __init__(self, parts: List[Workload]):
+        if not parts:
+            raise ValueError("parts: a mixed workload needs at least one workload")
+        self.parts = list(parts)
+
+    question_id = staticmethod(Workload.question_id)
+
+    def _part(self, qid: Optional[int]) -> Workload:
+        return self.parts[min((qid or 0) // self.QID_STRIDE, len(self.parts) - 1)]
+
+    def part_of(self, index: int) -> int:
+        """The part that question ``index`` of :meth:`questions` belongs to."""
+        return index % len(self.parts)
+
+    def describe(self) -> Dict:
+        return {"mixed": [p.describe() for p in self.parts]}
+
+    def questions(self, n: int, start: int = 0) -> List[Tuple[str, str]]:
+        out = []
+        for i in range(start, start + n):
+            g, k = self.part_of(i), i // len(self.parts)
+            qid = g * self.QID_STRIDE + k
+            out.append((self.parts[g].question(qid), self.parts[g].reference(qid)))
+        return out
+
+    def reward(self, qid: int, path: str) -> float:
+        return self._part(qid).reward(qid, path)
+
+    def generate(self, req: GenRequest) -> SimOutput:
+        return self._part(self.question_id(req.prompt)).generate(req)

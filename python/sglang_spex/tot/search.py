@@ -8,7 +8,7 @@ policies one rollout at a time per question; ``run_batch`` runs many questions c
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 from sglang_spex.tot.context import ProgressFn, SearchContext
 from sglang_spex.tot.engine import EnginePort
@@ -44,7 +44,7 @@ async def run_search(
 
 
 async def run_batch(
-    spec: SearchSpec,
+    spec: Union[SearchSpec, Sequence[SearchSpec]],
     questions: Sequence[str],
     port: EnginePort,
     *,
@@ -56,16 +56,21 @@ async def run_batch(
     **ctx_kwargs: Any,
 ) -> List[SearchResult]:
     """Search many questions, at most ``concurrency`` at once; results in question order (``limits`` as in
-    :func:`run_search`)."""
-    spec.validate()
-    (limits or SearchLimits()).check_spec(spec)
+    :func:`run_search`). ``spec``: one for every question, or a sequence with one per question (searches of
+    different programs sharing one engine and one concurrency limit)."""
+    specs = [spec] * len(questions) if isinstance(spec, SearchSpec) else list(spec)
+    if len(specs) != len(questions):
+        raise ValueError(f"spec: {len(specs)} specs for {len(questions)} questions")
+    for distinct in {id(x): x for x in specs}.values():  # every spec checked before any search starts
+        distinct.validate()
+        (limits or SearchLimits()).check_spec(distinct)
     sem = asyncio.Semaphore(concurrency)
     refs = list(references) if references is not None else [None] * len(questions)
 
     async def one(i: int) -> SearchResult:
         async with sem:
             res = await run_search(
-                spec,
+                specs[i],
                 questions[i],
                 port,
                 reference=refs[i],
