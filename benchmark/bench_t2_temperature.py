@@ -92,8 +92,24 @@ def summarise(rows: List[Dict[str, Any]], names: Sequence[str]) -> List[Dict[str
                         "p99_ratio": [r["latency_p99_s"] / b["latency_p99_s"] for r, b in pairs],
                         "issued": [s.get("issued", 0) for s in spec],
                         "hit_rate": [s["hit_rate"] for s in spec if s.get("hit_rate") is not None],
+                        "by_policy": program_ratios(pairs),
                     }
                 )
+    return out
+
+
+def program_ratios(pairs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]]) -> Optional[Dict[str, Dict[str, list]]]:
+    """A mix: per program, its questions' p50/p99 latency over the baseline's (per seed) and its issue count."""
+    if not pairs or not pairs[0][0].get("by_policy"):
+        return None
+    out: Dict[str, Dict[str, list]] = {}
+    for r, b in pairs:
+        for policy, mine in r["by_policy"].items():
+            theirs = b["by_policy"][policy]
+            o = out.setdefault(policy, {"p50_ratio": [], "p99_ratio": [], "issued": []})
+            o["p50_ratio"].append(mine["latency_p50_s"] / theirs["latency_p50_s"])
+            o["p99_ratio"].append(mine["latency_p99_s"] / theirs["latency_p99_s"])
+            o["issued"].append(mine["issued"])
     return out
 
 
@@ -179,14 +195,20 @@ def main() -> None:
     title = f"T2 temperature (simulator {args.device} + {args.model}, k_total {args.k_total}"
     title += f", reward noise spread {args.reward_noise_spread:g})" if args.reward_noise_spread else ")"
     print(f"\n{title}; median (min–max) over seeds {args.seeds}")
-    head = f"{'policy':10} {'q':>3} {'mode':16} {'speedup':>18} {'p50/base':>18} {'p99/base':>18} {'issued':>8} {'hit rate':>8}"
+    w = max(10, *(len(p) for p in policies))
+    head = f"{'policy':{w}} {'q':>3} {'mode':16} {'speedup':>18} {'p50/base':>18} {'p99/base':>18} {'issued':>8} {'hit rate':>8}"
     print(head)
     for s in summary:
         print(
-            f"{s['policy']:10} {s['concurrency']:>3} {s['mode']:16} {spread(s['speedup']):>18} "
+            f"{s['policy']:{w}} {s['concurrency']:>3} {s['mode']:16} {spread(s['speedup']):>18} "
             f"{spread(s['p50_ratio']):>18} {spread(s['p99_ratio']):>18} {statistics.median(s['issued']):>8.0f} "
             f"{spread(s['hit_rate']) if s['hit_rate'] else '–':>8}"
         )
+        for policy, part in (s["by_policy"] or {}).items():
+            print(
+                f"{'':{w}} {'':>3} {'  ' + policy:16} {'':>18} {spread(part['p50_ratio']):>18} "
+                f"{spread(part['p99_ratio']):>18} {statistics.median(part['issued']):>8.0f}"
+            )
     shares = share_table(temperatures, args.k_total, SpexConfig().min_share)
     print(
         f"\nT2 shares of k_total {args.k_total} for four queries that differ only in P_q (min share {SpexConfig().min_share})"

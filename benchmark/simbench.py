@@ -116,7 +116,25 @@ def run_row(run: SimRun) -> Dict[str, Any]:
         "latency_p50_s": percentile(lat, 50),
         "latency_p99_s": percentile(lat, 99),
         "speculation": sum_speculation([r.speculation for r in res]),
+        # a mix of programs (simulate with a spec per part): each program's own latency and speculation
+        "by_policy": by_policy(res) if len({r.policy for r in res}) > 1 else None,
     }
+
+
+def by_policy(results: Sequence[Any]) -> Dict[str, Dict[str, Any]]:
+    """Per program of a mixed run: its questions' p50/p99 latency (virtual s) and summed speculation."""
+    out = {}
+    for policy in dict.fromkeys(r.policy for r in results):
+        mine = [r for r in results if r.policy == policy]
+        spec = sum_speculation([r.speculation for r in mine]) or {}
+        out[policy] = {
+            "questions": len(mine),
+            "latency_p50_s": percentile([r.wall_time for r in mine], 50),
+            "latency_p99_s": percentile([r.wall_time for r in mine], 99),
+            "issued": spec.get("issued", 0),
+            "hit_rate": spec.get("hit_rate"),
+        }
+    return out
 
 
 def run_mode(

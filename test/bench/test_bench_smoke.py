@@ -224,3 +224,18 @@ def test_bench_tot_time_split_counts_mixed_steps_as_decoding():
     split = tot_report._time_split([row], 1)
     assert split["decode_steps"] == 12 and split["decode_ms"] == 116.7  # (1.0 + 0.4) s over 12 steps
     assert split["prefill_s"] == 0.5 and split["steps_bound"] == 10  # prefill-only; two 5-token paths in turn
+
+
+def test_a_mixed_preset_reports_each_program():
+    """simbench's ``a+b`` preset: one run of both programs on one engine; its row and bench_t2_temperature's
+    summary carry each program's own latency and speculation."""
+    mod = __import__("bench_t2_temperature")
+    rows = []
+    for name, mode in (("baseline", None), ("T1 (even split)", sb.ABLATION_MODES["T1"])):
+        row = sb.run_mode("rstar-5+rebase-8", mode, cost=("A100-80G", "Llemma-7B"), questions=4, concurrency=2)
+        rows.append({"policy": "rstar-5+rebase-8", "concurrency": 2, "seed": 0, "mode": name, **row})
+    assert set(rows[1]["by_policy"]) == {"rstar-5", "rebase-8"}
+    assert all(p["questions"] == 2 and p["issued"] > 0 for p in rows[1]["by_policy"].values())
+    (line,) = mod.summarise(rows, ["T1 (even split)"])
+    assert set(line["by_policy"]) == {"rstar-5", "rebase-8"}
+    assert all(0 < part["p50_ratio"][0] for part in line["by_policy"].values())
