@@ -69,8 +69,18 @@ def _primary(tag: str, n: int, tokens: int) -> List[dict]:
     return [body(words(8, 200 + i), tokens, f"spex:{tag}p{i}:r:", "primary") for i in range(n)]
 
 
-def _wait_spec_running(url: str, n: int, timeout: float = 60.0) -> None:
-    wait_running(url, n, timeout)
+def _wait_spec_filled(url: str, since: int, n: int, timeout: float = 60.0) -> None:
+    """Until a step since ``since`` ran ``n`` speculative requests, or as many as the gate's room allowed (the knee
+    in force may be the live one, below ``n`` on a loaded host: CI once waited for 6 that the gate held at fewer)."""
+
+    def filled(r: Dict[str, float]) -> bool:
+        return r["spec_total"] >= n or 0 < r["spec_room"] <= r["spec_total"]
+
+    deadline = time.monotonic() + timeout
+    while not any(filled(r) for r in _history(url, since)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no step ran {n} speculative requests or filled the gate's room")
+        time.sleep(0.05)
 
 
 def _waiting_primary(r: Dict[str, float]) -> float:
@@ -88,14 +98,11 @@ def test_speculation_never_replaces_a_primary_decode_step(unmixed_server):
 
 
 def _check_gate(url: str) -> None:
-    # share 1.0: a whole primary step, phase 2 rides it (bounded). The knee in force is KNEE: the live one (fitted
-    # from step times, noisy on a loaded host) once held a fresh server below the 6 speculative requests phase 1
-    # waits for (CI)
-    post(url, "/spex/knobs", {"spec_prefill_share": 1.0, "live_knee": False})
+    post(url, "/spex/knobs", {"spec_prefill_share": 1.0})  # a whole primary step: phase 2 rides it (bounded)
     try:
         _check_gate_at_share(url)
     finally:
-        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE, "live_knee": True})
+        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
 
 
 def _check_gate_at_share(url: str) -> None:
@@ -109,7 +116,7 @@ def _check_gate_at_share(url: str) -> None:
     with cf.ThreadPoolExecutor(24) as ex:
         # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off
         futs += _submit(ex, url, _spec("ns1s", 6, 160))
-        _wait_spec_running(url, 6)
+        _wait_spec_filled(url, seq0, 6)
         phase1 = _submit(ex, url, _primary("ns1", KNEE, 96))
         futs += phase1
         for f in phase1:
