@@ -482,8 +482,14 @@ def requeue(scheduler: Any, reqs: Sequence[Any]) -> None:
 
 
 def preempt_for(adder: Any, req: Any) -> bool:
-    """SGLang's own priority preemption of lower-ranked running requests to make room for ``req``."""
-    return bool(adder.preempt_to_schedule(req))
+    """SGLang's own priority preemption of lower-ranked running requests to make room for ``req``, then ``req``'s
+    prefix matched again, as SGLang's admission loop does after it preempts: releasing the preempted requests
+    changes the radix tree, and a retry that locked the old ``req.last_node`` found it gone (KeyError in
+    ``inc_lock_ref``: the scheduler died, CI once)."""
+    if not adder.preempt_to_schedule(req):
+        return False
+    req.init_next_round_input(adder.tree_cache)
+    return True
 
 
 def adder_running_reqs(adder: Any) -> List[Any]:
