@@ -253,7 +253,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
     no bucket; one worth nothing still waits."""
     url = spex_server_in_mode.url
     post(url, "/spex/release", {})
-    post(url, "/spex/knobs", {"spec_prefill_share": 0.0, "live_knee": False})  # room beside the 2 primaries: KNEE's
+    post(url, "/spex/knobs", {"spec_prefill_share": 0.0})
     try:
         with cf.ThreadPoolExecutor(8) as ex:
             _fit_the_decode_line(url, ex)
@@ -276,7 +276,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
         rows = _history(url, seq0)
         after = sched(url)["counters"]
     finally:
-        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE, "live_knee": True})
+        post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
     beside = [r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0]
     assert beside  # the worthy ones rode the primaries' steps ...
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
