@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from tot_report import percentile
 
 from sglang_spex.config import SpexConfig, replace
+from sglang_spex.sim import workload as sim_workload
 from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
-from sglang_spex.sim.workload import MixedWorkload, Workload
+from sglang_spex.sim.workload import AnyWorkload
 from sglang_spex.tot.policies import BFS_POLICIES, PRESETS
 from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
@@ -52,10 +53,10 @@ def mix_spec(preset: str, seed: int = 0) -> Union[SearchSpec, List[SearchSpec]]:
     return sim_spec(preset, seed) if len(parts) == 1 else [sim_spec(p, seed) for p in parts]
 
 
-def workload_for(preset: str, seed: int = 0, **overrides: Any) -> Union[Workload, MixedWorkload]:
+def workload_for(preset: str, seed: int = 0, **overrides: Any) -> AnyWorkload:
     """The simulated workload of ``preset`` (a mix: one part per preset, in :func:`mix_spec`'s order)."""
-    parts = [Workload.for_policy(p, seed=seed, **overrides) for p in preset.split("+")]
-    return parts[0] if len(parts) == 1 else MixedWorkload(parts)
+    parts = preset.split("+")
+    return sim_workload.workload_for(parts[0] if len(parts) == 1 else parts, seed=seed, **overrides)
 
 
 def merge_counts(dicts: Sequence[Dict[str, Dict[str, int]]]) -> Dict[str, Dict[str, Any]]:
@@ -150,7 +151,7 @@ def run_mode(
     max_lookahead: Optional[int] = None,
     bfs_lookahead: Optional[int] = None,
     reward_latency_s: float = 0.0,
-    workload: Optional[Union[Workload, MixedWorkload]] = None,
+    workload: Optional[AnyWorkload] = None,
     spec: Optional[Union[SearchSpec, List[SearchSpec]]] = None,
     keep_results: bool = False,
     gate: bool = True,

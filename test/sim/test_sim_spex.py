@@ -8,7 +8,7 @@ import pytest
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.sim.run import compare, simulate
-from sglang_spex.sim.workload import MixedWorkload, Workload
+from sglang_spex.sim.workload import MixedWorkload, workload_for
 from sglang_spex.tot.search_spec import PolicyConfig, SearchSpec
 
 
@@ -102,11 +102,16 @@ def test_a_mix_of_programs_shares_one_engine_and_one_budget():
         specs[1],
         cost=("A100-80G", "Llemma-7B"),
         questions=[(r.question, r.reference) for r in base.results[1::2]],
-        workload=MixedWorkload([Workload.for_policy("rstar-5", seed=3), Workload.for_policy("rebase-8", seed=3)]),
+        workload=workload_for(["rstar-5", "rebase-8"], seed=3),
     )
     assert _done_nodes(alone) == _done_nodes(base)[1::2]  # a part's trees do not depend on what shares the engine
     assert _done_nodes(spex) == _done_nodes(base) and spex.answers == base.answers
     issued = {p: sum(r.speculation["issued"] for r in spex.results if r.policy == p) for p in ("rstar-5", "rebase-8")}
     assert min(issued.values()) > 0, issued  # both programs speculated from the one budget
     with pytest.raises(ValueError, match="MixedWorkload"):
-        simulate(specs, cost=("A100-80G", "Llemma-7B"), questions=2, workload=Workload.for_policy("rstar-5"))
+        simulate(specs, cost=("A100-80G", "Llemma-7B"), questions=2, workload=workload_for("rstar-5"))
+    mixed = workload_for(["rstar-5", "rebase-8"], seed=[3, 4])
+    assert isinstance(mixed, MixedWorkload) and [p.seed for p in mixed.parts] == [3, 4]
+    assert [p.params.lengths for p in mixed.parts] == ["dfs", "bfs"]
+    with pytest.raises(ValueError, match="seed"):
+        workload_for(["rstar-5", "rebase-8"], seed=[3])

@@ -20,7 +20,7 @@ from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim.clock import run_virtual
 from sglang_spex.sim.cost import CostModel, RooflineCost, make_cost
 from sglang_spex.sim.engine import SimPort
-from sglang_spex.sim.workload import MixedWorkload, Workload
+from sglang_spex.sim.workload import AnyWorkload, MixedWorkload, workload_for
 from sglang_spex.speculation.budget import UNKNOWN_MODEL, ModelBytes, make_budget
 from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot.context import SearchContext
@@ -30,7 +30,6 @@ from sglang_spex.tot.search_spec import SearchSpec
 from sglang_spex.tot.tree import Node
 
 CostSpec = Union[CostModel, Tuple[str, str], str]
-AnyWorkload = Union[Workload, MixedWorkload]
 # driver(spec, questions, references, port, concurrency, **ctx_kwargs) -> results in question order
 Driver = Callable[..., Awaitable[List[SearchResult]]]
 
@@ -143,13 +142,15 @@ def simulate(
     """Run ``questions`` searches (``concurrency`` at a time) on a fresh simulated engine, in virtual time.
 
     ``spec`` a sequence: a mix of programs on one engine. Question ``i`` runs ``spec[i % len(spec)]`` on the
-    matching part of a :class:`MixedWorkload` (by default one ``Workload.for_policy`` per spec)."""
+    matching part of a :class:`MixedWorkload` (by default :func:`~sglang_spex.sim.workload.workload_for` of the specs' policies).
+    """
     cost_model = resolve_cost(cost)
     specs = [spec] if isinstance(spec, SearchSpec) else list(spec)
     if workload is None:
-        parts = [Workload.for_policy(s.policy.name, seed=s.seed) for s in specs]
-        workload = parts[0] if isinstance(spec, SearchSpec) else MixedWorkload(parts)
-    wl = workload
+        names = [s.policy.name for s in specs]
+        wl = workload_for(names[0] if isinstance(spec, SearchSpec) else names, seed=[s.seed for s in specs])
+    else:
+        wl = workload
     if not isinstance(spec, SearchSpec) and (not isinstance(wl, MixedWorkload) or len(wl.parts) != len(specs)):
         raise ValueError(f"spec: {len(specs)} specs need a MixedWorkload of as many parts")
     qs = wl.questions(questions) if isinstance(questions, int) else list(questions)

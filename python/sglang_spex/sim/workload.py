@@ -34,7 +34,7 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from sglang_spex.tot.engine import GenRequest
 from sglang_spex.tot.policies.registry import DFS_POLICIES, base_name
@@ -259,3 +259,19 @@ class MixedWorkload:
 
     def generate(self, req: GenRequest) -> SimOutput:
         return self._part(self.question_id(req.prompt)).generate(req)
+
+
+AnyWorkload = Union[Workload, MixedWorkload]
+
+
+def workload_for(
+    policies: Union[str, Sequence[str]], seed: Union[int, Sequence[int]] = 0, **overrides: Any
+) -> AnyWorkload:
+    """One policy's :meth:`Workload.for_policy` (``policies`` a name), or a :class:`MixedWorkload` with one such part
+    per name (a sequence; ``seed`` one for all parts or one per part)."""
+    if isinstance(policies, str):
+        return Workload.for_policy(policies, seed=seed if isinstance(seed, int) else seed[0], **overrides)
+    seeds = [seed] * len(policies) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(policies):
+        raise ValueError(f"seed: {len(policies)} policies need one seed or {len(policies)} seeds, got {len(seeds)}")
+    return MixedWorkload([Workload.for_policy(p, seed=s, **overrides) for p, s in zip(policies, seeds)])
