@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import requests
 
@@ -52,4 +52,33 @@ def wait_running(url: str, n: int, timeout: float = 30.0) -> None:
     while sched(url)["pool"]["running"] < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {n} requests running")
+        time.sleep(0.05)
+
+
+def step_seq(url: str) -> int:
+    """The batch-stats sequence number of the next scheduler step (a ``since`` for :func:`step_rows`)."""
+    return requests.get(url + "/spex/stats", timeout=60).json()["batch"]["seq"]
+
+
+def step_rows(url: str, since: int) -> List[Dict[str, float]]:
+    """The scheduler's batch-stats rows of every step since ``since`` (none lost, none skipped)."""
+    hist = requests.get(url + "/spex/stats", params={"history_since": since}, timeout=60).json()["batch"]["history"]
+    assert hist["lost"] == 0
+    rows = hist["rows"]
+    assert [r["step"] for r in rows] == list(range(since, since + len(rows)))  # every step was recorded
+    return rows
+
+
+def wait_spec_step(url: str, since: int, n: int, fill_room: bool = True, timeout: float = 60.0) -> None:
+    """Until a step since ``since`` ran ``n`` speculative requests, or (``fill_room``) as many as the gate's room
+    allowed: the knee in force may be the live one, below ``n`` on a loaded host. Tests wait on these rows, not on
+    "n running", which the prefill allowance and the live knee can keep from ever being seen (CI, more than once)."""
+
+    def done(r: Dict[str, float]) -> bool:
+        return r["spec_total"] >= n or (fill_room and 0 < r["spec_room"] <= r["spec_total"])
+
+    deadline = time.monotonic() + timeout
+    while not any(done(r) for r in step_rows(url, since)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no step ran {n} speculative requests" + (" or filled the gate's room" * fill_room))
         time.sleep(0.05)

@@ -25,7 +25,7 @@ from typing import Dict, List
 import pytest
 import requests
 from server_modes import DEFAULT_MODE, spex_args, start_server
-from srt_hook_util import body, post, sched, wait_idle, wait_running, words
+from srt_hook_util import body, post, sched, step_rows, step_seq, wait_idle, wait_running, wait_spec_step, words
 
 from sglang_spex.config import SpexConfig
 
@@ -45,18 +45,6 @@ def unmixed_server(tiny_model):
     srv.stop()
 
 
-def _history(url: str, since: int) -> List[Dict[str, float]]:
-    hist = requests.get(url + "/spex/stats", params={"history_since": since}, timeout=60).json()["batch"]["history"]
-    assert hist["lost"] == 0
-    rows = hist["rows"]
-    assert [r["step"] for r in rows] == list(range(since, since + len(rows)))  # every step was recorded
-    return rows
-
-
-def _seq(url: str) -> int:
-    return requests.get(url + "/spex/stats", timeout=60).json()["batch"]["seq"]
-
-
 def _submit(ex: cf.Executor, url: str, reqs: List[dict]) -> List[cf.Future]:
     return [ex.submit(requests.post, url + "/generate", json=b, timeout=600) for b in reqs]
 
@@ -67,20 +55,6 @@ def _spec(tag: str, n: int, tokens: int) -> List[dict]:
 
 def _primary(tag: str, n: int, tokens: int) -> List[dict]:
     return [body(words(8, 200 + i), tokens, f"spex:{tag}p{i}:r:", "primary") for i in range(n)]
-
-
-def _wait_spec_filled(url: str, since: int, n: int, timeout: float = 60.0) -> None:
-    """Until a step since ``since`` ran ``n`` speculative requests, or as many as the gate's room allowed (the knee
-    in force may be the live one, below ``n`` on a loaded host: CI once waited for 6 that the gate held at fewer)."""
-
-    def filled(r: Dict[str, float]) -> bool:
-        return r["spec_total"] >= n or 0 < r["spec_room"] <= r["spec_total"]
-
-    deadline = time.monotonic() + timeout
-    while not any(filled(r) for r in _history(url, since)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no step ran {n} speculative requests or filled the gate's room")
-        time.sleep(0.05)
 
 
 def _waiting_primary(r: Dict[str, float]) -> float:
@@ -111,12 +85,12 @@ def _check_gate_at_share(url: str) -> None:
     assert post(url, "/spex/budget", {"k": KNEE})["scheduler"]["budget"] == KNEE
     wait_idle(url)
     before = sched(url)["counters"]
-    seq0 = _seq(url)
+    seq0 = step_seq(url)
     futs: List[cf.Future] = []
     with cf.ThreadPoolExecutor(24) as ex:
         # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off
         futs += _submit(ex, url, _spec("ns1s", 6, 160))
-        _wait_spec_filled(url, seq0, 6)
+        wait_spec_step(url, seq0, 6)
         phase1 = _submit(ex, url, _primary("ns1", KNEE, 96))
         futs += phase1
         for f in phase1:
@@ -136,7 +110,7 @@ def _check_gate_at_share(url: str) -> None:
         outs = [f.result().json() for f in futs]
     assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none starves
     wait_idle(url, timeout=300)
-    rows = _history(url, seq0)
+    rows = step_rows(url, seq0)
     after = sched(url)["counters"]
 
     prefill_spec = [r for r in rows if r["mode"] in PREFILL_MODES and r["n_spec"] > 0]
@@ -199,7 +173,7 @@ def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mo
     try:
         wait_idle(url)
         before = sched(url)["counters"]
-        seq0 = _seq(url)
+        seq0 = step_seq(url)
         with cf.ThreadPoolExecutor(8) as ex:
             primaries = _submit(ex, url, _primary("z0", 2, 128))
             wait_running(url, 2)
@@ -207,7 +181,7 @@ def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mo
             outs = [f.result().json() for f in primaries + spec]
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # deferred, then served
         wait_idle(url, timeout=300)
-        rows = _history(url, seq0)
+        rows = step_rows(url, seq0)
         after = sched(url)["counters"]
     finally:
         post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})
@@ -260,7 +234,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
             _price_the_prefill(url, ex, 16)
             wait_idle(url)
             before = sched(url)["counters"]
-            seq0 = _seq(url)
+            seq0 = step_seq(url)
             primaries = _submit(ex, url, _primary("w0", 2, 128))
             wait_running(url, 2)
             worthy = _spec("w0s", 2, 16)
@@ -273,7 +247,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
             outs = [f.result().json() for f in primaries + spec]
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
         wait_idle(url, timeout=300)
-        rows = _history(url, seq0)
+        rows = step_rows(url, seq0)
         after = sched(url)["counters"]
     finally:
         post(url, "/spex/knobs", {"spec_prefill_share": DEFAULT_SHARE})

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import requests
-from srt_hook_util import body, post, sched, wait_idle, wait_running, words
+from srt_hook_util import body, post, sched, step_rows, step_seq, wait_idle, wait_spec_step, words
 
 pytestmark = pytest.mark.server
 
@@ -35,10 +35,10 @@ def _ranking(url: str) -> None:
     spec = [body(words(PROMPT_WORDS, i), NEW_TOKENS, f"spex:rank{i}:r.{i}:", "spec") for i in range(8)]
     prim = [body(words(PROMPT_WORDS, 100 + i), NEW_TOKENS, f"spex:rankp{i}:r:", "primary") for i in range(4)]
     before = sched(url)["counters"]
-    seq0 = requests.get(url + "/spex/stats").json()["batch"]["seq"]
+    seq0 = step_seq(url)
     with cf.ThreadPoolExecutor(12) as ex:
         spec_f = [ex.submit(_run, url, p) for p in spec]
-        wait_running(url, 2)
+        wait_spec_step(url, seq0, 2)
         t_primary = time.monotonic()
         prim_f = [ex.submit(_run, url, p) for p in prim]
         spec_done = [f.result() for f in spec_f]
@@ -54,7 +54,7 @@ def _ranking(url: str) -> None:
     )
     # Spec requests submitted first and already running: without ranking they would all finish first.
     assert prim_end <= spec_end[len(spec_end) // 2], "primaries did not overtake the speculative backlog"
-    rows = requests.get(url + "/spex/stats", params={"history_since": seq0}).json()["batch"]["history"]["rows"]
+    rows = step_rows(url, seq0)
     # Ranking invariant, per scheduler step: no speculative request is admitted (prefilled: spec_prefill_tokens; a
     # mixed batch's speculative decode rows were admitted earlier) while a primary is still waiting. (A primary may wait behind *other primaries* while a speculative request keeps decoding when
     # retracting it would not make room; that is not a ranking violation, and how often it happens depends on

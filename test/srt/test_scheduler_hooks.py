@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from srt_hook_util import body, post, sched, wait_idle, wait_running, words
+from srt_hook_util import body, post, sched, step_rows, step_seq, wait_idle, wait_running, wait_spec_step, words
 
 pytestmark = pytest.mark.server
 
@@ -79,15 +79,6 @@ def _spec_batch(url: str, tag: str, n: int, new_tokens: int):
     return reqs
 
 
-def _wait_spec_total(url: str, since: int, n: int, timeout: float = 60.0) -> None:
-    """Until a scheduler step since ``since`` ran ``n`` speculative requests (its batch-stats rows)."""
-    deadline = time.monotonic() + timeout
-    while not any(r["spec_total"] >= n for r in _stats(url, since)["batch"]["history"]["rows"]):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no step ran {n} speculative requests")
-        time.sleep(0.05)
-
-
 def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
     url = spex_server_in_mode.url
     post(url, "/spex/release", {})
@@ -96,22 +87,19 @@ def test_cap_holds_every_step_and_follows_runtime_changes(spex_server_in_mode):
     post(url, "/spex/knobs", {"live_knee": False})
     try:
         assert post(url, "/spex/budget", {"k": 3})["scheduler"]["budget"] == 3
-        seq0 = _stats(url)["batch"]["seq"]
+        seq0 = step_seq(url)
         reqs = _spec_batch(url, "cap", 12, 96)
         with cf.ThreadPoolExecutor(14) as ex:
             futs = [ex.submit(requests.post, url + "/generate", json=b, timeout=300) for b in reqs]
             # the cap reached: 3 speculative requests in one step (not "5 running": the primaries may finish before
             # the prefill allowance has paced in the third speculative one, CI once)
-            _wait_spec_total(url, seq0, 3)
+            wait_spec_step(url, seq0, 3, fill_room=False)
             post(url, "/spex/budget", {"k": 1})  # lowered while speculative requests run: excess is retracted
             time.sleep(0.3)
             post(url, "/spex/budget", {"k": 5})
             outs = [f.result().json() for f in futs]
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none starves
-        hist = _stats(url, seq0)["batch"]["history"]
-        assert hist["lost"] == 0
-        rows = hist["rows"]
-        assert [r["step"] for r in rows] == list(range(seq0, seq0 + len(rows)))  # every step sampled
+        rows = step_rows(url, seq0)  # every step sampled
         over = [r for r in rows if r["budget"] >= 0 and r["spec_total"] > r["budget"]]
         assert not over, over[:3]
         by_budget = {b: max((r["spec_total"] for r in rows if r["budget"] == b), default=0) for b in (1, 3, 5)}
