@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 import requests
@@ -57,6 +57,15 @@ def _primary(tag: str, n: int, tokens: int) -> List[dict]:
     return [body(words(8, 200 + i), tokens, f"spex:{tag}p{i}:r:", "primary") for i in range(n)]
 
 
+def _batched(reqs: List[dict]) -> dict:
+    """One ``/generate`` body for several requests (SGLang's batch form: lists of texts, sampling params and rids)."""
+    return {k: [b[k] for b in reqs] for k in ("text", "sampling_params", "rid")}
+
+
+def _outputs(out: Any) -> List[dict]:
+    return out if isinstance(out, list) else [out]
+
+
 def _waiting_primary(r: Dict[str, float]) -> float:
     return r["waiting"] - r["waiting_spec"]
 
@@ -91,7 +100,9 @@ def _check_gate_at_share(url: str) -> None:
         # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off
         futs += _submit(ex, url, _spec("ns1s", 6, 160))
         wait_spec_step(url, seq0, 6)
-        phase1 = _submit(ex, url, _primary("ns1", KNEE, 96))
+        # more primaries than the knee, in one batched request so they reach the scheduler together: CI once never
+        # saw KNEE of them live at one step when they came one HTTP request at a time
+        phase1 = _submit(ex, url, [_batched(_primary("ns1", KNEE + 4, 128))])
         futs += phase1
         for f in phase1:
             f.result()
@@ -107,7 +118,7 @@ def _check_gate_at_share(url: str) -> None:
         # 3. a primary arrives while speculative requests decode: admitted at once
         time.sleep(0.1)
         futs += _submit(ex, url, _primary("ns3", 1, 32))
-        outs = [f.result().json() for f in futs]
+        outs = [o for f in futs for o in _outputs(f.result().json())]
     assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none starves
     wait_idle(url, timeout=300)
     rows = step_rows(url, seq0)
