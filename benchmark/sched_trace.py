@@ -19,6 +19,7 @@ TRACE_COUNTERS = (
     "spec_prefill_deferred",
     "spec_prefill_bucket",
     "spec_prefill_worth",
+    "spec_prefill_free",
 )
 
 

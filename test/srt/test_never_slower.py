@@ -144,7 +144,9 @@ def _check_gate_at_share(url: str) -> None:
     beside_live = [
         r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0 and r["spec_prefill_credit_s"] >= 0
     ]  # credit -1: before any price was known
-    charged = sum(after.get(k, 0) - before.get(k, 0) for k in ("spec_prefill_bucket", "spec_prefill_worth"))
+    charged = sum(
+        after.get(k, 0) - before.get(k, 0) for k in ("spec_prefill_bucket", "spec_prefill_worth", "spec_prefill_free")
+    )
     assert charged >= len(beside_live), (charged, beside_live[:3])
     assert after.get("spec_before_primary", 0) == before.get("spec_before_primary", 0)
     # each row carries the context its requests attend over: a decode step of an unchanged batch adds one per row
@@ -265,7 +267,11 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
     beside = [r for r in rows if r["spec_prefill_tokens"] > 0 and r["primary_live"] > 0]
     assert beside  # the worthy ones rode the primaries' steps ...
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
-    # both worthy ones paid by their worth (a retracted one pays again when it is readmitted beside primaries)
-    assert 2 <= delta.get("spec_prefill_worth", 0) <= 2 + delta.get("spec_retracted_for_budget", 0), delta
+    # both worthy ones paid by their worth (a retracted one pays again when it is readmitted beside primaries), or
+    # went free if the live price fell to 0 meanwhile (a noisy host: then nothing pays, counted apart)
+    worth, free = delta.get("spec_prefill_worth", 0), delta.get("spec_prefill_free", 0)
+    assert 2 <= worth + free and worth <= 2 + delta.get("spec_retracted_for_budget", 0), delta
     assert delta.get("spec_prefill_bucket", 0) == 0, delta  # share 0: the bucket paid for nothing
-    assert delta.get("spec_prefill_deferred", 0) > 0  # ... the others waited
+    # ... the others waited, unless they went free (CI once saw 2 admissions at share 0 counted as the bucket's: a
+    # price of 0 let the empty bucket pay 0, before "free" had its own payer)
+    assert delta.get("spec_prefill_deferred", 0) > 0 or free > 0, delta

@@ -4,7 +4,7 @@ from collections import deque
 
 import pytest
 
-from sglang_spex.srt.prefill_allowance import BUCKET, WORTH, PrefillAllowance, PrefillPrice, fit_price
+from sglang_spex.srt.prefill_allowance import BUCKET, FREE, WORTH, PrefillAllowance, PrefillPrice, fit_price
 
 LINE = (0.10, 0.01)  # decode step t = 0.10 s + 0.01 s per row
 
@@ -59,7 +59,8 @@ def test_share_zero_admits_only_what_is_measured_free():
     free = PrefillAllowance(share=0.0)
     for e, rows in ((50, 8), (200, 8)):
         free.price.add(LINE, rows, e, _step(rows, 0, 0.0, 0.0))  # prompt tokens rode the step for free
-    assert free.open(LINE, 1, False).pays(200) == BUCKET
+    step = free.open(LINE, 1, False)
+    assert step.pays(200) == FREE and step.take(200, FREE) == 0.0 and not step.new_step  # counted apart, spends nothing
     assert PrefillAllowance(share=0.1).open(None, 1, False) is None  # share > 0, price unknown: no limit yet
 
 

@@ -19,6 +19,8 @@ saw REBASE-8 at 2 queries run twice as many such steps with speculation as witho
   first one when no primary prefills this step anyway (the speculative prefill alone turns the decode step into
   a prefill step). What it admits is spent. With no primary live nothing is limited: speculation then fills an
   engine the search left idle at its reward barrier, where it costs nobody a step.
+- **Free**: a request the price in force makes cost 0 (measured riding the step for free) is admitted at any
+  share, counted apart (``spec_prefill_free``).
 - **Worth**: a speculative request the bucket cannot pay for is still admitted if its search says it is worth it:
   ``custom_params["spex_worth_s"]`` (the runner's expected use times the steps saved per hit measured on this
   engine, without a prior, at the live step's fixed cost) at least the price times the searches with live
@@ -41,7 +43,7 @@ WINDOW = 32  # recent prefill steps the price is fitted on
 Line = Tuple[float, float]  # (a, b) of the live decode line t = a + b·B
 Price = Tuple[float, float]  # (f, p): seconds a step pays for becoming a prefill step, and per prompt token
 UNKNOWN: Price = (math.inf, math.inf)  # no measurement yet: nothing is free
-BUCKET, WORTH = "bucket", "worth"  # who pays for an admitted speculative prefill
+BUCKET, WORTH, FREE = "bucket", "worth", "free"  # who pays for an admitted speculative prefill (free: priced 0)
 
 
 def fit_price(samples: Deque[Tuple[int, float]]) -> Optional[Price]:
@@ -112,9 +114,12 @@ class StepAllowance:
         return (f if self.new_step else 0.0) + p * tokens
 
     def pays(self, tokens: int, worth_s: Optional[float] = None) -> Optional[str]:
-        """Who pays for a speculative request of ``tokens`` prompt tokens: ``"bucket"``, ``"worth"`` (the seconds
-        its expected hit saves its search cover the time it costs every search with live primaries), or None."""
+        """Who pays for a speculative request of ``tokens`` prompt tokens: ``"free"`` (the price in force is 0: it
+        costs no measurable time, at any share), ``"bucket"``, ``"worth"`` (the seconds its expected hit saves its
+        search cover the time it costs every search with live primaries), or None."""
         cost = self.cost(tokens)
+        if cost <= 0:
+            return FREE
         if self.spent_s + cost <= self.credit_s:
             return BUCKET
         if worth_s is not None and worth_s >= max(self.searches, 1) * cost:
