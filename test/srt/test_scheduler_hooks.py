@@ -19,11 +19,6 @@ from srt_hook_util import body, post, sched, step_rows, step_seq, wait_idle, wai
 pytestmark = pytest.mark.server
 
 
-def _stats(url: str, since=None):
-    params = {} if since is None else {"history_since": since}
-    return requests.get(url + "/spex/stats", params=params).json()
-
-
 _TARGETS = """
 import json
 from sglang.srt.plugins.hook_registry import HookRegistry

@@ -146,11 +146,13 @@ def simulate(
     """
     cost_model = resolve_cost(cost)
     specs = [spec] if isinstance(spec, SearchSpec) else list(spec)
-    if workload is None:
-        names = [s.policy.name for s in specs]
-        wl = workload_for(names[0] if isinstance(spec, SearchSpec) else names, seed=[s.seed for s in specs])
-    else:
-        wl = workload
+    names = [s.policy.name for s in specs]
+    seeds = [s.seed for s in specs]
+    wl = (
+        workload
+        if workload is not None
+        else workload_for(names[0] if isinstance(spec, SearchSpec) else names, seed=seeds)
+    )
     if not isinstance(spec, SearchSpec) and (not isinstance(wl, MixedWorkload) or len(wl.parts) != len(specs)):
         raise ValueError(f"spec: {len(specs)} specs need a MixedWorkload of as many parts")
     qs = wl.questions(questions) if isinstance(questions, int) else list(questions)
