@@ -9,6 +9,7 @@ import pytest
 from sglang_spex.profile.measure import ProfileSpec, measure_profile, sweep_limit
 from sglang_spex.profile.roofline import find_knee, next_batch, throughput_gain
 from sglang_spex.tot.engine import EnginePort, GenResult
+from sglang_spex.tot.validation import FieldError
 
 START = [1, 2, 4, 8, 16, 32]
 
@@ -68,6 +69,25 @@ def test_sweep_limit_takes_max_running_requests():
     assert sweep_limit(spec, {"flags": {"max_running_requests": 48}}) == 48
     assert sweep_limit(spec, {"flags": {"max_running_requests": None}}) == 512
     assert sweep_limit(ProfileSpec(batch_sizes=(1, 2, 4), max_batch=2), {}) == 4  # never below the given sizes
+
+
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        ({"batch_sizes": (1, 49)}, "batch_sizes[1]"),
+        ({"ctx_batch": 0}, "ctx_batch"),
+        ({"short_tokens": 20, "long_tokens": 20}, "long_tokens"),
+        ({"short_tokens": 0}, "long_tokens"),
+        ({"long_tokens": 2040}, "long_tokens"),  # 2040 + a prompt's 16 > 2048
+        ({"ctx_prefix_words": 1017}, "ctx_prefix_words"),  # (2048 - 20 - 16) // 2 = 1006 words fit
+        ({"prefill_words": -1}, "prefill_words"),
+    ],
+)
+def test_spec_check_names_the_field_past_the_engine(fields, field):
+    with pytest.raises(FieldError) as e:
+        ProfileSpec(**fields).check(max_batch=48, context_len=2048)
+    assert e.value.field == field
+    ProfileSpec(batch_sizes=(1, 48), ctx_prefix_words=1006, prefill_words=1006).check(48, 2048)  # the edges pass
 
 
 class VirtualClock:

@@ -39,6 +39,14 @@ def _refused(r: requests.Response, field: str) -> None:
         ("/spex/promote", {"rid": ""}, "rid"),
         ("/spex/profile", {"batch_sizes": [1, 0]}, "batch_sizes[1]"),
         ("/spex/profile", {"force": "yes"}, "force"),
+        # bounded by the engine: each would otherwise queue work for hours before answering
+        ("/spex/profile", {"batch_sizes": [1, 100000]}, "batch_sizes[1]"),
+        ("/spex/profile", {"batch_sizes": [1] * 17}, "batch_sizes"),
+        ("/spex/profile", {"ctx_batch": 100000}, "ctx_batch"),
+        ("/spex/profile", {"repeats": 100000}, "repeats"),
+        ("/spex/profile", {"long_tokens": 10**9}, "long_tokens"),
+        ("/spex/profile", {"short_tokens": 30}, "long_tokens"),  # the default long_tokens is 20
+        ("/spex/profile", {"prefill_words": 10**8}, "prefill_words"),
     ],
 )
 def test_bad_control_body_is_a_400_and_changes_nothing(spex_server, route, body, field):

@@ -61,6 +61,8 @@ def test_presets_resolve(preset):
         ({"seed": "1"}, "seed"),
         ({"task": "nope"}, "task"),
         ({"reward_timeout": 0}, "reward_timeout"),
+        ({"priority": 2**63}, "priority"),  # SGLang refuses it per request: every node would fail
+        ({"priority": True}, "priority"),
     ],
 )
 def test_spec_errors_name_the_field(data, field):

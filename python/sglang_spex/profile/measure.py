@@ -45,11 +45,13 @@ from sglang_spex.profile.roofline import (
     worst_dip,
 )
 from sglang_spex.tot.engine import EnginePort, GenRequest
+from sglang_spex.tot.validation import FieldError
 
 PROFILE_RID_PREFIX = "spexprof:"
 IDLE_RID_PREFIXES = (PROFILE_RID_PREFIX, "HEALTH_CHECK")  # ours, and sglang.srt.constants.HEALTH_CHECK_RID_PREFIX
 logger = logging.getLogger(__name__)
 _WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
+_PROMPT_TOKENS = 16  # a profile prompt's tokens besides its filler words (nonce and index)
 
 # Server flags that change step times; they (with the model and device) key the cache.
 KEY_FLAGS = (
@@ -84,6 +86,24 @@ class ProfileSpec:
     flat_gain: float = 0.1  # "flattened": the last doubling raised throughput by less than this fraction
     remeasure_dip: float = 0.1  # a point this much slower than a bigger batch's is measured once more
     max_dip: float = 0.25  # still this much slower after that: the sweep was disturbed (not cached; 1: never)
+
+    def check(self, max_batch: int, context_len: int) -> None:
+        """Raise :class:`FieldError` (naming the field) unless this spec fits an engine that runs at most
+        ``max_batch`` requests at once with a ``context_len``-token context. A filler word is at most 2 tokens."""
+        for i, b in enumerate(self.batch_sizes):
+            if not 1 <= b <= max_batch:
+                raise FieldError(f"batch_sizes[{i}]", f"{b} is outside 1..{max_batch} (the sweep's ceiling)")
+        if not 1 <= self.ctx_batch <= max_batch:
+            raise FieldError("ctx_batch", f"{self.ctx_batch} is outside 1..{max_batch} (the sweep's ceiling)")
+        if not 1 <= self.short_tokens < self.long_tokens:
+            raise FieldError("long_tokens", f"must exceed short_tokens ({self.short_tokens}), which is at least 1")
+        room = context_len - self.long_tokens - _PROMPT_TOKENS
+        if room < 0:
+            raise FieldError("long_tokens", f"{self.long_tokens} does not fit the {context_len}-token context")
+        for name in ("ctx_prefix_words", "prefill_words"):
+            words = getattr(self, name)
+            if not 0 <= 2 * words <= room:
+                raise FieldError(name, f"{words} is outside 0..{room // 2} (the prompt must fit the context)")
 
 
 class _LoadWatch:

@@ -4,7 +4,10 @@
 - ``POST /spex/profile``: measure now; body (optional) :class:`~sglang_spex.srt.http_api.ProfileBody`:
   ``batch_sizes``, ``short_tokens``, ``long_tokens``, ``ctx_prefix_words``, ``ctx_batch``, ``prefill_words``,
   ``repeats`` (a new measure spec when any is given; given ``batch_sizes`` are measured exactly, without the
-  sweep's extension), ``force`` (default true).
+  sweep's extension), ``force`` (default true). Bounded by the engine (``ProfileSpec.check``): batch sizes by the
+  sweep's ceiling (512 and ``--max-running-requests``), tokens and words by the model's context, at most 16
+  sizes and 8 repeats; past a bound a 400 names the field and nothing changes. A measurement that fails keeps
+  the spec in use.
 - With ``--tot-speculation --tot-k-total auto`` a background thread asks for a (cached) profile once the
   server is healthy, so the first search finds the roofline knee ready.
 """
@@ -19,9 +22,10 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from sglang_spex.profile.measure import ProfileSpec
+from sglang_spex.profile.measure import ProfileSpec, sweep_limit
 from sglang_spex.srt.http_api import ProfileBody, error_response, json_body
 from sglang_spex.srt.http_state import SpexHttpState, http_state
+from sglang_spex.tot.validation import FieldError
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +39,23 @@ async def get_profile(request: Request) -> Response:
 
 @json_body(ProfileBody, optional=True)
 async def post_profile(request: Request, body: ProfileBody) -> Response:
-    mgr = http_state(request).profile
+    state = http_state(request)
+    mgr, previous = state.profile, state.profile.spec
     fields = body.spec_fields()
     if fields:
         if "batch_sizes" in fields:  # sizes given: measure exactly those (no sweep extension)
             fields["max_batch"] = max(fields["batch_sizes"])
-        mgr.spec = ProfileSpec(**fields)
+        spec = ProfileSpec(**fields)
+        try:  # bounded by the engine: the sweep's own ceiling and the model's context
+            spec.check(sweep_limit(ProfileSpec(), mgr.key), state.tokenizer_manager.context_len)
+        except FieldError as e:
+            return error_response(e.field, e.reason)
+        mgr.spec = spec
     try:
         prof = await mgr.get(force=body.force)
-    except Exception as e:  # report, never take the server down
+    except Exception as e:  # report, never take the server down; the spec in use stays what it was
         logger.exception("spex: profile failed")
+        mgr.spec = previous
         return error_response("profile", f"measurement failed: {e}", status_code=500)
     return JSONResponse({**prof.to_dict(), "summary": prof.summary()})
 

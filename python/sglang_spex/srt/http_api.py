@@ -231,13 +231,13 @@ class KnobsBody(Body):
 class ProfileBody(Body):
     """``POST /spex/profile`` (body optional): measure settings (``ProfileSpec`` fields) and ``force``."""
 
-    batch_sizes: Optional[List[Annotated[int, Field(ge=1)]]] = Field(default=None, min_length=1)
+    batch_sizes: Optional[List[Annotated[int, Field(ge=1)]]] = Field(default=None, min_length=1, max_length=16)
     short_tokens: Optional[int] = Field(default=None, ge=1)
     long_tokens: Optional[int] = Field(default=None, ge=1)
     ctx_prefix_words: Optional[int] = Field(default=None, ge=0)
     ctx_batch: Optional[int] = Field(default=None, ge=1)
     prefill_words: Optional[int] = Field(default=None, ge=0)
-    repeats: Optional[int] = Field(default=None, ge=1)
+    repeats: Optional[int] = Field(default=None, ge=1, le=8)
     force: bool = True
 
     def spec_fields(self) -> Dict[str, Any]:

@@ -66,7 +66,7 @@ class SearchLimits:
             if getattr(params, name, None) is not None:
                 self._within(getattr(params, name), "max_iterations", f"policy.{name}")
         nodes = node_bound(params)
-        self._within(nodes, "max_nodes", "policy", "this policy can generate up to ")
+        self._within(nodes, "max_nodes", "policy", "the number of nodes this policy can generate, ")
         self._within(spec.step.max_tokens, "max_step_tokens", "step.max_tokens")
         self._within(
             nodes * spec.step.max_tokens, "max_search_tokens", "step.max_tokens", f"{nodes} nodes × max_tokens = "

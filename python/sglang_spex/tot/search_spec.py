@@ -20,6 +20,9 @@ from sglang_spex.tot.rewards import RewardConfig
 from sglang_spex.tot.tasks import get_task
 from sglang_spex.tot.validation import SearchSpecError, check, from_dict, is_num
 
+INT64 = (-(2**63), 2**63 - 1)  # SGLang's range for a request's priority
+
+
 __all__ = [
     "DEFAULT_ANSWER_PATTERN",
     "AnswerConfig",
@@ -138,7 +141,16 @@ class SearchSpec:
             "reward_timeout",
             "must be a number > 0",
         )
-        check(self.priority is None or isinstance(self.priority, int), "priority", "must be an integer")
+        check(
+            self.priority is None
+            or (
+                isinstance(self.priority, int)
+                and not isinstance(self.priority, bool)
+                and INT64[0] <= self.priority <= INT64[1]
+            ),
+            "priority",
+            f"must be an integer in {INT64[0]}..{INT64[1]} (SGLang's request priority is a signed 64-bit integer)",
+        )
         check(self.speculation is None or isinstance(self.speculation, dict), "speculation", "must be an object")
         return self
 
