@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import os
 import pkgutil
+import tempfile
 import types
 from typing import Iterator, List, Set
 
@@ -93,6 +94,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     for item in items:
         if _uses_server(item):
             item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_in_pytest_basetemp(tmp_path_factory) -> Iterator[None]:
+    """Server logs (``ServerProcess``) and other temp files go under pytest's base temp, which keeps the last
+    three runs, instead of piling up in the system temp dir (a run starts ~37 servers)."""
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("tmp"))
+    yield
+    tempfile.tempdir = before
 
 
 @pytest.fixture(scope="session")
