@@ -1,5 +1,7 @@
 """End-to-end ReSpec RL benchmark: the same GRPO run (same initial policy, seeds, prompts and steps) with no
-speculation, naive always-on EAGLE3 with a frozen drafter, and ReSpec (adaptive server + online learner).
+speculation, naive always-on EAGLE3 with a frozen drafter, and ReSpec (adaptive server + online learner); mode
+``learner`` (always-on EAGLE3 + the online learner, not run by default) reads what the learner does to acceptance
+on every step, which ReSpec's switching hides where its plan says plain.
 
     python benchmark/bench_respec_rl.py                        # tiny Llama warm-started on toy_add 2..10, 30 steps
     python benchmark/bench_respec_rl.py --steps 20 --repeats 2 --group 8
@@ -15,7 +17,7 @@ update (optimizer + push), active batch (time-averaged running requests), accept
 verify passes), reward, distinct responses per group (1 would mean argmax, not sampling). Speedup of a mode =
 no-speculation seconds / mode seconds, per step (median, min–max) and over the whole run (ratio of sums).
 Reward trend per mode (``reward_trend``): the least-squares slope of step reward on step index pooled over seeds,
-with its standard error and the one-sided p-value of "no rise". ReSpec's learner state says how many updates its
+with its standard error and the one-sided p-value of "no rise"; the same for acceptance (``accept_trend``). ReSpec's learner state says how many updates its
 payback gate skipped (``learner_skipped``, ``learner_payback``).
 """
 
@@ -32,7 +34,8 @@ from typing import Dict, List
 from simbench import save_figure, write_results
 
 RESULTS = Path(__file__).parent / "results"
-MODES = ("none", "naive", "respec")
+MODES = ("none", "naive", "learner", "respec")
+DEFAULT_MODES = ("none", "naive", "respec")
 EAGLE_KEY = "EAGLE3:s3t1n4"  # grpo_setup.EAGLE_ARGS
 
 
@@ -86,10 +89,10 @@ def _profile_prompts(setup, task) -> List[str]:
 def run_mode(mode: str, a, setup, profile: Path, task, seed: int) -> Dict:
     from sglang_spex.respec.grpo import GRPOConfig
     from sglang_spex.respec.grpo_setup import learner_spec
-    from sglang_spex.respec.rl_loop import mode_server_args, run_rl
+    from sglang_spex.respec.rl_loop import LEARNER_MODES, mode_server_args, run_rl
 
     spec = None
-    if mode == "respec":
+    if mode in LEARNER_MODES:
         spec = learner_spec(setup, "reward", "async", lr=a.kd_lr, train_steps=a.kd_train_steps, micro_batch=8)
     args = mode_server_args(
         mode, setup.policy_dir, setup.drafter_dir, a.dtype, str(profile), spec, ["--attention-backend", "spex_cpu"]
@@ -108,7 +111,7 @@ def run_mode(mode: str, a, setup, profile: Path, task, seed: int) -> Dict:
 
     save = Path(a.save_policies) / f"{mode}-seed{seed}" if a.save_policies else None
     out = run_rl(
-        args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode == "respec", show, spex_info, save
+        args, setup.policy_dir, task, cfg, a.steps, a.policy_lr, None, mode in LEARNER_MODES, show, spex_info, save
     )  # fmt: skip
     out["seed"] = seed
     return out
@@ -138,14 +141,15 @@ def seed_noise(runs: Dict[str, List[Dict]]) -> Dict:
     return out
 
 
-def reward_trend(reps: List[Dict]) -> Dict:
-    """Does reward rise over the run? Least squares of each step's mean reward on its step index, pooled over the
-    runs (seeds): slope per step with its standard error, the one-sided p-value of "no rise" (``p_rise``), the
-    fitted rise over the run (slope × (steps − 1)) and the mean of the first and last third of the steps."""
+def reward_trend(reps: List[Dict], key: str = "reward_mean") -> Dict:
+    """Does reward (or another per-step figure, ``key``; steps where it is None are left out) rise over the run?
+    Least squares of each step's value on its step index, pooled over the runs (seeds): slope per step with its
+    standard error, the one-sided p-value of "no rise" (``p_rise``), the fitted rise over the run (slope × (steps −
+    1)) and the mean of the first and last third of the steps."""
     from scipy import stats
 
-    xs = [s["step"] for r in reps for s in r["steps"]]
-    ys = [s["reward_mean"] for r in reps for s in r["steps"]]
+    pts = [(s["step"], s[key]) for r in reps for s in r["steps"] if s.get(key) is not None]
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
     if len(set(xs)) < 3:
         return {}
     fit = stats.linregress(xs, ys)
@@ -185,6 +189,7 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
             "reward_mean": statistics.mean(s["reward_mean"] for s in steps),
             "reward_curve": [statistics.mean(r["steps"][i]["reward_mean"] for r in reps) for i in range(n)],
             "reward_trend": reward_trend(reps),
+            "accept_trend": reward_trend(reps, "accept_length"),  # p_rise near 1: acceptance falls
             "accept_mean": statistics.mean(acc) if acc else None,
             "accept_first": statistics.mean(first_acc) if first_acc else None,
             "accept_last": statistics.mean(last_acc) if last_acc else None,
@@ -239,7 +244,7 @@ def plot(runs: Dict[str, List[Dict]], path: Path) -> None:
         for k, r in enumerate(reps):
             xs = [s["step"] for s in r["steps"]]
             label = mode if k == 0 else None
-            c = {"none": "tab:grey", "naive": "tab:orange", "respec": "tab:green"}[mode]
+            c = {"none": "tab:grey", "naive": "tab:orange", "learner": "tab:blue", "respec": "tab:green"}[mode]
             axes[0].plot(xs, [s["reward_mean"] for s in r["steps"]], marker=".", color=c, label=label)
             if mode != "none":
                 axes[1].plot(xs, [s["accept_length"] or 1.0 for s in r["steps"]], marker=".", color=c, label=label)
@@ -257,7 +262,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(ap, max_new_tokens=32)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
     ap.add_argument("--steps", type=int, default=30, help="RL (policy) steps per run")
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode and seed, modes interleaved")
     ap.add_argument(
@@ -311,7 +316,9 @@ def main(argv=None) -> int:
             f"{mode:6s} step {m['step_s_mean']:.2f} s (gen {m['generation_s_mean']:.2f} drafter "
             f"{m['drafter_update_s_mean']:.2f} policy {m['policy_update_s_mean']:.2f}) batch "
             f"{m['active_batch_mean']:.1f} accept {m['accept_first']}→{m['accept_last']} reward "
-            f"{m['reward_mean']:.3f}{_trend(m['reward_trend'])}" + (f" speedup {sp:.2f}× (per step median {m['speedup_per_step_median']:.2f}×)"
+            f"{m['reward_mean']:.3f}{_trend(m['reward_trend'])}"
+            + (f" acceptance{_trend(m['accept_trend'])}" if m["accept_trend"] else "")
+            + (f" speedup {sp:.2f}× (per step median {m['speedup_per_step_median']:.2f}×)"
                                           if sp else "")  # fmt: skip
         )
     png = Path(a.out).with_suffix(".png")

@@ -44,3 +44,11 @@ def test_reward_trend_pools_seeds_and_reads_a_rise():
     flat = reward_trend([_run(0, [0.5, 0.1, 0.5, 0.1, 0.5, 0.1]), _run(1, [0.1, 0.5, 0.1, 0.5, 0.1, 0.5])])
     assert flat["slope_per_step"] == pytest.approx(0.0, abs=1e-12) and flat["p_rise"] == pytest.approx(0.5)
     assert reward_trend([_run(0, [0.1, 0.2])]) == {}  # two steps: no trend to read
+
+
+def test_acceptance_trend_skips_steps_without_speculation():
+    steps = [{"step": i, "reward_mean": 0.0, "accept_length": a} for i, a in enumerate([3.0, None, 2.5, 2.0, 1.5])]
+    t = reward_trend([{"seed": 0, "steps": steps}], "accept_length")
+    assert t["slope_per_step"] == pytest.approx(-13 / 35, rel=1e-9)  # steps 0, 2, 3, 4 only: Sxy -3.25 / Sxx 8.75
+    assert t["p_rise"] > 0.99 and t["first_third_mean"] == 3.0
+    assert reward_trend([{"seed": 0, "steps": steps[:2]}], "accept_length") == {}

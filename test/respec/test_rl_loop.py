@@ -26,8 +26,14 @@ def test_mode_server_args(tmp_path):
     assert "EAGLE3" in naive and "--respec-adaptive" not in naive
     respec = mode_server_args("respec", tmp_path, tmp_path / "d", respec_profile="p.json", learner_json="{}")
     assert "--respec-adaptive" in respec and "--respec-learner" in respec
+    learner = mode_server_args("learner", tmp_path, tmp_path / "d", learner_json="{}")
+    assert "EAGLE3" in learner and "--respec-learner" in learner and "--respec-adaptive" not in learner
     with pytest.raises(ValueError):
         mode_server_args("respec", tmp_path, tmp_path / "d")
+    with pytest.raises(ValueError):
+        mode_server_args("respec", tmp_path, tmp_path / "d", learner_json="{}")  # no profile
+    with pytest.raises(ValueError):
+        mode_server_args("learner", tmp_path, tmp_path / "d")
     with pytest.raises(ValueError):
         mode_server_args("bogus", tmp_path)
 

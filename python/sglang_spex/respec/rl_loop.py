@@ -1,6 +1,7 @@
 """One RL run against one SGLang server, the same for every speculation mode, so runs can be compared step by step:
-``none`` (no speculation), ``naive`` (EAGLE3 always on, the bootstrap drafter frozen) and ``respec`` (the adaptive
-server, ``--respec-adaptive``, plus the online learner inside, reward-weighted KD).
+``none`` (no speculation), ``naive`` (EAGLE3 always on, the bootstrap drafter frozen), ``learner`` (EAGLE3 always
+on with the online learner inside: the drafter follows the policy, with no switching, so its acceptance is read on
+every step) and ``respec`` (the adaptive server, ``--respec-adaptive``, plus the online learner, reward-weighted KD).
 
 The policy starts from the same directory with the same seed in every mode and GRPO (``respec/grpo.py``) samples
 its rollouts through the server at the configured temperature; its weights go back through SGLang's own
@@ -21,7 +22,8 @@ from sglang_spex.respec.grpo_setup import EAGLE_ARGS
 from sglang_spex.respec.policy import Policy
 from sglang_spex.tot.tasks import Question, TaskSet
 
-MODES = ("none", "naive", "respec")
+MODES = ("none", "naive", "learner", "respec")
+LEARNER_MODES = ("learner", "respec")  # the modes with the online learner inside the server
 
 
 def digit_share_reward(text: str, question: Optional[Question] = None) -> float:
@@ -39,7 +41,8 @@ def mode_server_args(
     learner_json: Optional[str] = None,
     extra: Sequence[str] = (),
 ) -> List[str]:
-    """Launcher args of one mode (``respec`` needs a profile for the adaptive server and a learner spec)."""
+    """Launcher args of one mode (``learner`` and ``respec`` need a learner spec, ``respec`` also a profile for the
+    adaptive server)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     args = ["--model-path", str(policy_dir), "--dtype", dtype, *extra]
@@ -48,10 +51,14 @@ def mode_server_args(
     if drafter_dir is None:
         raise ValueError(f"mode {mode!r} needs a drafter")
     args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter_dir), *EAGLE_ARGS]
+    if mode in LEARNER_MODES:
+        if not learner_json:
+            raise ValueError(f"mode {mode!r} needs a learner spec")
+        args += ["--respec-learner", learner_json]
     if mode == "respec":
-        if not respec_profile or not learner_json:
-            raise ValueError("mode 'respec' needs a ReSpec profile and a learner spec")
-        args += ["--respec-adaptive", "--respec-profile", str(respec_profile), "--respec-learner", learner_json]
+        if not respec_profile:
+            raise ValueError("mode 'respec' needs a ReSpec profile")
+        args += ["--respec-adaptive", "--respec-profile", str(respec_profile)]
     return args
 
 
