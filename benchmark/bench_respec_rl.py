@@ -93,7 +93,7 @@ def run_mode(mode: str, a, setup, profile: Path, task, seed: int) -> Dict:
 
     spec = None
     if mode in LEARNER_MODES:
-        spec = learner_spec(setup, "reward", "async", lr=a.kd_lr, train_steps=a.kd_train_steps, micro_batch=8)
+        spec = learner_spec(setup, a.kd_variant, "async", lr=a.kd_lr, train_steps=a.kd_train_steps, micro_batch=8)
     args = mode_server_args(
         mode, setup.policy_dir, setup.drafter_dir, a.dtype, str(profile), spec, ["--attention-backend", "spex_cpu"]
     )
@@ -272,6 +272,12 @@ def main(argv=None) -> int:
         default=None,
         help="RL seeds (sampling, prompt order), each run in every mode; "
         "default: --seed. The setup (policy, drafter, profile) is --seed's",
+    )
+    ap.add_argument(
+        "--kd-variant",
+        default="reward",
+        choices=["reward", "unweighted"],
+        help="the learner's KD: reward-weighted (w = r normalised, the paper's) or unweighted",
     )
     ap.add_argument("--profile", default=None, help="ReSpec profile JSON (default: measured into --work-dir)")
     ap.add_argument("--profile-batches", type=int, nargs="+", default=[1, 4, 16])
