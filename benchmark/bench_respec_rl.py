@@ -224,6 +224,43 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
     return out
 
 
+def pooled_acceptance(paths: List[str]) -> Dict:
+    """Acceptance drift pooled over result files of this benchmark: per mode (a learner mode named with its KD
+    variant), each run's acceptance trend (:func:`reward_trend` on ``accept_length``) and last-third / first-third
+    change, their mean, and Welch's t-test of the per-run slopes between every two modes."""
+    from scipy import stats
+
+    per: Dict[str, List[Dict]] = {}
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        variant = d["meta"]["args"].get("kd_variant", "reward")
+        for mode, reps in d["runs"].items():
+            name = f"{mode}-{variant}" if mode in ("learner", "respec") else mode
+            for r in reps:
+                t = reward_trend([r], "accept_length")
+                if t:
+                    change = t["last_third_mean"] / t["first_third_mean"] - 1.0
+                    per.setdefault(name, []).append({"file": path, "seed": r["seed"], "change": change, **t})
+    out: Dict = {"modes": {}, "slope_welch_p": {}}
+    for name, runs in per.items():
+        changes = [r["change"] for r in runs]
+        out["modes"][name] = {
+            "runs": runs,
+            "slope_mean": statistics.mean(r["slope_per_step"] for r in runs),
+            "change_mean": statistics.mean(changes),
+            "change_min_max": [min(changes), max(changes)],
+            "first_third_mean": statistics.mean(r["first_third_mean"] for r in runs),
+            "last_third_mean": statistics.mean(r["last_third_mean"] for r in runs),
+        }
+    names = sorted(per)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if len(per[a]) > 1 and len(per[b]) > 1:
+                slopes = [[r["slope_per_step"] for r in per[n]] for n in (a, b)]
+                out["slope_welch_p"][f"{a} vs {b}"] = float(stats.ttest_ind(*slopes, equal_var=False).pvalue)
+    return out
+
+
 def _trend(t: Dict) -> str:
     if not t:
         return ""
@@ -288,7 +325,26 @@ def main(argv=None) -> int:
         default=None,
         help="save each run's final policy under DIR/<mode>-seed<seed> (for check_on_policy.py --policy-dir)",
     )
+    ap.add_argument(
+        "--pool",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="no run: pool the acceptance drift of these result files (per mode and KD variant) and print it",
+    )
     a = ap.parse_args(argv)
+    if a.pool:
+        pooled = pooled_acceptance(a.pool)
+        for name, m in pooled["modes"].items():
+            lo, hi = m["change_min_max"]
+            print(
+                f"{name}: {len(m['runs'])} runs, acceptance {m['first_third_mean']:.2f} → {m['last_third_mean']:.2f} "
+                f"(first → last third), change {m['change_mean']:+.1%} ({lo:+.1%} … {hi:+.1%}), "
+                f"slope {m['slope_mean']:+.4f}/step"
+            )
+        for pair, p in pooled["slope_welch_p"].items():
+            print(f"slopes {pair}: Welch p = {p:.3f}")
+        return 0
 
     import tempfile
 

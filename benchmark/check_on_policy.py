@@ -1,5 +1,6 @@
 """On-policy check of speculative sampling where an RL loop uses it: the GRPO loop's own rollout requests (chat
-prompts of the task, T = 1, ``max_new_tokens``; with or without a ``sampling_seed`` per request) sent to a server
+prompts of the task, T = 1, ``max_new_tokens``; with or without a ``sampling_seed`` per request; arm ``logprobs``:
+seeded and asking for the top-20 log-probs, as the rollouts do while a learner trains) sent to a server
 without speculation and to naive always-on EAGLE3 with the run's drafter, one server at a time. Per prompt: the
 chi-square homogeneity p-value of the first ``--tokens`` generated tokens (token 1 is sampled at prefill, the
 rest by the speculative verify) and, over all prompts, the mean verifier reward of each server and their gap with
@@ -26,7 +27,9 @@ from scipy import stats
 from simbench import write_results
 
 Sample = Tuple[int, ...]
-ARMS = ("seeded", "unseeded")
+ARMS = ("seeded", "unseeded", "logprobs")
+# "logprobs": seeded, and asking for the top-20 log-probs per token, as the GRPO loop's rollouts do while a learner trains
+LOGPROBS = {"return_logprob": True, "top_logprobs_num": 20}
 
 
 def homogeneity_pvalue(a: Sequence[Sample], b: Sequence[Sample], min_cell: int = 10) -> float:
@@ -60,9 +63,10 @@ def sample_server(args: Sequence[str], prompts: List[List[int]], arms: Sequence[
             for qi, ids in enumerate(prompts):
                 base = {"temperature": 1.0, "max_new_tokens": a.max_new_tokens}
                 params = (
-                    [{**base, "sampling_seed": 7919 * qi + i} for i in range(a.samples)] if arm == "seeded" else base
+                    base if arm == "unseeded" else [{**base, "sampling_seed": 7919 * qi + i} for i in range(a.samples)]
                 )
-                outs = client.generate([ids] * a.samples, params, concurrency=a.concurrency)
+                extra = LOGPROBS if arm == "logprobs" else None
+                outs = client.generate([ids] * a.samples, params, concurrency=a.concurrency, extra=extra)
                 out[(arm, qi)] = (
                     [tuple(o["output_ids"][: a.tokens]) for o in outs],
                     [reward(decode(o["output_ids"]), qi) for o in outs],
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2, help="generated tokens compared by the chi-square test")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--arms", nargs="+", default=["seeded", "unseeded"], choices=ARMS)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "check_on_policy.json"))
     a = ap.parse_args(argv)
 

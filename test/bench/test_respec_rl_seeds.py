@@ -10,7 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 
-from bench_respec_rl import reward_trend, seed_noise  # noqa: E402
+import json  # noqa: E402
+
+from bench_respec_rl import pooled_acceptance, reward_trend, seed_noise  # noqa: E402
 
 
 def _run(seed: int, rewards):
@@ -52,3 +54,30 @@ def test_acceptance_trend_skips_steps_without_speculation():
     assert t["slope_per_step"] == pytest.approx(-13 / 35, rel=1e-9)  # steps 0, 2, 3, 4 only: Sxy -3.25 / Sxx 8.75
     assert t["p_rise"] > 0.99 and t["first_third_mean"] == 3.0
     assert reward_trend([{"seed": 0, "steps": steps[:2]}], "accept_length") == {}
+
+
+def test_pooled_acceptance_names_learners_by_kd_variant_and_compares_slopes(tmp_path):
+    def run(seed, accepts):
+        return {
+            "seed": seed,
+            "steps": [{"step": i, "reward_mean": 0.0, "accept_length": a} for i, a in enumerate(accepts)],
+        }
+
+    falling = ([3.0, 2.9, 2.8, 2.7, 2.6, 2.5], [3.0, 2.8, 2.8, 2.6, 2.6, 2.4])  # slopes -0.1 and -3.8 / 35
+    held = ([3.0, 3.0, 3.1, 3.0, 3.0, 3.1], [3.0, 3.1, 3.0, 3.0, 3.1, 3.0])
+    files = []
+    for k, variant in enumerate(("reward", None)):  # a file from before --kd-variant counts as "reward"
+        args = {"kd_variant": variant} if variant else {}
+        body = {
+            "meta": {"args": args},
+            "runs": {"naive": [run(k, falling[k])], "learner": [run(k, held[0]), run(k + 5, held[1])]},
+        }
+        files.append(tmp_path / f"r{k}.json")
+        files[-1].write_text(json.dumps(body))
+    out = pooled_acceptance([str(f) for f in files])
+    assert set(out["modes"]) == {"naive", "learner-reward"}
+    naive = out["modes"]["naive"]
+    assert len(naive["runs"]) == 2 and naive["slope_mean"] == pytest.approx((-0.1 - 3.8 / 35) / 2)
+    assert naive["change_mean"] == pytest.approx((2.55 / 2.95 + 2.5 / 2.9) / 2 - 1)  # last / first third per run
+    assert len(out["modes"]["learner-reward"]["runs"]) == 4
+    assert list(out["slope_welch_p"]) == ["learner-reward vs naive"]
