@@ -369,12 +369,16 @@ class GpuCheck:
         except httpx.HTTPError as e:
             res, min_p_ok = {"status": f"no answer ({type(e).__name__})"}, False
         alive = _healthy(url)
+        try:  # H2c's count of steps it sampled without their seeds (each such node is not reproducible)
+            unseeded = httpx.get(url + "/spex/stats", timeout=60).json()["scheduler"]["unseeded_sampling"]
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            unseeded = f"unread ({type(e).__name__})"
         log = Path(self.server.log_path).read_text(errors="replace")
         seed_assert = "AssertionError" in log and "seed" in log  # SGLang: "Sampling seed is not supported ..."
         sampling = self.state.get("server_flags", {}).get("sampling_backend")
         detail = f"seeded top_p=0.9 search under {sampling} sampling: {res.get('status')}, "
         detail += f"{len(res.get('failures') or [])} failed nodes, min_p beside it {'ok' if min_p_ok else 'FAILED'}, "
-        detail += f"server {'up' if alive else 'DOWN'}"
+        detail += f"server {'up' if alive else 'DOWN'}, sampled unseeded (H2c) {unseeded}"
         if seed_assert:
             detail += "; log shows a seed AssertionError"
         ok = res.get("status") == "done" and not res.get("failures") and alive and min_p_ok

@@ -60,12 +60,19 @@ def test_min_p_beside_seeded_requests_keeps_the_server_up(spex_server):
         body = {"text": PROMPTS[2], "sampling_params": {"max_new_tokens": 24, "ignore_eos": True, **params}}
         return requests.post(spex_server.url + "/generate", json=body, timeout=120)
 
+    def unseeded() -> dict:
+        r = requests.get(spex_server.url + "/spex/stats", timeout=60)
+        return r.json()["scheduler"]["unseeded_sampling"]
+
     seeded = {"temperature": 1.0, "sampling_seed": 21}
     alone = post(seeded).json()["output_ids"]
+    before = unseeded()
     mixes = [seeded, {"temperature": 0.8, "min_p": 0.1}, {"temperature": 0.8, "min_p": 0.2, "sampling_seed": 5}] * 2
     with cf.ThreadPoolExecutor(len(mixes)) as ex:
         replies = list(ex.map(post, mixes))
     assert [r.status_code for r in replies] == [200] * len(mixes)
+    after = unseeded()  # every min_p request decodes 24 steps, each beside a seeded one or seeded itself
+    assert after["steps"] >= before["steps"] + 24 and after["rows"] > before["rows"], (before, after)
     assert all(len(r.json()["output_ids"]) == 24 for r in replies)
     assert requests.get(spex_server.url + "/health_generate", timeout=60).status_code == 200
     assert post(seeded).json()["output_ids"] == alone  # seeds still decide the sample once min_p has left

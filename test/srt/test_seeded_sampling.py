@@ -70,6 +70,16 @@ def test_h2c_samples_that_step_unseeded_and_puts_the_seeds_back(flashinfer):
     assert info.sampling_seed is seeds
 
 
+def test_h2c_counts_each_step_it_samples_unseeded_on_the_sampler(flashinfer):
+    sampler = SimpleNamespace()
+    h2c_sample(lambda *a: None, sampler, None, batch(n=3, min_p=0.1))
+    h2c_sample(lambda *a: None, sampler, None, batch(n=2))  # seeds usable: not counted
+    h2c_sample(lambda *a: None, sampler, None, batch(n=5, top_k=4))
+    assert seeded_sampling.unseeded_counts(sampler) == {"steps": 2, "rows": 8}
+    assert seeded_sampling.unseeded_counts(SimpleNamespace()) == {"steps": 0, "rows": 0}
+    h2c_sample(lambda *a: None, None, None, batch(min_p=0.1))  # nothing to count on: the step still samples
+
+
 def test_h2c_leaves_batches_sglang_can_sample_seeded_alone(flashinfer):
     """Seeds reach the sampler for a simple seeded batch, a greedy one and an unseeded one."""
     for info in (batch(), batch(greedy=True, top_p=0.9), batch(seeded=False, top_p=0.9)):

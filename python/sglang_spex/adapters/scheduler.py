@@ -325,6 +325,13 @@ def abort(scheduler: Any, prefix: str) -> None:
     scheduler.abort_request(AbortReq(rid=prefix))
 
 
+def sampler(scheduler: Any) -> Optional[Any]:
+    """The scheduler's model runner's ``Sampler`` (touch point P23: ``TpModelWorker.model_runner``, whose
+    ``sampler`` ``ModelRunner.__init__`` sets); None where the worker has none (e.g. a speculative worker)."""
+    runner = getattr(getattr(scheduler, "tp_worker", None), "model_runner", None)
+    return getattr(runner, "sampler", None)
+
+
 def pool(scheduler: Any) -> Dict[str, int]:
     """KV pool and queue figures of this scheduler."""
     tree = scheduler.tree_cache

@@ -32,6 +32,7 @@ from sglang_spex.adapters import scheduler as sa
 from sglang_spex.srt import scheduling
 from sglang_spex.srt.batch_stats import process_dp_rank
 from sglang_spex.srt.hook_guard import HookGuard, guard_report
+from sglang_spex.srt.seeded_sampling import unseeded_counts
 from sglang_spex.tot.engine import search_rid_prefix
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ def sched_report(scheduler: Any) -> Dict[str, Any]:
         "protection": state.protection.report(),
         "hooks": guard_report(),
         "pool": sa.pool(scheduler),
+        "unseeded_sampling": unseeded_counts(sa.sampler(scheduler)),  # H2c: steps sampled without their seeds
     }
 
 

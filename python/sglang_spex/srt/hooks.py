@@ -217,6 +217,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        f"{SEEDS}:h2c_sample"),
     _T("P21", "sglang.srt.runtime_context.get_exec", "call", "seeded_sampling",
        "the process's sampling backend, as SGLang's sampler reads it, for H2c", by=SEEDS),
+    _T("P23", "sglang.srt.managers.tp_worker.TpModelWorker.model_runner", "call", "scheduler",
+       "the model runner whose Sampler (ModelRunner.sampler) carries H2c's count of steps sampled unseeded, "
+       "read for the scheduler's report", by=SCHED_ADAPTER),
     # ---- scheduler (--tot-speculation): ranking, admission cap, immediate cancel, prefix protection, stats
     _T("C1", "sglang.srt.managers.io_struct.hook_custom_types", "types", "scheduler",
        "the IPC decoder of every process learns SpexControlReq", "sglang_spex.srt.control:SpexControlReq",

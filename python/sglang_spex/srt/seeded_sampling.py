@@ -8,7 +8,9 @@ SGLang's sampler asserts that a seeded batch never reaches a path that cannot us
 min-p on every backend but Ascend, and top-k / top-p on the ``flashinfer`` and ``intel_xpu`` backends (the GPU
 default). Because H2 seeds a whole batch, one such request batched beside a seeded ToT node would kill the
 scheduler. H2c (AROUND ``Sampler.forward``) lifts the seeds for exactly those steps and puts them back afterwards:
-that step samples as SGLang does without seeds, every other step stays seeded. The launcher makes ``pytorch`` the
+that step samples as SGLang does without seeds, every other step stays seeded. It counts them on the sampler
+(``UNSEEDED_ATTR``: steps and rows; ``/spex/stats`` → ``scheduler.unseeded_sampling``), since a ToT node sampled in
+such a step is no longer a function of its seed. The launcher makes ``pytorch`` the
 sampling backend under ``--tot-speculation`` so that seeded top-k / top-p ToT steps keep their seeds on a GPU too.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -24,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 # Sampling backends whose top-k / top-p path takes no seed (SGLang 0.5.23, Sampler._sample_from_probs).
 UNSEEDED_TOP_K_P = ("flashinfer", "intel_xpu")
+UNSEEDED_ATTR = "_spex_unseeded"  # on SGLang's Sampler: {"steps", "rows"} that H2c sampled without their seeds
 _warned = set()
 
 
@@ -79,6 +82,24 @@ def sampling_backend() -> Optional[str]:
     return get_exec().kernel.sampling_backend
 
 
+def count_unseeded(sampler: Any, rows: int) -> None:
+    """Count one step of ``rows`` seeded rows that ``sampler`` samples without their seeds."""
+    counts = getattr(sampler, UNSEEDED_ATTR, None)
+    if counts is None:
+        counts = {"steps": 0, "rows": 0}
+        try:
+            setattr(sampler, UNSEEDED_ATTR, counts)
+        except AttributeError:  # an object that takes no attributes: nothing to count on
+            return
+    counts["steps"] += 1
+    counts["rows"] += int(rows)
+
+
+def unseeded_counts(sampler: Any) -> Dict[str, int]:
+    """Steps and rows ``sampler`` sampled without their seeds (H2c); zeros when none."""
+    return dict(getattr(sampler, UNSEEDED_ATTR, None) or {"steps": 0, "rows": 0})
+
+
 def h2c_sample(original: Callable[..., Any], sampler, logits_output, sampling_info, *args, **kwargs):
     """H2c (AROUND ``Sampler.forward``): a step whose seeded batch SGLang cannot sample seeded runs unseeded."""
     if sampling_info.sampling_seed is None:  # the common step: nothing to inspect
@@ -94,6 +115,7 @@ def h2c_sample(original: Callable[..., Any], sampler, logits_output, sampling_in
         _warned.add(reason)
         logger.warning("spex: a batch with %s cannot be sampled with seeds; such steps sample unseeded", reason)
     seeds = sampling_info.sampling_seed
+    count_unseeded(sampler, len(seeds))
     sampling_info.sampling_seed = None
     try:
         return original(sampler, logits_output, sampling_info, *args, **kwargs)
