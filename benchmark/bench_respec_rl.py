@@ -17,8 +17,9 @@ update (optimizer + push), active batch (time-averaged running requests), accept
 verify passes), reward, distinct responses per group (1 would mean argmax, not sampling). Speedup of a mode =
 no-speculation seconds / mode seconds, per step (median, min–max) and over the whole run (ratio of sums).
 Reward trend per mode (``reward_trend``): the least-squares slope of step reward on step index pooled over seeds,
-with its standard error and the one-sided p-value of "no rise"; the same for acceptance (``accept_trend``). ReSpec's learner state says how many updates its
-payback gate skipped (``learner_skipped``, ``learner_payback``).
+with its standard error and the one-sided p-value of "no rise"; the same for acceptance (``accept_trend``).
+ReSpec's learner state says how many updates its payback gate skipped (``learner_skipped``, ``learner_payback``).
+``--pool`` reads result files of several runs and compares the modes' acceptance drift (``pooled_acceptance``).
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def plot(runs: Dict[str, List[Dict]], path: Path) -> None:
     axes[2].set(xlabel="RL step", ylabel="seconds", title="RL step wall-clock")
     for ax in axes:
         ax.legend()
-    save_figure(fig, path, "GRPO on real CPU SGLang: no spec vs naive EAGLE3 vs ReSpec (loaded 2-core machine)")
+    save_figure(fig, path, "GRPO on real CPU SGLang, one curve per speculation mode and RL seed")
 
 
 def main(argv=None) -> int:

@@ -82,17 +82,18 @@ def sampling_backend() -> Optional[str]:
     return get_exec().kernel.sampling_backend
 
 
-def count_unseeded(sampler: Any, rows: int) -> None:
-    """Count one step of ``rows`` seeded rows that ``sampler`` samples without their seeds."""
-    counts = getattr(sampler, UNSEEDED_ATTR, None)
-    if counts is None:
-        counts = {"steps": 0, "rows": 0}
-        try:
+def count_unseeded(sampler: Any, seeds: Any) -> None:
+    """Count one step whose seeded rows (``seeds``, one per row) ``sampler`` samples without their seeds (never
+    raises: a count must not stop a sampling step)."""
+    try:
+        counts = getattr(sampler, UNSEEDED_ATTR, None)
+        if counts is None:
+            counts = {"steps": 0, "rows": 0}
             setattr(sampler, UNSEEDED_ATTR, counts)
-        except AttributeError:  # an object that takes no attributes: nothing to count on
-            return
-    counts["steps"] += 1
-    counts["rows"] += int(rows)
+        counts["steps"] += 1
+        counts["rows"] += len(seeds)
+    except Exception:  # e.g. an object that takes no attributes: nothing to count on
+        logger.debug("spex: H2c could not count an unseeded step on %r", type(sampler).__name__)
 
 
 def unseeded_counts(sampler: Any) -> Dict[str, int]:
@@ -115,7 +116,7 @@ def h2c_sample(original: Callable[..., Any], sampler, logits_output, sampling_in
         _warned.add(reason)
         logger.warning("spex: a batch with %s cannot be sampled with seeds; such steps sample unseeded", reason)
     seeds = sampling_info.sampling_seed
-    count_unseeded(sampler, len(seeds))
+    count_unseeded(sampler, seeds)
     sampling_info.sampling_seed = None
     try:
         return original(sampler, logits_output, sampling_info, *args, **kwargs)
