@@ -79,3 +79,29 @@ def test_the_last_search_ending_on_an_idle_engine_starts_it(monkeypatch):
         assert not mgr.due and calls == [True]
 
     asyncio.run(go())
+
+
+def test_a_new_spec_is_kept_only_once_its_measurement_succeeded(monkeypatch):
+    """``POST /spex/profile`` with settings: they are measured now; a measurement that fails leaves the old spec."""
+    used = []
+
+    async def fake_ensure(port, key, spec=None, force=False, progress=True, **kw):
+        used.append(spec)
+        if spec.repeats == 3:
+            raise RuntimeError("profile request stopped early")
+        return PROFILE
+
+    monkeypatch.setattr(measure, "ensure_profile", fake_ensure)
+    mgr = measure.ProfileManager(port=None, key={"model": "never-cached-test-model"})
+    old, bad, good = mgr.spec, measure.ProfileSpec(repeats=3), measure.ProfileSpec(repeats=1)
+
+    async def go():
+        try:
+            await mgr.get(force=True, spec=bad)
+        except RuntimeError:
+            pass
+        assert mgr.spec is old and used == [bad]
+        assert await mgr.get(spec=good) is PROFILE  # measured although not forced: the settings are new
+        assert mgr.spec is good and used == [bad, good]
+
+    asyncio.run(go())

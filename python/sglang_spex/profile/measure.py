@@ -354,10 +354,14 @@ class ProfileManager:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    async def get(self, force: bool = False, progress: bool = True) -> Profile:
+    async def get(self, force: bool = False, progress: bool = True, spec: Optional[ProfileSpec] = None) -> Profile:
+        """The profile (measured now if none, stale or ``force``). ``spec``: measure with it instead of ``self.spec``,
+        which becomes it once that measurement succeeded (a failed one leaves the spec in use)."""
         async with self._lock:
-            if self.profile is None or force or self.profile.is_stale():
-                self.profile = await ensure_profile(self.port, self.key, self.spec, force=force, progress=progress)
+            if self.profile is None or force or spec is not None or self.profile.is_stale():
+                use = spec or self.spec
+                self.profile = await ensure_profile(self.port, self.key, use, force=force, progress=progress)
+                self.spec = use
                 self._last_measure = time.monotonic()
                 if "requests in flight" in self.profile.load_why:  # measure again once the engine is idle
                     self.due = True

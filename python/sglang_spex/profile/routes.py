@@ -40,7 +40,7 @@ async def get_profile(request: Request) -> Response:
 @json_body(ProfileBody, optional=True)
 async def post_profile(request: Request, body: ProfileBody) -> Response:
     state = http_state(request)
-    mgr, previous = state.profile, state.profile.spec
+    mgr, spec = state.profile, None
     fields = body.spec_fields()
     if fields:
         if "batch_sizes" in fields:  # sizes given: measure exactly those (no sweep extension)
@@ -50,12 +50,10 @@ async def post_profile(request: Request, body: ProfileBody) -> Response:
             spec.check(sweep_limit(ProfileSpec(), mgr.key), state.tokenizer_manager.context_len)
         except FieldError as e:
             return error_response(e.field, e.reason)
-        mgr.spec = spec
-    try:
-        prof = await mgr.get(force=body.force)
+    try:  # a new spec is measured now and kept only once that measurement succeeded
+        prof = await mgr.get(force=body.force, spec=spec)
     except Exception as e:  # report, never take the server down; the spec in use stays what it was
         logger.exception("spex: profile failed")
-        mgr.spec = previous
         return error_response("profile", f"measurement failed: {e}", status_code=500)
     return JSONResponse({**prof.to_dict(), "summary": prof.summary()})
 
