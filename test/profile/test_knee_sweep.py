@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sglang_spex.profile.measure import ProfileSpec, measure_profile, sweep_limit
+from sglang_spex.profile.measure import ProfileSpec, filler_tokens_per_word, measure_profile, sweep_limit
 from sglang_spex.profile.roofline import find_knee, next_batch, throughput_gain
 from sglang_spex.tot.engine import EnginePort, GenResult
 from sglang_spex.tot.validation import FieldError
@@ -78,8 +78,8 @@ def test_sweep_limit_takes_max_running_requests():
         ({"ctx_batch": 0}, "ctx_batch"),
         ({"short_tokens": 20, "long_tokens": 20}, "long_tokens"),
         ({"short_tokens": 0}, "long_tokens"),
-        ({"long_tokens": 2040}, "long_tokens"),  # 2040 + a prompt's 16 > 2048
-        ({"ctx_prefix_words": 1017}, "ctx_prefix_words"),  # (2048 - 20 - 16) // 2 = 1006 words fit
+        ({"long_tokens": 2020}, "long_tokens"),  # 2020 + a prompt's 32 > 2048
+        ({"ctx_prefix_words": 999}, "ctx_prefix_words"),  # (2048 - 20 - 32) // 2 = 998 words fit
         ({"prefill_words": -1}, "prefill_words"),
     ],
 )
@@ -87,7 +87,18 @@ def test_spec_check_names_the_field_past_the_engine(fields, field):
     with pytest.raises(FieldError) as e:
         ProfileSpec(**fields).check(max_batch=48, context_len=2048)
     assert e.value.field == field
-    ProfileSpec(batch_sizes=(1, 48), ctx_prefix_words=1006, prefill_words=1006).check(48, 2048)  # the edges pass
+    ProfileSpec(batch_sizes=(1, 48), ctx_prefix_words=998, prefill_words=998).check(48, 2048)  # the edges pass
+    with pytest.raises(FieldError, match="0..285"):  # a tokenizer that spends 7 tokens on a word: (2048-52) // 7
+        ProfileSpec(prefill_words=300).check(48, 2048, tokens_per_word=7)
+
+
+def test_filler_tokens_per_word_reads_the_tokenizer():
+    class Chars:  # one token per character
+        def encode(self, text, add_special_tokens=False):
+            return list(text)
+
+    assert filler_tokens_per_word(Chars()) == len(" lambda")
+    assert filler_tokens_per_word(None) == 2  # no tokenizer: the default
 
 
 class VirtualClock:

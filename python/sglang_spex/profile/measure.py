@@ -51,7 +51,7 @@ PROFILE_RID_PREFIX = "spexprof:"
 IDLE_RID_PREFIXES = (PROFILE_RID_PREFIX, "HEALTH_CHECK")  # ours, and sglang.srt.constants.HEALTH_CHECK_RID_PREFIX
 logger = logging.getLogger(__name__)
 _WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
-_PROMPT_TOKENS = 16  # a profile prompt's tokens besides its filler words (nonce and index)
+_PROMPT_TOKENS = 32  # a profile prompt's tokens besides its filler words (nonce and index), with room to spare
 
 # Server flags that change step times; they (with the model and device) key the cache.
 KEY_FLAGS = (
@@ -87,9 +87,10 @@ class ProfileSpec:
     remeasure_dip: float = 0.1  # a point this much slower than a bigger batch's is measured once more
     max_dip: float = 0.25  # still this much slower after that: the sweep was disturbed (not cached; 1: never)
 
-    def check(self, max_batch: int, context_len: int) -> None:
+    def check(self, max_batch: int, context_len: int, tokens_per_word: int = 2) -> None:
         """Raise :class:`FieldError` (naming the field) unless this spec fits an engine that runs at most
-        ``max_batch`` requests at once with a ``context_len``-token context. A filler word is at most 2 tokens."""
+        ``max_batch`` requests at once with a ``context_len``-token context, where a filler word of the prompts is
+        at most ``tokens_per_word`` tokens (:func:`filler_tokens_per_word`)."""
         for i, b in enumerate(self.batch_sizes):
             if not 1 <= b <= max_batch:
                 raise FieldError(f"batch_sizes[{i}]", f"{b} is outside 1..{max_batch} (the sweep's ceiling)")
@@ -102,8 +103,17 @@ class ProfileSpec:
             raise FieldError("long_tokens", f"{self.long_tokens} does not fit the {context_len}-token context")
         for name in ("ctx_prefix_words", "prefill_words"):
             words = getattr(self, name)
-            if not 0 <= 2 * words <= room:
-                raise FieldError(name, f"{words} is outside 0..{room // 2} (the prompt must fit the context)")
+            if not 0 <= tokens_per_word * words <= room:
+                top = room // tokens_per_word
+                raise FieldError(name, f"{words} is outside 0..{top} (the prompt must fit the context)")
+
+
+def filler_tokens_per_word(tokenizer: Any, default: int = 2) -> int:
+    """The most tokens ``tokenizer`` spends on one filler word of the profile's prompts (``default`` without one)."""
+    try:
+        return max(len(tokenizer.encode(" " + w, add_special_tokens=False)) for w in _WORDS)
+    except Exception:  # no tokenizer (--skip-tokenizer-init) or an unusual one
+        return default
 
 
 class _LoadWatch:

@@ -22,7 +22,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from sglang_spex.profile.measure import ProfileSpec, sweep_limit
+from sglang_spex.profile.measure import ProfileSpec, filler_tokens_per_word, sweep_limit
 from sglang_spex.srt.http_api import ProfileBody, error_response, json_body
 from sglang_spex.srt.http_state import SpexHttpState, http_state
 from sglang_spex.tot.validation import FieldError
@@ -46,8 +46,10 @@ async def post_profile(request: Request, body: ProfileBody) -> Response:
         if "batch_sizes" in fields:  # sizes given: measure exactly those (no sweep extension)
             fields["max_batch"] = max(fields["batch_sizes"])
         spec = ProfileSpec(**fields)
+        tm = state.tokenizer_manager
+        per_word = filler_tokens_per_word(getattr(tm, "tokenizer", None))
         try:  # bounded by the engine: the sweep's own ceiling and the model's context
-            spec.check(sweep_limit(ProfileSpec(), mgr.key), state.tokenizer_manager.context_len)
+            spec.check(sweep_limit(ProfileSpec(), mgr.key), tm.context_len, per_word)
         except FieldError as e:
             return error_response(e.field, e.reason)
     try:  # a new spec is measured now and kept only once that measurement succeeded
