@@ -35,8 +35,6 @@ from typing import Dict, List
 from simbench import save_figure, write_results
 
 RESULTS = Path(__file__).parent / "results"
-MODES = ("none", "naive", "learner", "respec")
-DEFAULT_MODES = ("none", "naive", "respec")
 EAGLE_KEY = "EAGLE3:s3t1n4"  # grpo_setup.EAGLE_ARGS
 
 
@@ -231,12 +229,14 @@ def pooled_acceptance(paths: List[str]) -> Dict:
     change, their mean, and Welch's t-test of the per-run slopes between every two modes."""
     from scipy import stats
 
+    from sglang_spex.respec.rl_loop import LEARNER_MODES
+
     per: Dict[str, List[Dict]] = {}
     for path in paths:
         d = json.loads(Path(path).read_text())
         variant = d["meta"]["args"].get("kd_variant", "reward")
         for mode, reps in d["runs"].items():
-            name = f"{mode}-{variant}" if mode in ("learner", "respec") else mode
+            name = f"{mode}-{variant}" if mode in LEARNER_MODES else mode
             for r in reps:
                 t = reward_trend([r], "accept_length")
                 if t:
@@ -297,10 +297,13 @@ def plot(runs: Dict[str, List[Dict]], path: Path) -> None:
 
 def main(argv=None) -> int:
     from sglang_spex.respec.grpo_setup import add_run_args
+    from sglang_spex.respec.rl_loop import MODES
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(ap, max_new_tokens=32)
-    ap.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
+    ap.add_argument(  # "learner" is a measurement mode: run it by name
+        "--modes", nargs="+", default=[m for m in MODES if m != "learner"], choices=MODES
+    )
     ap.add_argument("--steps", type=int, default=30, help="RL (policy) steps per run")
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode and seed, modes interleaved")
     ap.add_argument(

@@ -369,7 +369,7 @@ class ProfileManager:
         which becomes it once that measurement succeeded (a failed one leaves the spec in use)."""
         async with self._lock:
             if self.profile is None or force or spec is not None or self.profile.is_stale():
-                use = spec or self.spec
+                use = spec if spec is not None else self.spec
                 self.profile = await ensure_profile(self.port, self.key, use, force=force, progress=progress)
                 self.spec = use
                 self._last_measure = time.monotonic()
