@@ -80,5 +80,37 @@ def wait_spec_step(url: str, since: int, n: int, fill_room: bool = True, timeout
     deadline = time.monotonic() + timeout
     while not any(done(r) for r in step_rows(url, since)):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no step ran {n} speculative requests" + (" or filled the gate's room" * fill_room))
+            raise TimeoutError(
+                f"no step ran {n} speculative requests"
+                + (" or filled the gate's room" * fill_room)
+                + "; "
+                + _gate_trace(url, since)
+            )
         time.sleep(0.05)
+
+
+def _gate_trace(url: str, since: int) -> str:
+    """What the scheduler did since ``since`` (a timeout's message): the gate's fields of the last rows, its state
+    now and its counters."""
+    keys = (
+        "step",
+        "mode",
+        "batch_size",
+        "n_spec",
+        "spec_total",
+        "spec_room",
+        "knee",
+        "budget",
+        "waiting",
+        "waiting_spec",
+        "spec_held",
+        "decode_protected",
+        "primary_live",
+    )
+    rows = step_rows(url, since)
+    s = sched(url)
+    return (
+        f"{len(rows)} steps, last: {[{k: r[k] for k in keys} for r in rows[-6:]]}; pool {s['pool']}; "
+        f"budget {s['budget']}, knee {s['knee']}, live knee {s['live_knee']}, gate {s['gate']}; "
+        f"counters {s['counters']}"
+    )

@@ -97,8 +97,10 @@ def _check_gate_at_share(url: str) -> None:
     seq0 = step_seq(url)
     futs: List[cf.Future] = []
     with cf.ThreadPoolExecutor(24) as ex:
-        # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off
-        futs += _submit(ex, url, _spec("ns1s", 6, 160))
+        # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off. The
+        # speculative requests come in one batched request too: a CI run never saw all 6 live at one step when they
+        # came one HTTP request at a time (each runs ~0.5 s; their arrivals spread wider on a loaded host)
+        futs += _submit(ex, url, [_batched(_spec("ns1s", 6, 160))])
         wait_spec_step(url, seq0, 6)
         # more primaries than the knee, in one batched request so they reach the scheduler together: CI once never
         # saw KNEE of them live at one step when they came one HTTP request at a time
