@@ -53,3 +53,14 @@ def test_batch_is_atomic_and_capacity():
     assert len(buf.drain()) == 3 and len(buf) == 0
     with pytest.raises(RolloutError):
         buf.add_batch([])
+
+
+def test_a_rollout_longer_than_max_len_is_refused_and_named():
+    """``max_len`` bounds prompt + response together (the learner's: the model's context), not each alone."""
+    buf = ReplayBuffer(vocab_size=344, max_len=8)
+    fits = {"prompt_ids": [1] * 4, "response_ids": [2] * 4, "reward": 1.0}
+    assert buf.add_batch([fits]) == 1  # exactly 8: stored
+    with pytest.raises(RolloutError) as e:
+        buf.add_batch([fits, {**fits, "response_ids": [2] * 5}])
+    assert e.value.field == "rollouts[1].response_ids" and "9 tokens" in str(e.value)
+    assert len(buf) == 1

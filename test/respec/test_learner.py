@@ -184,3 +184,22 @@ def test_learner_rejects_unknown_weight_mode(tiny_drafter, tiny_features):
 
     with pytest.raises(ValueError):
         OnlineLearner(tiny_drafter, tiny_features.batch, LearnerConfig(), weight_mode="bogus")
+
+
+def test_an_update_runs_the_copy_only_on_the_rollouts_it_trains_on(tiny_drafter, tiny_features, tiny_seqs):
+    """However many rollouts are posted, an update runs the policy copy on at most train_steps x micro_batch of them
+    (its time and memory bounded by the config); the weights still see every reward."""
+    seen = []
+
+    def features(seqs):
+        seen.append(len(seqs))
+        return tiny_features.batch(seqs)
+
+    cfg = LearnerConfig(mode="sync", train_steps=2, micro_batch=2, kd_steps=1, lr=1e-3)
+    lrn = OnlineLearner(tiny_drafter, features, cfg, publish=lambda v, t: None)
+    posted = _rollouts(tiny_seqs * 8, rewards=[float(i % 3) for i in range(48)])
+    lrn.submit(posted)
+    (record,) = lrn.history
+    assert record.outcome == "published" and record.rollouts == 48
+    assert seen and 1 <= seen[0] <= 4  # the copy ran on the drawn rollouts only (no probe here)
+    assert record.tokens == seen[0] * 14  # 5 prompt + 9 response tokens each

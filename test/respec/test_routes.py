@@ -48,6 +48,17 @@ def test_bad_payload_400_buffer_unchanged(client, body, field):
     assert state["buffer_size"] == 1 and state["rollouts_received"] == 1
 
 
+def test_a_rollout_past_the_context_is_400_buffer_unchanged(client, tiny_target):
+    """A rollout longer than the model's context (the learner's bound) is refused with the field named."""
+    http, lrn = client
+    ctx = tiny_target.config.max_position_embeddings
+    assert lrn.buffer.max_len == ctx
+    long = {**GOOD, "prompt_ids": [1] * (ctx - 2)}  # + 3 response tokens: one past the context
+    r = http.post("/respec/rollouts", json={"rollouts": [GOOD, long]})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "rollouts[1].response_ids", r.text
+    assert http.get("/respec/state").json()["buffer_size"] == 0
+
+
 def test_good_payload_and_state(client):
     http, _ = client
     r = http.post("/respec/rollouts", json={"rollouts": [GOOD, {**GOOD, "target_logprobs": [-0.1, -0.2, -0.3]}]})

@@ -66,6 +66,16 @@ def _outputs(out: Any) -> List[dict]:
     return out if isinstance(out, list) else [out]
 
 
+def _together(ex: cf.Executor, url: str, reqs: List[dict]) -> List[cf.Future]:
+    """Submit ``reqs`` in one batched ``/generate``, so they reach the scheduler together: sent one HTTP request at a
+    time, their arrivals can spread past a short request's whole run on a loaded host (CI)."""
+    return _submit(ex, url, [_batched(reqs)])
+
+
+def _results(futs: List[cf.Future]) -> List[dict]:
+    return [o for f in futs for o in _outputs(f.result().json())]
+
+
 def _waiting_primary(r: Dict[str, float]) -> float:
     return r["waiting"] - r["waiting_spec"]
 
@@ -97,20 +107,19 @@ def _check_gate_at_share(url: str) -> None:
     seq0 = step_seq(url)
     futs: List[cf.Future] = []
     with cf.ThreadPoolExecutor(24) as ex:
-        # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off. The
-        # speculative requests come in one batched request too: a CI run never saw all 6 live at one step when they
-        # came one HTTP request at a time (each runs ~0.5 s; their arrivals spread wider on a loaded host)
-        futs += _submit(ex, url, [_batched(_spec("ns1s", 6, 160))])
+        # 1. speculation fills an idle engine; then KNEE primaries arrive: the room is 0, speculation is off. A CI run
+        # never saw all 6 live at one step when they came one HTTP request at a time
+        futs += _together(ex, url, _spec("ns1s", 6, 160))
         wait_spec_step(url, seq0, 6)
         # more primaries than the knee, in one batched request so they reach the scheduler together: CI once never
         # saw KNEE of them live at one step when they came one HTTP request at a time
-        phase1 = _submit(ex, url, [_batched(_primary("ns1", KNEE + 4, 128))])
+        phase1 = _together(ex, url, _primary("ns1", KNEE + 4, 128))
         futs += phase1
         for f in phase1:
             f.result()
         # 2. two primaries decode; speculative work arriving now must not take a prefill step from them
         wait_idle(url, timeout=300)
-        phase2 = _submit(ex, url, _primary("ns2", 2, 160))
+        phase2 = _together(ex, url, _primary("ns2", 2, 160))
         futs += phase2
         wait_running(url, 2)
         time.sleep(0.1)
@@ -120,7 +129,7 @@ def _check_gate_at_share(url: str) -> None:
         # 3. a primary arrives while speculative requests decode: admitted at once
         time.sleep(0.1)
         futs += _submit(ex, url, _primary("ns3", 1, 32))
-        outs = [o for f in futs for o in _outputs(f.result().json())]
+        outs = _results(futs)
     assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none starves
     wait_idle(url, timeout=300)
     rows = step_rows(url, seq0)
@@ -191,10 +200,10 @@ def test_no_speculative_prefill_beside_primaries_at_share_zero(spex_server_in_mo
         before = sched(url)["counters"]
         seq0 = step_seq(url)
         with cf.ThreadPoolExecutor(8) as ex:
-            primaries = _submit(ex, url, _primary("z0", 2, 128))
+            primaries = _together(ex, url, _primary("z0", 2, 128))
             wait_running(url, 2)
             spec = _submit(ex, url, _spec("z0s", 3, 16))
-            outs = [f.result().json() for f in primaries + spec]
+            outs = _results(primaries + spec)
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # deferred, then served
         wait_idle(url, timeout=300)
         rows = step_rows(url, seq0)
@@ -229,7 +238,7 @@ def _price_the_prefill(url: str, ex: cf.Executor, tokens: int) -> None:
         f, p = sched(url)["spec_prefill"]["price_f_p_s"]
         if 0 < p * tokens < float("inf"):
             return
-        decoding = _submit(ex, url, _primary(f"price{attempt}d", 2, 64))
+        decoding = _together(ex, url, _primary(f"price{attempt}d", 2, 64))
         wait_running(url, 2)
         for n, size in enumerate((40, 120, 240)):
             long = [body(words(size, 300 + n), 4, f"spex:price{attempt}n{n}p0:r:", "primary")]
@@ -254,7 +263,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
             wait_idle(url)
             before = sched(url)["counters"]
             seq0 = step_seq(url)
-            primaries = _submit(ex, url, _primary("w0", 2, 128))
+            primaries = _together(ex, url, _primary("w0", 2, 128))
             wait_running(url, 2)
             worthy = _spec("w0s", 2, 16)
             for b in worthy:
@@ -263,7 +272,7 @@ def test_a_speculative_request_worth_its_price_rides_beside_primaries_at_share_z
             for b in worthless:
                 b["sampling_params"]["custom_params"]["spex_worth_s"] = 0.0
             spec = _submit(ex, url, worthy + worthless)
-            outs = [f.result().json() for f in primaries + spec]
+            outs = _results(primaries + spec)
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
         wait_idle(url, timeout=300)
         rows = step_rows(url, seq0)

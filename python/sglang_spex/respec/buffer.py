@@ -4,8 +4,8 @@ A rollout is ``{"prompt_ids": [int], "response_ids": [int], "reward": float, "ta
 "target_top_logprobs": [[[int, float], ...], ...]?}``, both optional and from the served target: ``target_logprobs``
 is the log-prob SGLang returned for each response token, ``target_top_logprobs`` its top-k per response token as
 ``[token_id, logprob]`` pairs (:func:`served_fields` builds both from a ``/generate`` ``meta_info``). Anything else —
-unknown fields, wrong types, empty or out-of-vocabulary ids, NaN/inf, a positive log-prob, a list of the wrong
-length, a repeated id or a top-k row whose probabilities sum past 1 — raises :class:`RolloutError` naming the
+unknown fields, wrong types, empty or out-of-vocabulary ids, more than ``max_len`` tokens (prompt + response; the
+learner's is the model's context), NaN/inf, a positive log-prob, a list of the wrong length, a repeated id or a top-k row whose probabilities sum past 1 — raises :class:`RolloutError` naming the
 field; ``add_batch`` validates the whole batch before storing any.
 """
 
@@ -78,6 +78,11 @@ def validate_rollout(payload: Any, vocab_size: Optional[int] = None, max_len: in
             raise RolloutError(f"{where}{name}", "missing")
     prompt = _ids(payload["prompt_ids"], f"{where}prompt_ids", vocab_size, max_len)
     response = _ids(payload["response_ids"], f"{where}response_ids", vocab_size, max_len)
+    if len(prompt) + len(response) > max_len:
+        raise RolloutError(
+            f"{where}response_ids",
+            f"prompt and response have {len(prompt) + len(response)} tokens, more than the {max_len} a rollout may have",
+        )
     reward = _number(payload["reward"], f"{where}reward")
     logprobs = payload.get("target_logprobs")
     if logprobs is not None:

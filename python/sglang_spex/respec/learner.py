@@ -11,7 +11,11 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 - replicas: a publisher that feeds several (``hotswap.ReplicaPublisher``) returns each replica's outcome; the
   version is published once one replica took it, and the record names the replicas that failed (they keep their
   old drafter); ``state()["replicas"]`` is each replica's drafter version;
-- KD target p: when every rollout of the update batch carries the served target's top-k log-probs
+- an update drains the buffer and trains on ``train_steps`` micro-batches of ``micro_batch`` rollouts drawn from
+  it; the policy copy runs only on the rollouts drawn (at most ``train_steps x micro_batch``), so an update's time
+  and memory do not grow with what was posted; the reward weights are normalised over every drained rollout. A
+  rollout longer than the model's context (``max_rollout_tokens``: prompt + response) is refused at ``submit``;
+- KD target p: when every rollout the update trains on carries the served target's top-k log-probs
   (``target_top_logprobs``) and ``kd_target="auto"`` (default), p is that top-k renormalised over the draft
   vocabulary (``target.served_target``; ``target_source="served"``); otherwise — a mixed batch included — p comes
   from the policy copy's logits for the whole batch (``"copy"``). The copy runs either way: the drafter's input
@@ -65,8 +69,8 @@ class UpdateRecord:
     version_after: int
     outcome: str  # "published" | "rolled_back"
     reason: str  # "" | "nan_loss" | "nan_weights" | "acceptance_collapse" | "publish_failed: ..." | "error: ..."
-    rollouts: int
-    tokens: int
+    rollouts: int  # drained from the buffer (their rewards normalise the weights)
+    tokens: int  # of the rollouts the update trained on (at most train_steps x micro_batch of them)
     losses: List[float]
     acceptance_before: Optional[float]
     acceptance_after: Optional[float]
@@ -100,7 +104,10 @@ class OnlineLearner:
         policy_sync: Optional[PolicySyncFn] = None,
         weight_mode: Optional[str] = None,
         kd_target: str = "auto",
+        max_rollout_tokens: Optional[int] = None,
     ):
+        """``max_rollout_tokens``: the most tokens (prompt + response) a rollout may have; default the drafter's
+        ``max_position_embeddings`` (the routes pass the served model's context)."""
         self.config = (config or LearnerConfig()).validate()
         if weight_mode is not None and weight_mode not in WEIGHT_MODES:
             raise ValueError(f"unknown weight mode {weight_mode!r}; choose from {WEIGHT_MODES}")
@@ -113,7 +120,11 @@ class OnlineLearner:
         self.features = features
         self.probe = list(probe) if probe else []
         self.publish = publish
-        self.buffer = ReplayBuffer(self.config.buffer_capacity, vocab_size=drafter.cfg.vocab_size)
+        self.buffer = ReplayBuffer(
+            self.config.buffer_capacity,
+            vocab_size=drafter.cfg.vocab_size,
+            max_len=max_rollout_tokens or drafter.cfg.max_position_embeddings,
+        )
         self._drafter = drafter.eval()
         self._version = 0
         self._lock = threading.Lock()
@@ -311,22 +322,29 @@ class OnlineLearner:
 
     def _train_and_publish(self, rollouts: List[Rollout], base: Eagle3Drafter, record: UpdateRecord) -> None:
         cfg = self.config
-        record.tokens = sum(r.num_tokens for r in rollouts)
-        batch = self._kd_batch(
-            rollouts, self.features([(r.prompt_ids, r.response_ids) for r in rollouts]), base, record
-        )
+        # each optimizer step's micro-batch is drawn first: the copy runs only on the rollouts some step trains on
+        # (at most train_steps x micro_batch of them, however many were posted), so an update's time and memory are
+        # bounded by the config, not by the buffer
+        picks = [torch.randperm(len(rollouts), generator=self._rng)[: cfg.micro_batch] for _ in range(cfg.train_steps)]
+        used = sorted({int(i) for idx in picks for i in idx})
+        row = torch.full((len(rollouts),), -1, dtype=torch.long)
+        row[used] = torch.arange(len(used))
+        trained = [rollouts[i] for i in used]
+        record.tokens = sum(r.num_tokens for r in trained)
+        batch = self._kd_batch(trained, self.features([(r.prompt_ids, r.response_ids) for r in trained]), base, record)
         probe = self.features(self.probe) if self.probe else None
         if probe is not None:
             record.acceptance_before = acceptance_length(base, probe, cfg.probe_steps)
         mode = "none" if cfg.variant == "unweighted" else self.weight_mode
-        weights = reward_weights([r.reward for r in rollouts], mode, cfg.w_max)
+        weights = reward_weights([r.reward for r in rollouts], mode, cfg.w_max)  # normalised over all drained
 
         cand = copy.deepcopy(base).train()
         params = [p for p in cand.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-        for _ in range(cfg.train_steps):
-            idx = torch.randperm(len(batch), generator=self._rng)[: cfg.micro_batch]
-            loss, _ = reward_weighted_kd(cand, batch.select(idx.tolist()), [], steps=cfg.kd_steps, weights=weights[idx])
+        for idx in picks:
+            loss, _ = reward_weighted_kd(
+                cand, batch.select(row[idx].tolist()), [], steps=cfg.kd_steps, weights=weights[idx]
+            )
             record.losses.append(float(loss.detach()))
             if not torch.isfinite(loss):
                 record.reason = "nan_loss"

@@ -151,7 +151,14 @@ def build_learner(
     probe = [(list(p), list(r)) for p, r in spec.probe]
     cfg = spec.learner
     return OnlineLearner(
-        drafter, feats.batch, cfg, probe, publish, policy_sync=feats.load_weights, kd_target=cfg.kd_target
+        drafter,
+        feats.batch,
+        cfg,
+        probe,
+        publish,
+        policy_sync=feats.load_weights,
+        kd_target=cfg.kd_target,
+        max_rollout_tokens=getattr(target.config, "max_position_embeddings", None),
     )
 
 

@@ -20,6 +20,25 @@ import torch
 LOG_ZERO = -1e4  # log p of a draft token outside the served top-k (exp() is exactly 0, the KL term is 0)
 
 
+CHUNK_TOKENS = 4096  # padded tokens per forward of the copy: its fp32 logits are CHUNK_TOKENS x vocab x 4 bytes
+
+
+def _chunks(lengths: Sequence[int], rows: int, tokens: int) -> List[Tuple[int, int]]:
+    """Consecutive ``[start, end)`` groups of at most ``rows`` sequences whose padded size (count x longest) stays
+    within ``tokens``; a sequence longer than ``tokens`` is a group of its own."""
+    out: List[Tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if i > start and (i - start >= rows or (i - start + 1) * wider > tokens):
+            out.append((start, i))
+            start, wider = i, n
+        longest = wider
+    if lengths:
+        out.append((start, len(lengths)))
+    return out
+
+
 @dataclass
 class Batch:
     """Right-padded training batch. Index j is token x_j; ``target_logp[:, j]`` is the target's next-token
@@ -163,18 +182,21 @@ class TargetFeatures:
         sequences: Sequence[Tuple[Sequence[int], Sequence[int]]],
         max_len: Optional[int] = None,
         chunk: int = 8,
+        chunk_tokens: int = CHUNK_TOKENS,
     ) -> Batch:
-        """Features for (prompt_ids, response_ids) pairs; loss on the predictions of response tokens."""
+        """Features for (prompt_ids, response_ids) pairs; loss on the predictions of response tokens. The copy runs
+        on at most ``chunk`` sequences at a time, fewer where their padded tokens would pass ``chunk_tokens`` (its
+        full-vocabulary logits grow with them); a longer sequence runs alone."""
         with self._lock:
-            return self._batch(sequences, max_len, chunk)
+            return self._batch(sequences, max_len, chunk, chunk_tokens)
 
-    def _batch(self, sequences, max_len, chunk) -> Batch:
+    def _batch(self, sequences, max_len, chunk, chunk_tokens) -> Batch:
+        seqs_all = [list(p) + list(r) for p, r in sequences]
+        if max_len is not None:
+            seqs_all = [q[:max_len] for q in seqs_all]
         parts: List[Batch] = []
-        for s in range(0, len(sequences), chunk):
-            group = sequences[s : s + chunk]
-            seqs = [list(p) + list(r) for p, r in group]
-            if max_len is not None:
-                seqs = [q[:max_len] for q in seqs]
+        for s, e in _chunks([len(q) for q in seqs_all], chunk, chunk_tokens):
+            group, seqs = sequences[s:e], seqs_all[s:e]
             length = max(len(q) for q in seqs)
             ids = torch.zeros(len(seqs), length, dtype=torch.long)
             attn = torch.zeros(len(seqs), length, dtype=torch.bool)
