@@ -38,7 +38,7 @@ def test_frozen_never_updates(tiny_drafter, tiny_features, tiny_seqs):
     lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, variant="frozen", mode="sync")
     for _ in range(3):
         lrn.submit(_rollouts(tiny_seqs[:3]))
-    assert lrn.version == 0 and not published and lrn.history == [] and len(lrn.buffer) == 9
+    assert lrn.version == 0 and not published and not lrn.history and len(lrn.buffer) == 9
 
 
 def test_an_idle_learner_skips_its_updates_and_says_why(tiny_drafter, tiny_features, tiny_seqs):
@@ -47,7 +47,7 @@ def test_an_idle_learner_skips_its_updates_and_says_why(tiny_drafter, tiny_featu
     for _ in range(3):
         assert lrn.submit(_rollouts(tiny_seqs[:3]))["update_due"] is False
     state = lrn.state()
-    assert lrn.version == 0 and not published and lrn.history == [] and len(lrn.buffer) == 9
+    assert lrn.version == 0 and not published and not lrn.history and len(lrn.buffer) == 9
     assert state["skipped_updates"] == 3 and state["idle_reason"] == lrn.idle_reason
     lrn.idle_reason = None  # the same learner updates once it may pay
     assert lrn.submit(_rollouts(tiny_seqs[:3]))["update_due"] is True and lrn.version == 1
@@ -203,3 +203,14 @@ def test_an_update_runs_the_copy_only_on_the_rollouts_it_trains_on(tiny_drafter,
     assert record.outcome == "published" and record.rollouts == 48
     assert seen and 1 <= seen[0] <= 4  # the copy ran on the drawn rollouts only (no probe here)
     assert record.tokens == seen[0] * 14  # 5 prompt + 9 response tokens each
+
+
+def test_the_update_history_is_bounded(tiny_drafter, tiny_features, tiny_seqs, monkeypatch):
+    """A long RL run posts an update per step: the learner keeps the last HISTORY_LEN records and counts them all."""
+    monkeypatch.setattr(learner_mod, "HISTORY_LEN", 2)
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync", probe_steps=1)
+    for _ in range(3):
+        lrn.submit(_rollouts(tiny_seqs[:3]))
+    state = lrn.state()
+    assert state["attempts"] == 3 and len(published) == 3
+    assert [u["attempt"] for u in state["updates"]] == [2, 3] and len(lrn.history) == 2

@@ -31,6 +31,8 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
   (``state()["payback"]``); a learner coming back trains from the due point after (so the caller can sync its policy
   copy and send log-probs again first). ``submit`` says ``training``: whether updates currently run, so an RL loop can
   skip the log-probs and policy pushes only an update would use;
+- history: the last ``HISTORY_LEN`` update records (``history``, ``state()["updates"]``; ``attempts`` counts them
+  all), read under the lock the async worker appends under;
 - timing: a record's ``seconds`` is the update's duration; the time ``submit`` blocked its caller (the RL loop's
   stall: validation, plus the whole update in sync mode) is ``state()``'s ``last/max/total_submit_seconds``.
 """
@@ -44,7 +46,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -60,6 +62,7 @@ FeatureFn = Callable[[Sequences], Batch]
 PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], Optional[dict]]  # a dict: per-replica outcomes
 PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
 KD_TARGETS = ("auto", "copy")
+HISTORY_LEN = 256  # update records kept (``history``, ``state()["updates"]``); a long RL run posts one per step
 
 
 @dataclass
@@ -141,7 +144,7 @@ class OnlineLearner:
         self.payback: Optional[dict] = None  # the payback gate's last reading (None: not applied)
         self._paying = True  # the gate's last verdict
         self._submit_times: deque = deque(maxlen=9)
-        self.history: List[UpdateRecord] = []
+        self.history: Deque[UpdateRecord] = deque(maxlen=HISTORY_LEN)  # the most recent updates, oldest first
         self.max_submit_seconds = 0.0
         self.last_submit_seconds = 0.0
         self.total_submit_seconds = 0.0
@@ -229,8 +232,10 @@ class OnlineLearner:
         return _json_safe(self._state())
 
     def _state(self) -> dict:
-        last = self.history[-1] if self.history else None
-        losses = [r.losses[-1] for r in self.history if r.losses and math.isfinite(r.losses[-1])]
+        with self._lock:  # the async worker appends to the (bounded) history: read a snapshot
+            history = list(self.history)
+        last = history[-1] if history else None
+        losses = [r.losses[-1] for r in history if r.losses and math.isfinite(r.losses[-1])]
         return {
             "version": self.version,
             "variant": self.config.variant,
@@ -249,6 +254,7 @@ class OnlineLearner:
             "payback": self.payback,
             "last_loss": losses[-1] if losses else None,
             "last_update": asdict(last) if last else None,
+            "attempts": self.attempts,  # every update so far; ``updates`` lists the last HISTORY_LEN
             "updates": [
                 {
                     "attempt": r.attempt,
@@ -261,7 +267,7 @@ class OnlineLearner:
                     "target_source": r.target_source,
                     "target_logp_gap": r.target_logp_gap,
                 }
-                for r in self.history
+                for r in history
             ],
             "max_submit_seconds": self.max_submit_seconds,
             "last_submit_seconds": self.last_submit_seconds,
@@ -304,7 +310,8 @@ class OnlineLearner:
         except Exception as e:  # a failed update never takes the server down; the old version keeps serving
             record.outcome, record.reason = "rolled_back", f"error: {type(e).__name__}: {e}"
         record.seconds = time.perf_counter() - t0
-        self.history.append(record)
+        with self._lock:
+            self.history.append(record)
         return record
 
     def _kd_batch(self, rollouts: List[Rollout], batch: Batch, base: Eagle3Drafter, record: UpdateRecord) -> Batch:
