@@ -35,6 +35,8 @@ SEARCH = {"spec": {"policy": {"name": "rebase"}}, "question": "What is 2 + 2?"}
         (BudgetBody, {"k": -1}, "k"),
         (BudgetBody, {"k": True}, "k"),
         (BudgetBody, {"k": 2.5}, "k"),
+        (BudgetBody, {"k": 10**400}, "k"),  # past any count (float() of it overflowed: a 500, not a 400)
+        (KnobsBody, {"knee": 10**400}, "knee"),
         (BudgetBody, {}, "k"),
         (BudgetBody, [1, 2], "body"),
         (CancelBody, {}, "body"),

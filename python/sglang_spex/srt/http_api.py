@@ -160,10 +160,13 @@ class SearchBody(Body):
 
 
 # ---------------------------------------------------------------- /spex/* control
+COUNT_MAX = 2**31 - 1  # the largest request count (budget, knee) a body may give: past any batch, and a float exactly
+
+
 class BudgetBody(Body):
     """``POST /spex/budget``: speculative admission cap ``k`` (null = unlimited)."""
 
-    k: Optional[int] = Field(ge=0)
+    k: Optional[int] = Field(ge=0, le=COUNT_MAX)
 
 
 class CancelBody(Body):
@@ -212,7 +215,7 @@ class KnobsBody(Body):
     immediate_cancel: Optional[bool] = None
     protect_ttl_s: Optional[float] = Field(default=None, ge=0, allow_inf_nan=False)
     protect_max_fraction: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)
-    knee: Optional[int] = Field(default=None, ge=-1)  # the gate's given knee; -1 = none
+    knee: Optional[int] = Field(default=None, ge=-1, le=COUNT_MAX)  # the gate's given knee; -1 = none
     live_knee: Optional[bool] = None  # also keep speculation below the knee fitted from live decode steps
     spec_prefill_share: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)  # prefill allowance
 
