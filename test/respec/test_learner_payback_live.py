@@ -57,3 +57,19 @@ def test_an_update_that_costs_more_than_speculation_could_save_is_skipped(server
     assert second["update_due"] is False and second["training"] is False, (second, gate)
     assert gate["pays"] is False and gate["saving_bound_seconds"] < gate["update_seconds"]
     assert state["skipped_updates"] == 1 and state["version"] == 1 and state["buffer_size"] == 4
+
+
+def test_a_rollout_past_the_context_is_refused_and_changes_nothing(server, tiny_model):
+    """The learner inside a real server refuses a rollout longer than the model's context (its copy would run on
+    it) with a 400 naming the field; the buffer and the steps are unchanged."""
+    from transformers import AutoConfig
+
+    url = server.url
+    ctx = AutoConfig.from_pretrained(tiny_model).max_position_embeddings
+    before = requests.get(url + "/respec/state", timeout=60).json()
+    long = {"prompt_ids": [IDS[0]] * ctx, "response_ids": IDS[:1], "reward": 1.0}
+    r = requests.post(url + "/respec/rollouts", json={"rollouts": [long]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "rollouts[0].response_ids", r.text
+    after = requests.get(url + "/respec/state", timeout=60).json()
+    assert (after["buffer_size"], after["steps"]) == (before["buffer_size"], before["steps"])
+    assert requests.get(url + "/health", timeout=60).status_code == 200
