@@ -5,8 +5,9 @@ A rollout is ``{"prompt_ids": [int], "response_ids": [int], "reward": float, "ta
 is the log-prob SGLang returned for each response token, ``target_top_logprobs`` its top-k per response token as
 ``[token_id, logprob]`` pairs (:func:`served_fields` builds both from a ``/generate`` ``meta_info``). Anything else —
 unknown fields, wrong types, empty or out-of-vocabulary ids, more than ``max_len`` tokens (prompt + response; the
-learner's is the model's context), NaN/inf, a positive log-prob, a list of the wrong length, a repeated id or a top-k row whose probabilities sum past 1 — raises :class:`RolloutError` naming the
-field; ``add_batch`` validates the whole batch before storing any.
+learner's is the model's context), NaN/inf, a positive log-prob, a list of the wrong length, a repeated id or a
+top-k row whose probabilities sum past 1 — raises :class:`RolloutError` naming the field; ``add_batch`` validates
+the whole batch before storing any.
 """
 
 from __future__ import annotations
