@@ -327,7 +327,8 @@ def abort(scheduler: Any, prefix: str) -> None:
 
 def sampler(scheduler: Any) -> Optional[Any]:
     """The scheduler's model runner's ``Sampler`` (touch point P23: ``TpModelWorker.model_runner``, whose
-    ``sampler`` ``ModelRunner.__init__`` sets); None where the worker has none (e.g. a speculative worker)."""
+    ``sampler`` ``ModelRunner.__init__`` sets). ``tp_worker`` is the target's worker with speculative decoding too
+    (SGLang keeps the drafter in ``draft_worker``); None where there is none (a stub scheduler)."""
     runner = getattr(getattr(scheduler, "tp_worker", None), "model_runner", None)
     return getattr(runner, "sampler", None)
 
