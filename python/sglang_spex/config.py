@@ -458,6 +458,9 @@ class LearnerConfig(_Section):
     lr: float = _opt(1e-4, flag=None, check=(lambda v: v > 0, "must be > 0"), help="learning rate")
     grad_clip: float = _opt(0.5, flag=None, help="gradient norm clip")
     kd_steps: int = _opt(3, flag=None, check=_POSITIVE, help="draft steps unrolled in the KD loss")
+    train_window: int = _opt(
+        2048, flag=None, check=(lambda v: v >= 2, "must be >= 2"), help="rollout tokens per update (longer: a window)"
+    )
     weight_mode: Literal["linear", "zscore", "max", "none"] = _opt(
         "linear",
         flag=None,
@@ -476,10 +479,7 @@ class LearnerConfig(_Section):
     )
     buffer_capacity: int = _opt(4096, flag=None, check=_POSITIVE, help="replay buffer size (rollouts)")
     payback: bool = _opt(
-        True,
-        flag=None,
-        help="skip updates that take longer than the most speculation could save over an update interval (needs the "
-        "adaptive server's profile)",
+        True, flag=None, help="skip updates that cost more than speculation could save (needs the adaptive profile)"
     )
     seed: int = _opt(0, flag=None, help="learner random seed")
 

@@ -81,8 +81,8 @@ def test_payback_gate_skips_updates_that_cost_more_than_speculation_could_save(
 
 
 def test_nan_update_is_rolled_back(tiny_drafter, tiny_features, tiny_seqs):
-    def poisoned(seqs):
-        b = tiny_features.batch(seqs)
+    def poisoned(seqs, windows=None):
+        b = tiny_features.batch(seqs, windows=windows)
         b.aux_hidden = torch.full_like(b.aux_hidden, float("nan"))
         return b
 
@@ -191,9 +191,9 @@ def test_an_update_runs_the_copy_only_on_the_rollouts_it_trains_on(tiny_drafter,
     (its time and memory bounded by the config); the weights still see every reward."""
     seen = []
 
-    def features(seqs):
+    def features(seqs, windows=None):
         seen.append(len(seqs))
-        return tiny_features.batch(seqs)
+        return tiny_features.batch(seqs, windows=windows)
 
     cfg = LearnerConfig(mode="sync", train_steps=2, micro_batch=2, kd_steps=1, lr=1e-3)
     lrn = OnlineLearner(tiny_drafter, features, cfg, publish=lambda v, t: None)

@@ -27,6 +27,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sglang_spex.respec.checkpoint import read_config, read_tensors, vocab_tensors, write_checkpoint
 
@@ -205,6 +206,24 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+ATTN_BLOCK_SCORES = 1 << 24  # attention scores held at once in training (16M floats, 64 MB)
+
+
+def _attend_rows(q, k0, v0, start: int, kd=None, vd=None) -> torch.Tensor:
+    """Attention of the query rows ``start .. start + rows`` (q: [B, nh, rows, D]): causal over the step-0 keys
+    ``k0``/``v0`` [B, nh, T, D] and, with ``kd``/``vd`` [B, nh, rows, i, D], the row's own draft chain."""
+    rows, scale = q.shape[2], 1.0 / math.sqrt(q.shape[-1])
+    end = start + rows
+    s0 = (q @ k0[:, :, :end].transpose(-1, -2)) * scale  # [B, nh, rows, end]
+    pos = torch.arange(start, end, device=q.device)[:, None]
+    s0 = s0.masked_fill(torch.arange(end, device=q.device)[None, :] > pos, float("-inf"))
+    if kd is None:
+        return torch.softmax(s0.float(), -1).to(q.dtype) @ v0[:, :, :end]
+    sd = (q.unsqueeze(3) * kd).sum(-1) * scale  # [B, nh, rows, i]
+    p = torch.softmax(torch.cat([s0, sd], -1).float(), -1).to(q.dtype)
+    return p[..., :end] @ v0[:, :, :end] + (p[..., end:].unsqueeze(-1) * vd).sum(3)
+
+
 class Eagle3Attention(nn.Module):
     """Attention over a 2H input. ``forward`` supports the training-time-test layout: step 0 is causal over the
     sequence; at step i > 0 position t also sees the keys of steps 1..i at position t (its own draft chain)."""
@@ -229,19 +248,19 @@ class Eagle3Attention(nn.Module):
         q, k = _rope(q, positions, cfg.rope_theta), _rope(k, positions, cfg.rope_theta)
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         cache.append((k, v))
-        scale = 1.0 / math.sqrt(cfg.head_dim)
         k0, v0 = cache[0]
-        s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        s0 = s0.masked_fill(~causal, float("-inf"))
-        if len(cache) == 1:
-            out = torch.softmax(s0.float(), -1).to(q.dtype) @ v0
-        else:
-            kd = torch.stack([kk for kk, _ in cache[1:]], 3)  # [B, nh, T, i, D]
-            vd = torch.stack([vv for _, vv in cache[1:]], 3)
-            sd = (q.unsqueeze(3) * kd).sum(-1) * scale  # [B, nh, T, i]
-            p = torch.softmax(torch.cat([s0, sd], -1).float(), -1).to(q.dtype)
-            out = p[..., :t] @ v0 + (p[..., t:].unsqueeze(-1) * vd).sum(3)
+        extra = None
+        if len(cache) > 1:  # steps 1..i at each position: [B, nh, T, i, D]
+            extra = (torch.stack([kk for kk, _ in cache[1:]], 3), torch.stack([vv for _, vv in cache[1:]], 3))
+        # query rows in blocks: the scores are [B, nh, rows, T], never [B, nh, T, T]; with gradients each block is
+        # recomputed in backward (checkpoint), so a long training sequence keeps only the block outputs
+        rows = max(1, ATTN_BLOCK_SCORES // max(1, b * cfg.num_attention_heads * t))
+        blocked = torch.is_grad_enabled() and rows < t
+        blocks = []
+        for a in range(0, t, rows):
+            args = (q[:, :, a : a + rows], k0, v0, a, *(e[:, :, a : a + rows] for e in extra or ()))
+            blocks.append(checkpoint(_attend_rows, *args, use_reentrant=False) if blocked else _attend_rows(*args))
+        out = torch.cat(blocks, 2)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -322,9 +341,17 @@ class Eagle3Drafter(nn.Module):
     def step(self, input_ids, hidden, positions, cache) -> Tuple[torch.Tensor, torch.Tensor]:
         """One draft step. hidden: fused target states (step 0) or the previous step's output ([B, T, H]).
         Returns (next hidden = pre-norm output, draft-vocab logits)."""
+        out = self.step_hidden(input_ids, hidden, positions, cache)
+        return out, self.head(out)
+
+    def step_hidden(self, input_ids, hidden, positions, cache) -> torch.Tensor:
+        """:meth:`step` without the vocabulary head: the next hidden (pre-norm output) only."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        out = self.layers[0](embeds, hidden, positions, cache)
-        return out, self.lm_head(self.norm(out))
+        return self.layers[0](embeds, hidden, positions, cache)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of a step's output."""
+        return self.lm_head(self.norm(hidden))
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint_tensors(self, dtype: torch.dtype = torch.bfloat16) -> Dict[str, torch.Tensor]:

@@ -22,10 +22,11 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.target import Batch
-from sglang_spex.respec.ttt import DEFAULT_DECAY, unroll
+from sglang_spex.respec.ttt import DEFAULT_DECAY, unroll_hidden
 
 WEIGHT_MODES = ("linear", "zscore", "max", "none")
 DEFAULT_WEIGHT_MODE = "linear"
@@ -63,6 +64,15 @@ def kd_loss(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor, weight
     return (weights.to(kl.dtype) * kl.sum(-1)).sum() / n
 
 
+KD_BLOCK_LOGITS = 1 << 22  # draft-vocabulary logits computed at once in the KD loss (4M floats, 16 MB)
+
+
+def _block_kl(drafter: Eagle3Drafter, hidden: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_t m_{b,t} KL(p_{b,t} ‖ q_{b,t}) over a block of positions, per row: [B]."""
+    log_q = torch.log_softmax(drafter.head(hidden).float(), -1)
+    return (token_kl(log_p.float(), log_q) * mask).sum(-1)
+
+
 def reward_weighted_kd(
     drafter: Eagle3Drafter,
     batch: Batch,
@@ -74,9 +84,21 @@ def reward_weighted_kd(
     weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The drafter's KD loss on a batch of rollouts, unrolled ``steps`` draft steps. Returns (loss, weights).
-    ``weights`` overrides w(r) (e.g. weights normalised over a whole update batch, applied to a micro-batch)."""
+    ``weights`` overrides w(r) (e.g. weights normalised over a whole update batch, applied to a micro-batch).
+    The value is :func:`kd_loss` of each step's full log q; the vocabulary head runs on blocks of positions
+    (``KD_BLOCK_LOGITS`` logits at a time, recomputed in backward), so its [B, T, Vd] tensors never exist at once."""
     w = reward_weights(rewards, mode, w_max) if weights is None else weights
     loss = torch.zeros(())
-    for i, s in enumerate(unroll(drafter, batch, steps)):
-        loss = loss + (decay**i) * kd_loss(s.target_logp, s.log_q, s.mask, w)
+    bsz, vd = batch.target_logp.shape[0], batch.target_logp.shape[2]
+    cols = max(1, KD_BLOCK_LOGITS // max(1, bsz * vd))
+    for i, s in enumerate(unroll_hidden(drafter, batch, steps)):
+        # position t is scored against target_logp[:, t + offset]; past the batch's end the mask is 0
+        scored = batch.target_logp.shape[1] - s.offset
+        per_row = torch.zeros(bsz)
+        for a in range(0, scored, cols):
+            b = min(a + cols, scored)
+            part = (drafter, s.hidden[:, a:b], batch.target_logp[:, a + s.offset : b + s.offset], s.mask[:, a:b])
+            blocked = torch.is_grad_enabled() and cols < scored
+            per_row = per_row + (checkpoint(_block_kl, *part, use_reentrant=False) if blocked else _block_kl(*part))
+        loss = loss + (decay**i) * (w.to(per_row.dtype) * per_row).sum() / s.mask.sum().clamp(min=1)
     return loss, w

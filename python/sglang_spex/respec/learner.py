@@ -14,7 +14,9 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 - an update drains the buffer and trains on ``train_steps`` micro-batches of ``micro_batch`` rollouts drawn from
   it; the policy copy runs only on the rollouts drawn (at most ``train_steps x micro_batch``), so an update's time
   and memory do not grow with what was posted; the reward weights are normalised over every drained rollout. A
-  rollout longer than the model's context (``max_rollout_tokens``: prompt + response) is refused at ``submit``;
+  rollout longer than ``train_window`` tokens trains on a window of that many (``_window``), its features computed
+  with the context before it, so memory does not grow with rollout length either. A rollout longer than the model's
+  context (``max_rollout_tokens``: prompt + response) is refused at ``submit``;
 - KD target p: when every rollout the update trains on carries the served target's top-k log-probs
   (``target_top_logprobs``) and ``kd_target="auto"`` (default), p is that top-k renormalised over the draft
   vocabulary (``target.served_target``; ``target_source="served"``); otherwise — a mixed batch included — p comes
@@ -58,7 +60,7 @@ from sglang_spex.respec.target import Batch, sampled_logp_gap, served_target
 from sglang_spex.respec.ttt import acceptance_length
 
 Sequences = Sequence[Tuple[Sequence[int], Sequence[int]]]
-FeatureFn = Callable[[Sequences], Batch]
+FeatureFn = Callable[..., Batch]  # (sequences, windows=...) -> Batch, as ``TargetFeatures.batch``
 PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], Optional[dict]]  # a dict: per-replica outcomes
 PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
 KD_TARGETS = ("auto", "copy")
@@ -314,9 +316,27 @@ class OnlineLearner:
             self.history.append(record)
         return record
 
-    def _kd_batch(self, rollouts: List[Rollout], batch: Batch, base: Eagle3Drafter, record: UpdateRecord) -> Batch:
+    def _window(self, r: Rollout) -> Optional[Tuple[int, int]]:
+        """The tokens of ``r`` an update trains on: None (all) within ``train_window``, else a window of that many
+        tokens drawn uniformly among those that hold only tokens from the first response prediction on (the last
+        ``train_window`` tokens when the response is shorter)."""
+        size, n = self.config.train_window, r.num_tokens
+        if n <= size:
+            return None
+        low = max(0, min(len(r.prompt_ids) - 1, n - size))
+        start = low + int(torch.randint(n - size - low + 1, (1,), generator=self._rng))
+        return start, start + size
+
+    def _kd_batch(
+        self,
+        rollouts: List[Rollout],
+        windows: List[Optional[Tuple[int, int]]],
+        batch: Batch,
+        base: Eagle3Drafter,
+        record: UpdateRecord,
+    ) -> Batch:
         """The copy's feature batch with its KD target from the served top-k when every rollout has one."""
-        prompt_lens = [len(r.prompt_ids) for r in rollouts]
+        prompt_lens = [len(r.prompt_ids) - (w[0] if w else 0) for r, w in zip(rollouts, windows)]  # in-row index
         record.target_logp_gap = sampled_logp_gap(batch, prompt_lens, [_served_token_logp(r) for r in rollouts])
         if self.kd_target == "copy" or any(r.target_top_logprobs is None for r in rollouts):
             record.target_source = "copy"
@@ -337,8 +357,10 @@ class OnlineLearner:
         row = torch.full((len(rollouts),), -1, dtype=torch.long)
         row[used] = torch.arange(len(used))
         trained = [rollouts[i] for i in used]
-        record.tokens = sum(r.num_tokens for r in trained)
-        batch = self._kd_batch(trained, self.features([(r.prompt_ids, r.response_ids) for r in trained]), base, record)
+        windows = [self._window(r) for r in trained]
+        record.tokens = sum(r.num_tokens if w is None else w[1] - w[0] for r, w in zip(trained, windows))
+        feats = self.features([(r.prompt_ids, r.response_ids) for r in trained], windows=windows)
+        batch = self._kd_batch(trained, windows, feats, base, record)
         probe = self.features(self.probe) if self.probe else None
         if probe is not None:
             record.acceptance_before = acceptance_length(base, probe, cfg.probe_steps)

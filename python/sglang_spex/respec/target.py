@@ -62,24 +62,29 @@ class Batch:
         idx = torch.as_tensor(list(idx), dtype=torch.long)
         return Batch(*(None if (t := getattr(self, f)) is None else t[idx] for f in self.__dataclass_fields__))
 
+    def span(self, start: int, end: int) -> "Batch":
+        """Tokens ``start .. end`` of every row (features were computed with the context before ``start``)."""
+        return Batch(*(None if (t := getattr(self, f)) is None else t[:, start:end] for f in self.__dataclass_fields__))
+
     def to(self, dtype: torch.dtype) -> "Batch":
         return dataclasses.replace(self, aux_hidden=self.aux_hidden.to(dtype), target_logp=self.target_logp.to(dtype))
 
     @staticmethod
     def cat(batches: Sequence["Batch"]) -> "Batch":
-        """Concatenate along the batch axis, right-padding to the longest."""
+        """Concatenate along the batch axis, right-padding (zeros) to the longest; each part is copied once into
+        the result (no padded intermediate copies)."""
         length = max(b.input_ids.shape[1] for b in batches)
-
-        def pad(t: torch.Tensor) -> torch.Tensor:
-            extra = length - t.shape[1]
-            if extra == 0:
-                return t
-            shape = list(t.shape)
-            shape[1] = extra
-            return torch.cat([t, torch.zeros(shape, dtype=t.dtype)], 1)
+        rows = sum(len(b) for b in batches)
 
         def cat(ts: List[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
-            return None if any(t is None for t in ts) else torch.cat([pad(t) for t in ts], 0)
+            if any(t is None for t in ts):
+                return None
+            out = ts[0].new_zeros((rows, length, *ts[0].shape[2:]))
+            row = 0
+            for t in ts:
+                out[row : row + t.shape[0], : t.shape[1]] = t
+                row += t.shape[0]
+            return out
 
         return Batch(*(cat([getattr(b, f) for b in batches]) for f in Batch.__dataclass_fields__))
 
@@ -100,7 +105,7 @@ def served_target(
         (b * length + plen - 1 + i, tok, lp)
         for b, (plen, rows) in enumerate(zip(prompt_lens, top))
         for i, row in enumerate(rows)
-        if plen - 1 + i < length
+        if 0 <= plen - 1 + i < length
         for tok, lp in row
     ]
     pos = torch.tensor([f[0] for f in flat], dtype=torch.long)
@@ -134,7 +139,7 @@ def sampled_logp_gap(
         abs(float(batch.token_logp[b, plen - 1 + i]) - lp)
         for b, (plen, values) in enumerate(zip(prompt_lens, served))
         for i, lp in enumerate(values or ())
-        if lp is not None and plen - 1 + i < length - 1
+        if lp is not None and 0 <= plen - 1 + i < length - 1
     ]
     return sum(gaps) / len(gaps) if gaps else None
 
@@ -166,13 +171,19 @@ class TargetFeatures:
         return len(named)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """(aux hidden, draft-vocab log p, full-vocab argmax, full-vocab log p of the next input token)."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), output_hidden_states=True)
-        aux = torch.cat([out.hidden_states[i] for i in self.aux_layer_ids], -1).to(self.feature_dtype)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int = 0
+    ) -> Tuple[torch.Tensor, ...]:
+        """(aux hidden, draft-vocab log p, full-vocab argmax, full-vocab log p of the next input token) at the
+        positions from ``start`` on (the logits are computed only there)."""
+        keep = torch.arange(start, input_ids.shape[1]) if start else 0
+        # no padding: no mask, so the model's attention can take its causal kernel instead of materialising one
+        mask = None if bool(attention_mask.all()) else attention_mask.long()
+        out = self.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=keep)
+        aux = torch.cat([out.hidden_states[i][:, start:] for i in self.aux_layer_ids], -1).to(self.feature_dtype)
         logits = out.logits.float()
         logp = torch.log_softmax(logits[..., self.t2d], -1).to(self.feature_dtype)
-        nxt = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], 1)
+        nxt = torch.cat([input_ids[:, start + 1 :], torch.zeros_like(input_ids[:, :1])], 1)
         token = logits.gather(-1, nxt[..., None])[..., 0] - logits.logsumexp(-1)
         token[:, -1] = 0.0
         return aux, logp, logits.argmax(-1), token
@@ -183,17 +194,23 @@ class TargetFeatures:
         max_len: Optional[int] = None,
         chunk: int = 8,
         chunk_tokens: int = CHUNK_TOKENS,
+        windows: Optional[Sequence[Optional[Tuple[int, int]]]] = None,
     ) -> Batch:
         """Features for (prompt_ids, response_ids) pairs; loss on the predictions of response tokens. The copy runs
         on at most ``chunk`` sequences at a time, fewer where their padded tokens would pass ``chunk_tokens`` (its
-        full-vocabulary logits grow with them); a longer sequence runs alone."""
+        full-vocabulary logits grow with them); a longer sequence runs alone. ``windows[i]`` = (start, end): row i
+        holds only tokens ``start .. end`` of its sequence, their features computed with the whole context before
+        them (None: the whole sequence)."""
         with self._lock:
-            return self._batch(sequences, max_len, chunk, chunk_tokens)
+            return self._batch(sequences, max_len, chunk, chunk_tokens, windows)
 
-    def _batch(self, sequences, max_len, chunk, chunk_tokens) -> Batch:
+    def _batch(self, sequences, max_len, chunk, chunk_tokens, windows) -> Batch:
         seqs_all = [list(p) + list(r) for p, r in sequences]
         if max_len is not None:
             seqs_all = [q[:max_len] for q in seqs_all]
+        spans = [(0, len(q)) if w is None else w for q, w in zip(seqs_all, windows or [None] * len(seqs_all))]
+        full = [len(q) for q in seqs_all]
+        seqs_all = [q[:end] for q, (_, end) in zip(seqs_all, spans)]  # later tokens never reach a causal feature
         parts: List[Batch] = []
         for s, e in _chunks([len(q) for q in seqs_all], chunk, chunk_tokens):
             group, seqs = sequences[s:e], seqs_all[s:e]
@@ -201,10 +218,19 @@ class TargetFeatures:
             ids = torch.zeros(len(seqs), length, dtype=torch.long)
             attn = torch.zeros(len(seqs), length, dtype=torch.bool)
             loss = torch.zeros(len(seqs), length, dtype=torch.bool)
-            for i, ((prompt, _), q) in enumerate(zip(group, seqs)):
+            for i, ((prompt, _), q, n) in enumerate(zip(group, seqs, full[s:e])):
                 ids[i, : len(q)] = torch.tensor(q)
                 attn[i, : len(q)] = True
-                # position j predicts x_{j+1}: train where x_{j+1} is a response token
-                loss[i, max(len(prompt) - 1, 0) : len(q) - 1] = True
-            parts.append(Batch(ids, attn, loss, *self.forward(ids, attn)))
+                # position j predicts x_{j+1}: train where x_{j+1} is a response token (of the whole sequence)
+                loss[i, max(len(prompt) - 1, 0) : min(n - 1, len(q))] = True
+            starts = [start for start, _ in spans[s:e]]
+            if len(seqs) == 1:  # a sequence alone: the copy's logits only where the row keeps them
+                a = starts[0]
+                parts.append(Batch(ids[:, a:], attn[:, a:], loss[:, a:], *self.forward(ids, attn, a)))
+                continue
+            part = Batch(ids, attn, loss, *self.forward(ids, attn))
+            if any(starts):
+                parts.extend(part.select([i]).span(a, len(q)) for i, (a, q) in enumerate(zip(starts, seqs)))
+            else:
+                parts.append(part)
         return Batch.cat(parts)

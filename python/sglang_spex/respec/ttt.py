@@ -42,8 +42,18 @@ class StepOutput:
     on_chain: torch.Tensor  # [B, T] bool: the data token fed at this step is the greedy token of the step before
 
 
-def unroll(drafter: Eagle3Drafter, batch: Batch, steps: int = DEFAULT_STEPS) -> List[StepOutput]:
-    """Run ``steps`` draft steps over every position of ``batch`` at once."""
+@dataclass
+class StepHidden:
+    """One unrolled step before the vocabulary head (``drafter.head(hidden)`` gives its logits)."""
+
+    hidden: torch.Tensor  # [B, T, H]: the step's output
+    inputs: torch.Tensor  # [B, T] long: the data token fed at each position
+    mask: torch.Tensor  # [B, T] bool
+    offset: int  # position t is scored against the batch's ``target_logp[:, t + offset]``
+
+
+def unroll_hidden(drafter: Eagle3Drafter, batch: Batch, steps: int = DEFAULT_STEPS) -> List[StepHidden]:
+    """Run ``steps`` draft steps over every position of ``batch`` at once, without the vocabulary head."""
     ids, length = batch.input_ids, batch.input_ids.shape[1] - 1
     if length < 1:
         raise ValueError("sequences must have at least two tokens")
@@ -51,18 +61,28 @@ def unroll(drafter: Eagle3Drafter, batch: Batch, steps: int = DEFAULT_STEPS) -> 
     hidden = drafter.fuse(batch.aux_hidden[:, :length].to(dtype))
     base = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
     cache: list = []
-    d2t = drafter.draft_to_target
     out = []
     for i in range(steps):
         inp = _shift(ids, 1 + i, length)
-        hidden, logits = drafter.step(inp, hidden, base + i, cache)
-        log_q = torch.log_softmax(logits.float(), -1)
+        hidden = drafter.step_hidden(inp, hidden, base + i, cache)
         mask = _shift(batch.loss_mask & batch.attention_mask, 1 + i, length)
+        out.append(StepHidden(hidden, inp, mask, 1 + i))
+    return out
+
+
+def unroll(drafter: Eagle3Drafter, batch: Batch, steps: int = DEFAULT_STEPS) -> List[StepOutput]:
+    """Run ``steps`` draft steps over every position of ``batch`` at once."""
+    length = batch.input_ids.shape[1] - 1
+    d2t = drafter.draft_to_target
+    out = []
+    for i, s in enumerate(unroll_hidden(drafter, batch, steps)):
+        log_q = torch.log_softmax(drafter.head(s.hidden).float(), -1)
         greedy = _shift(batch.target_argmax, 1 + i, length)
-        correct = (d2t[log_q.argmax(-1)] == greedy) & mask
+        correct = (d2t[log_q.argmax(-1)] == greedy) & s.mask
         prev_greedy = _shift(batch.target_argmax, i, length)
-        on_chain = (inp == prev_greedy) if i > 0 else torch.ones_like(mask)
-        out.append(StepOutput(log_q, _shift(batch.target_logp, 1 + i, length).float(), mask, correct, on_chain))
+        on_chain = (s.inputs == prev_greedy) if i > 0 else torch.ones_like(s.mask)
+        target = _shift(batch.target_logp, s.offset, length).float()
+        out.append(StepOutput(log_q, target, s.mask, correct, on_chain))
     return out
 
 
