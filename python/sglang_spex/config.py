@@ -468,16 +468,14 @@ class LearnerConfig(_Section):
     )
     w_max: float = _opt(2.0, flag=None, help="largest reward weight")
     kd_target: Literal["auto", "copy"] = _opt(
-        "auto",
-        flag=None,
-        help="KD target p: auto = the served top-k log-probs when every rollout of an update carries them, else the "
-        "policy copy; copy = always the copy",
+        "auto", flag=None, help="KD target: auto (the served top-k when every rollout has it, else the copy) or copy"
     )
     probe_steps: int = _opt(5, flag=None, check=_POSITIVE, help="draft steps in the probe acceptance estimate")
     collapse_ratio: float = _opt(
         0.5, flag=None, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="rollback below this acceptance ratio"
     )
     buffer_capacity: int = _opt(4096, flag=None, check=_POSITIVE, help="replay buffer size (rollouts)")
+    buffer_entries: int = _opt(1 << 24, flag=None, check=_POSITIVE, help="replay buffer size (ids, log-probs, top-k)")
     payback: bool = _opt(
         True, flag=None, help="skip updates that cost more than speculation could save (needs the adaptive profile)"
     )

@@ -64,3 +64,20 @@ def test_a_rollout_longer_than_max_len_is_refused_and_named():
         buf.add_batch([fits, {**fits, "response_ids": [2] * 5}])
     assert e.value.field == "rollouts[1].response_ids" and "9 tokens" in str(e.value)
     assert len(buf) == 1
+
+
+def test_the_buffer_holds_at_most_max_entries_values_oldest_dropped_first():
+    """Memory grows with the values stored (ids, log-probs, top-k pairs), not only the rollout count: past
+    ``max_entries`` the oldest rollouts go, whatever ``capacity`` allows; the newest is always kept."""
+    top = {**GOOD, "target_top_logprobs": [[[4, -0.1], [6, -3.0]], [[5, -1.0]]]}  # 5 ids + 2 log-probs + 3 pairs
+    assert validate_rollout(GOOD).entries == 7 and validate_rollout(top, vocab_size=344).entries == 10
+    buf = ReplayBuffer(capacity=100, vocab_size=344, max_entries=23)
+    buf.add_batch([GOOD, GOOD, GOOD])  # 21 values
+    assert len(buf) == 3 and buf.entries == 21 and buf.dropped == 0
+    buf.add_batch([top])  # 31, then 24, are over 23: the two oldest go
+    assert len(buf) == 2 and buf.entries == 17 and buf.dropped == 2
+    assert [r.target_top_logprobs is not None for r in buf.snapshot()] == [False, True]
+    small = ReplayBuffer(capacity=100, vocab_size=344, max_entries=5)
+    small.add_batch([GOOD, top])  # each alone is over the bound: the newest stays
+    assert len(small) == 1 and small.snapshot()[0].target_top_logprobs is not None
+    assert len(buf.drain()) == 2 and buf.entries == 0

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence
+from functools import cached_property
+from typing import Any, Deque, List, Mapping, Optional, Sequence
 
 FIELDS = ("prompt_ids", "response_ids", "reward", "target_logprobs", "target_top_logprobs")
 REQUIRED = ("prompt_ids", "response_ids", "reward")
 MAX_TOP_K = 256  # top-k entries per response token (a bound on the buffer's memory)
+DEFAULT_MAX_ENTRIES = 1 << 24  # values the buffer holds (ids, log-probs, top-k pairs): ~2 GB as Python objects
 LOGP_TOL = 1e-4  # a served log-prob may exceed 0 by rounding, no more
 
 
@@ -42,6 +45,12 @@ class Rollout:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @cached_property
+    def entries(self) -> int:
+        """Values stored: token ids, log-probs and top-k pairs (what the buffer's memory grows with)."""
+        top = sum(len(row) for row in self.target_top_logprobs or ())
+        return self.num_tokens + len(self.target_logprobs or ()) + top
 
 
 def _ids(value: Any, field: str, vocab_size: Optional[int], max_len: int) -> tuple:
@@ -173,13 +182,22 @@ def validate_batch(payloads: Any, vocab_size: Optional[int] = None, max_len: int
 
 
 class ReplayBuffer:
-    """Thread-safe FIFO of validated rollouts; the oldest are dropped beyond ``capacity``."""
+    """Thread-safe FIFO of validated rollouts; the oldest are dropped beyond ``capacity`` rollouts or ``max_entries``
+    stored values (:attr:`Rollout.entries`; the newest rollout is always kept)."""
 
-    def __init__(self, capacity: int = 4096, vocab_size: Optional[int] = None, max_len: int = 32768):
+    def __init__(
+        self,
+        capacity: int = 4096,
+        vocab_size: Optional[int] = None,
+        max_len: int = 32768,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+    ):
         self.capacity = capacity
         self.vocab_size = vocab_size
         self.max_len = max_len
-        self._items: List[Rollout] = []
+        self.max_entries = max_entries
+        self.entries = 0
+        self._items: Deque[Rollout] = deque()
         self._lock = threading.Lock()
         self.total_added = 0
         self.dropped = 0
@@ -192,17 +210,17 @@ class ReplayBuffer:
             rollouts = validate_batch(payloads, self.vocab_size, self.max_len)
         with self._lock:
             self._items.extend(rollouts)
+            self.entries += sum(r.entries for r in rollouts)
             self.total_added += len(rollouts)
-            overflow = len(self._items) - self.capacity
-            if overflow > 0:
-                del self._items[:overflow]
-                self.dropped += overflow
+            while len(self._items) > 1 and (len(self._items) > self.capacity or self.entries > self.max_entries):
+                self.entries -= self._items.popleft().entries
+                self.dropped += 1
         return len(rollouts)
 
     def drain(self) -> List[Rollout]:
         """Take everything (the paper clears the buffer at each update)."""
         with self._lock:
-            items, self._items = self._items, []
+            items, self._items, self.entries = list(self._items), deque(), 0
         return items
 
     def snapshot(self) -> List[Rollout]:

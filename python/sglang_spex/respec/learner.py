@@ -75,7 +75,7 @@ class UpdateRecord:
     outcome: str  # "published" | "rolled_back"
     reason: str  # "" | "nan_loss" | "nan_weights" | "acceptance_collapse" | "publish_failed: ..." | "error: ..."
     rollouts: int  # drained from the buffer (their rewards normalise the weights)
-    tokens: int  # of the rollouts the update trained on (at most train_steps x micro_batch of them)
+    tokens: int  # the update trained on: its rollouts (at most train_steps x micro_batch), windowed (train_window)
     losses: List[float]
     acceptance_before: Optional[float]
     acceptance_after: Optional[float]
@@ -129,6 +129,7 @@ class OnlineLearner:
             self.config.buffer_capacity,
             vocab_size=drafter.cfg.vocab_size,
             max_len=max_rollout_tokens or drafter.cfg.max_position_embeddings,
+            max_entries=self.config.buffer_entries,
         )
         self._drafter = drafter.eval()
         self._version = 0
@@ -249,6 +250,7 @@ class OnlineLearner:
             "policy_version": self.policy_version,
             "buffer_size": len(self.buffer),
             "rollouts_received": self.buffer.total_added,
+            "rollouts_dropped": self.buffer.dropped,  # oldest, past buffer_capacity or buffer_entries before an update
             "updating": not self._idle.is_set(),
             "idle_reason": self.idle_reason,
             "skipped_updates": self.skipped_updates,
