@@ -64,7 +64,7 @@ def kd_loss(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor, weight
     return (weights.to(kl.dtype) * kl.sum(-1)).sum() / n
 
 
-KD_BLOCK_LOGITS = 1 << 22  # draft-vocabulary logits computed at once in the KD loss (4M floats, 16 MB)
+KD_BLOCK_LOGITS = 1 << 24  # draft-vocabulary logits computed at once in the KD loss (16M floats, 64 MB)
 
 
 def _block_kl(drafter: Eagle3Drafter, hidden: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -9,11 +9,12 @@ from it. Its KD target (``target_logp``) can be replaced by the served target's 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -175,18 +176,48 @@ class TargetFeatures:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int = 0
     ) -> Tuple[torch.Tensor, ...]:
         """(aux hidden, draft-vocab log p, full-vocab argmax, full-vocab log p of the next input token) at the
-        positions from ``start`` on (the logits are computed only there)."""
+        positions from ``start`` on (the logits are computed only there, and only the aux layers' inputs kept)."""
         keep = torch.arange(start, input_ids.shape[1]) if start else 0
         # no padding: no mask, so the model's attention can take its causal kernel instead of materialising one
         mask = None if bool(attention_mask.all()) else attention_mask.long()
-        out = self.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=keep)
-        aux = torch.cat([out.hidden_states[i][:, start:] for i in self.aux_layer_ids], -1).to(self.feature_dtype)
+        with self._aux_inputs(start) as captured:
+            out = self.model(
+                input_ids=input_ids, attention_mask=mask, output_hidden_states=captured is None, logits_to_keep=keep
+            )
+        states = captured if captured is not None else {i: out.hidden_states[i][:, start:] for i in self.aux_layer_ids}
+        aux = torch.cat([states[i] for i in self.aux_layer_ids], -1).to(self.feature_dtype)
         logits = out.logits.float()
         logp = torch.log_softmax(logits[..., self.t2d], -1).to(self.feature_dtype)
         nxt = torch.cat([input_ids[:, start + 1 :], torch.zeros_like(input_ids[:, :1])], 1)
         token = logits.gather(-1, nxt[..., None])[..., 0] - logits.logsumexp(-1)
         token[:, -1] = 0.0
         return aux, logp, logits.argmax(-1), token
+
+    @contextlib.contextmanager
+    def _aux_inputs(self, start: int) -> Iterator[Optional[Dict[int, torch.Tensor]]]:
+        """The inputs of the aux decoder layers (HF ``hidden_states[i]``) from ``start`` on, captured by pre-hooks,
+        so the copy never holds every layer's states (``output_hidden_states``); None where the model's decoder
+        layers are not found (then the caller asks for ``output_hidden_states``)."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        layers = getattr(decoder, "layers", None)
+        if layers is None or max(self.aux_layer_ids) >= len(layers):
+            yield None
+            return
+        captured: Dict[int, torch.Tensor] = {}
+
+        def capture(i: int):
+            def hook(module, args, kwargs):
+                hidden = args[0] if args else kwargs["hidden_states"]
+                captured[i] = hidden[:, start:].clone()
+
+            return hook
+
+        handles = [layers[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in set(self.aux_layer_ids)]
+        try:
+            yield captured
+        finally:
+            for h in handles:
+                h.remove()
 
     def batch(
         self,
