@@ -59,7 +59,7 @@ def one(length: int, args: argparse.Namespace) -> Dict[str, Any]:
     return {
         "length": length,
         "tokens": PROMPT_TOKENS + length,
-        "train_window": cfg.train_window,
+        "train_window": getattr(cfg, "train_window", None),
         "draft_vocab": args.draft_vocab,
         "rollouts": args.rollouts,
         "outcome": record.outcome,
