@@ -10,12 +10,14 @@ import json
 import pytest
 import requests
 
+from sglang_spex.respec.grpo import ServerClient
 from sglang_spex.respec.grpo_setup import EAGLE_ARGS
 from sglang_spex.respec.profiler import PLAIN, Point, Profile
 from sglang_spex.serve import ServerProcess
 
 KEY = "EAGLE3:s3t1n4"  # EAGLE_ARGS
 IDS = [1, 17, 42, 99, 7, 230, 5, 61, 12, 300, 44, 9]
+POST_LIMIT = 1 << 16  # the learner's largest rollouts body: a 2,048-token context fits, a big RL step does not
 
 
 def _profile() -> Profile:
@@ -30,7 +32,7 @@ def _profile() -> Profile:
 @pytest.fixture(scope="module")
 def server(tiny_model, drafter_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("payback")
-    learner = {"variant": "reward", "mode": "sync", "lr": 1e-3, "train_steps": 2}
+    learner = {"variant": "reward", "mode": "sync", "lr": 1e-3, "train_steps": 2, "max_post_bytes": POST_LIMIT}
     spec = {"drafter": str(drafter_dir), "target": tiny_model, "learner": learner}
     args = ["--model-path", tiny_model, "--dtype", "float32", "--speculative-algorithm", "EAGLE3"]
     args += ["--speculative-draft-model-path", str(drafter_dir), *EAGLE_ARGS, "--respec-adaptive"]
@@ -73,3 +75,25 @@ def test_a_rollout_past_the_context_is_refused_and_changes_nothing(server, tiny_
     after = requests.get(url + "/respec/state", timeout=60).json()
     assert (after["buffer_size"], after["steps"]) == (before["buffer_size"], before["steps"])
     assert requests.get(url + "/health", timeout=60).status_code == 200
+
+
+def test_an_rl_step_over_the_body_limit_goes_in_parts_and_counts_once(server):
+    """One body past the learner's ``max_post_bytes`` is a 413 naming it, and nothing is stored; the GRPO client
+    posts the same step in parts (``more``) that the learner stores and counts as one step."""
+    url = server.url
+    step = [{"prompt_ids": IDS[:6], "response_ids": IDS * 20, "reward": float(i % 2)} for i in range(150)]
+    before = requests.get(url + "/respec/state", timeout=60).json()
+    assert before["max_post_bytes"] == POST_LIMIT
+    r = requests.post(url + "/respec/rollouts", json={"rollouts": step}, timeout=60)
+    assert r.status_code == 413 and "learner.max_post_bytes" in r.json()["error"]["reason"], r.text
+    same = requests.get(url + "/respec/state", timeout=60).json()
+    assert (same["rollouts_received"], same["steps"]) == (before["rollouts_received"], before["steps"])
+    posts = []
+    client = ServerClient(url)
+    post = client._post
+    client._post = lambda u, body=None, content=None: posts.append(len(content)) or post(u, body, content)
+    answer = client.post_rollouts(step)
+    after = requests.get(url + "/respec/state", timeout=60).json()
+    assert len(posts) >= 2 and max(posts) <= POST_LIMIT and answer["accepted"] == len(step)
+    assert after["rollouts_received"] == before["rollouts_received"] + len(step)
+    assert after["steps"] == before["steps"] + 1  # one RL step, whatever the number of parts

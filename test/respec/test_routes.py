@@ -150,3 +150,21 @@ def test_hot_swap_failure_still_ends_session(tiny_drafter):
     assert e.value.step == "update_weights_from_tensor"
     steps = [s for s, _ in app.state.log]
     assert steps == ["pause", "begin", "update", "end", "continue"] and app.state.session is None
+
+
+def test_a_body_over_max_post_bytes_is_413_and_parts_count_one_step(tiny_drafter, tiny_features):
+    """The learner's own body limit (``max_post_bytes``) answers 413 naming it and stores nothing; parts posted
+    with ``more`` are stored without counting a step, and the step's last part counts it once."""
+    lrn = OnlineLearner(tiny_drafter, tiny_features.batch, LearnerConfig(variant="frozen", max_post_bytes=2048))
+    app = FastAPI()
+    routes.install(app, lrn)
+    http = TestClient(app)
+    r = http.post("/respec/rollouts", json={"rollouts": [GOOD] * 60})
+    assert r.status_code == 413 and "learner.max_post_bytes" in r.json()["error"]["reason"], r.text
+    assert (lrn.buffer.total_added, lrn.steps) == (0, 0)
+    for more in (True, True, False):
+        r = http.post("/respec/rollouts", json={"rollouts": [GOOD] * 10, "more": more})
+        assert r.status_code == 200 and r.json()["accepted"] == 10
+        assert lrn.steps == (0 if more else 1)
+    state = http.get("/respec/state").json()
+    assert state["rollouts_received"] == 30 and state["steps"] == 1 and state["max_post_bytes"] == 2048

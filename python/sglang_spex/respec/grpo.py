@@ -20,6 +20,7 @@ acceptance length) and rollout throughput, which is what ``benchmark/bench_respe
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -162,6 +163,27 @@ def rollout_payloads(samples: Sequence[Sample]) -> List[dict]:
     ]
 
 
+DEFAULT_POST_LIMIT = 1 << 20  # a learner that does not report its limit
+
+
+def rollout_parts(rollouts: Sequence[dict], limit: int) -> List[List[dict]]:
+    """``rollouts`` cut in order into parts whose compact JSON body (``{"rollouts": [...], "more": ...}``) fits in
+    ``limit`` bytes; raises ValueError naming a rollout that cannot fit alone."""
+    envelope = len(json.dumps({"rollouts": [], "more": False}, separators=(",", ":")))
+    parts: List[List[dict]] = [[]]
+    size = envelope
+    for i, r in enumerate(rollouts):
+        n = len(json.dumps(r, separators=(",", ":")).encode())
+        if envelope + n > limit:
+            raise ValueError(f"rollout {i} is {n} bytes of JSON, over the learner's limit {limit} (max_post_bytes)")
+        if parts[-1] and size + 1 + n > limit:  # 1: the comma before it
+            parts.append([])
+            size = envelope
+        size += n + (1 if parts[-1] else 0)
+        parts[-1].append(r)
+    return parts
+
+
 class ServerClient:
     """The few SGLang HTTP calls the loop makes (``/generate``, ``/model_info``, the learner routes)."""
 
@@ -170,6 +192,7 @@ class ServerClient:
         self.learner_url = (learner_url or url).rstrip("/")
         self.timeout = timeout
         self.last_active_batch = 0.0
+        self._post_limit: Optional[int] = None  # the learner's max_post_bytes, read at the first post
 
     def generate(
         self, input_ids: List[List[int]], params, concurrency: int = 0, extra: Optional[dict] = None
@@ -199,7 +222,17 @@ class ServerClient:
         return httpx.get(self.url + "/model_info", timeout=60).json()["weight_version"]
 
     def post_rollouts(self, rollouts: List[dict]) -> dict:
-        return self._post(self.learner_url + "/respec/rollouts", {"rollouts": rollouts})
+        """One RL step's rollouts, in as many posts as the learner's body limit (``max_post_bytes`` in its state)
+        needs: each but the last with ``"more": true``. Returns the last post's answer, ``accepted`` summed."""
+        if self._post_limit is None:
+            self._post_limit = int(self.learner_state().get("max_post_bytes") or DEFAULT_POST_LIMIT)
+        url, accepted, answer = self.learner_url + "/respec/rollouts", 0, {}
+        parts = rollout_parts(rollouts, self._post_limit)
+        for i, part in enumerate(parts):
+            body = {"rollouts": part, "more": i < len(parts) - 1}
+            answer = self._post(url, content=json.dumps(body, separators=(",", ":")).encode())
+            accepted += answer.get("accepted", 0)
+        return {**answer, "accepted": accepted}
 
     def post_policy(self, version: int, named) -> dict:
         body = {"version": version, "serialized_named_tensors": serialize_named_tensors(named)}
@@ -208,8 +241,9 @@ class ServerClient:
     def learner_state(self) -> dict:
         return httpx.get(self.learner_url + "/respec/state", timeout=60).json()
 
-    def _post(self, url: str, body: dict):
-        r = httpx.post(url, json=body, timeout=self.timeout)
+    def _post(self, url: str, body: Optional[dict] = None, content: Optional[bytes] = None):
+        headers = {"content-type": "application/json"} if content is not None else None
+        r = httpx.post(url, json=body, content=content, headers=headers, timeout=self.timeout)
         if r.status_code != 200:
             raise RuntimeError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()

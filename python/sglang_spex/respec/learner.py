@@ -162,13 +162,16 @@ class OnlineLearner:
         with self._lock:
             return self._version, self._drafter
 
-    def submit(self, payloads: Sequence) -> dict:
+    def submit(self, payloads: Sequence, more: bool = False) -> dict:
         """Validate and store one batch of rollouts (raises RolloutError, storing nothing, on a bad payload);
-        trigger an update when due. Async mode returns without waiting for the update."""
+        trigger an update when due. Async mode returns without waiting for the update. ``more``: a part of an RL
+        step whose last part follows (stored; the step is counted, and an update triggered, at the last part)."""
         t0 = time.perf_counter()
         n = self.buffer.add_batch(payloads)
         due = False
         with self._lock:
+            if more:
+                return self._answer(n, due)
             self.steps += 1
             self._submit_times.append(time.monotonic())
             if self.config.variant != "frozen" and self.steps % self.config.update_interval == 0:
@@ -185,10 +188,14 @@ class OnlineLearner:
         self.last_submit_seconds = blocked
         self.total_submit_seconds += blocked
         self.max_submit_seconds = max(self.max_submit_seconds, blocked)
+        return self._answer(n, due)
+
+    def _answer(self, accepted: int, due: bool) -> dict:
+        size = len(self.buffer)
         return {
-            "accepted": n,
-            "buffer_size": len(self.buffer),
-            "version": self.version,
+            "accepted": accepted,
+            "buffer_size": size,
+            "version": self._version,
             "update_due": due,
             "training": self.training,
         }
@@ -251,6 +258,7 @@ class OnlineLearner:
             "buffer_size": len(self.buffer),
             "rollouts_received": self.buffer.total_added,
             "rollouts_dropped": self.buffer.dropped,  # oldest, past buffer_capacity or buffer_entries before an update
+            "max_post_bytes": self.config.max_post_bytes,  # the largest POST /respec/rollouts body (413 past it)
             "updating": not self._idle.is_set(),
             "idle_reason": self.idle_reason,
             "skipped_updates": self.skipped_updates,

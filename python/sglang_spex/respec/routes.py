@@ -1,9 +1,11 @@
 """``/respec/*`` routes for the online learner, installable on SGLang's FastAPI app.
 
 - ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?,
-  "target_top_logprobs"?}]}`` (the last two from the served target, see ``buffer.py``; with top-k on every rollout
-  of an update the KD target comes from them): 200 ``{"accepted", "buffer_size", "version", "update_due"}``; a bad
-  payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged.
+  "target_top_logprobs"?}], "more"?: bool}`` (the last two from the served target, see ``buffer.py``; with top-k on
+  every rollout of an update the KD target comes from them): 200 ``{"accepted", "buffer_size", "version",
+  "update_due"}``; a bad payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged. One post is
+  one RL step; a step too large for one body (``learner.max_post_bytes``, 413 past it) goes in parts, each but the
+  last with ``"more": true`` (``GRPOLoop.post_rollouts`` cuts them).
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload, the copy unchanged.
@@ -67,11 +69,13 @@ def _learner(request: Request) -> OnlineLearner:
 
 async def post_rollouts(request: Request) -> Response:
     try:
-        body = parse_body(RolloutsBody, await read_json(request))
+        learner = _learner(request)
+        limit = learner.config.max_post_bytes
+        body = parse_body(RolloutsBody, await read_json(request, limit=limit, setting="learner.max_post_bytes"))
         # sync mode trains here; run it off the event loop so other requests keep flowing
-        result = await run_in_threadpool(_learner(request).submit, body.rollouts)
+        result = await run_in_threadpool(learner.submit, body.rollouts, body.more)
     except BodyError as e:
-        return _bad(e.field, e.reason)
+        return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     except RolloutError as e:
         return _bad(e.field, str(e).removeprefix(f"{e.field}: "))
     return JSONResponse(result)
@@ -81,7 +85,7 @@ async def post_policy(request: Request) -> Response:
     try:
         body = parse_body(PolicyBody, await read_json(request, limit=None))  # weights: admin-scoped
     except BodyError as e:
-        return _bad(e.field, e.reason)
+        return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     try:
         named = deserialize_named_tensors(body.serialized_named_tensors[0])
     except Exception as e:  # whatever the payload decodes to (pickle, base64): the learner stays unchanged
@@ -108,7 +112,7 @@ async def post_drafter(request: Request) -> Response:
     try:
         body = parse_body(DrafterVersionBody, await read_json(request))
     except BodyError as e:
-        return _bad(e.field, e.reason)
+        return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     setattr(request.app.state, DRAFTER_ATTR, {"drafter_version": body.version, "recorded_at": time.time()})
     return JSONResponse(getattr(request.app.state, DRAFTER_ATTR))
 

@@ -82,27 +82,30 @@ def body_limit(request: Request) -> int:
     return state.cfg.max_body_bytes if state is not None else DEFAULT_MAX_BODY_BYTES
 
 
-async def read_body(request: Request, limit: Optional[int]) -> bytes:
-    """The raw body, read in chunks and refused (413) as soon as it passes ``limit`` bytes (None: no limit)."""
+async def read_body(request: Request, limit: Optional[int], setting: str = "--tot-max-body-bytes") -> bytes:
+    """The raw body, read in chunks and refused (413) as soon as it passes ``limit`` bytes (None: no limit);
+    ``setting`` names what sets the limit in the error."""
     if limit is None:
         return await request.body()
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise BodyError("body", f"{declared} bytes is over this server's limit {limit} (--tot-max-body-bytes)", 413)
+        raise BodyError("body", f"{declared} bytes is over this server's limit {limit} ({setting})", 413)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise BodyError("body", f"over this server's limit {limit} bytes (--tot-max-body-bytes)", 413)
+            raise BodyError("body", f"over this server's limit {limit} bytes ({setting})", 413)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def read_json(request: Request, optional: bool = False, limit: Any = "server") -> Any:
+async def read_json(
+    request: Request, optional: bool = False, limit: Any = "server", setting: str = "--tot-max-body-bytes"
+) -> Any:
     """The request's JSON (``{}`` for an empty body when ``optional``); raises :class:`BodyError` on bad JSON,
     nesting too deep to decode, or a body over ``limit`` bytes (``"server"``: ``--tot-max-body-bytes``; None: no
-    limit, for admin-scoped weight uploads)."""
-    data = await read_body(request, body_limit(request) if limit == "server" else limit)
+    limit, for admin-scoped weight uploads; a number: the limit ``setting`` names)."""
+    data = await read_body(request, body_limit(request) if limit == "server" else limit, setting)
     if optional and not data.strip():
         return {}
     try:
@@ -253,9 +256,11 @@ class ProfileBody(Body):
 
 # ---------------------------------------------------------------- /respec/*
 class RolloutsBody(Body):
-    """``POST /respec/rollouts``; each rollout is validated by the learner's buffer."""
+    """``POST /respec/rollouts``; each rollout is validated by the learner's buffer. ``more``: more parts of this
+    RL step follow (stored, no step counted); the step's last part leaves it false."""
 
     rollouts: List[Any]
+    more: bool = False
 
 
 class PolicyBody(Body):
