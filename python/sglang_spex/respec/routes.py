@@ -45,8 +45,10 @@ from sglang_spex.srt.http_api import (
     BodyError,
     PolicyBody,
     RolloutsBody,
+    decode_json,
     error_response,
     parse_body,
+    read_body,
     read_json,
 )
 
@@ -67,13 +69,18 @@ def _learner(request: Request) -> OnlineLearner:
     return getattr(request.app.state, LEARNER_ATTR)
 
 
+def _submit(learner: OnlineLearner, data: bytes) -> dict:
+    body = parse_body(RolloutsBody, decode_json(data))
+    return learner.submit(body.rollouts, body.more)
+
+
 async def post_rollouts(request: Request) -> Response:
     try:
         learner = _learner(request)
-        limit = learner.config.max_post_bytes
-        body = parse_body(RolloutsBody, await read_json(request, limit=limit, setting="learner.max_post_bytes"))
-        # sync mode trains here; run it off the event loop so other requests keep flowing
-        result = await run_in_threadpool(learner.submit, body.rollouts, body.more)
+        data = await read_body(request, learner.config.max_post_bytes, "learner.max_post_bytes")
+        # decoding and validating a large step, and training in sync mode, run off the event loop: other
+        # clients' requests keep flowing
+        result = await run_in_threadpool(_submit, learner, data)
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     except RolloutError as e:

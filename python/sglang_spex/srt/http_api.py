@@ -105,7 +105,12 @@ async def read_json(
     """The request's JSON (``{}`` for an empty body when ``optional``); raises :class:`BodyError` on bad JSON,
     nesting too deep to decode, or a body over ``limit`` bytes (``"server"``: ``--tot-max-body-bytes``; None: no
     limit, for admin-scoped weight uploads; a number: the limit ``setting`` names)."""
-    data = await read_body(request, body_limit(request) if limit == "server" else limit, setting)
+    return decode_json(await read_body(request, body_limit(request) if limit == "server" else limit, setting), optional)
+
+
+def decode_json(data: bytes, optional: bool = False) -> Any:
+    """A body's JSON (``{}`` for an empty one when ``optional``); raises :class:`BodyError` on bad JSON or nesting
+    too deep to decode."""
     if optional and not data.strip():
         return {}
     try:
