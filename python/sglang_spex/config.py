@@ -476,7 +476,7 @@ class LearnerConfig(_Section):
     )
     buffer_capacity: int = _opt(4096, flag=None, check=_POSITIVE, help="replay buffer size (rollouts)")
     buffer_entries: int = _opt(1 << 24, flag=None, check=_POSITIVE, help="replay buffer size (ids, log-probs, top-k)")
-    max_post_bytes: int = _opt(1 << 26, flag=None, check=_POSITIVE, help="largest POST /respec/rollouts body")
+    max_post_bytes: int = _opt(1 << 22, flag=None, check=_POSITIVE, help="largest POST /respec/rollouts body")
     payback: bool = _opt(
         True, flag=None, help="skip updates that cost more than speculation could save (needs the adaptive profile)"
     )
