@@ -103,6 +103,9 @@ def test_served_fields_from_sglang_meta_info():
         "target_logprobs"
     }
     assert served_fields({"output_token_logprobs": [[None, 4, None], [-1.0, 5, None]]}, 2) == {}
+    # float32 log-probs as Python floats (17 digits) keep 7 significant digits; a rounding-positive one is 0
+    f32 = {"output_token_logprobs": [[-3.1234567165374756, 4, None], [1.1920928955078125e-07, 5, None]]}
+    assert served_fields(f32, 2)["target_logprobs"] == [-3.123457, 0.0]
 
 
 def test_grpo_requests_top_logprobs_and_posts_them(tiny_model):

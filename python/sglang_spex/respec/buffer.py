@@ -149,19 +149,25 @@ def served_fields(meta_info: Mapping[str, Any], num_tokens: int) -> dict:
     ``null`` for an empty row) of such triples; ``text`` is only filled with ``return_text_in_logprobs``. Non-finite
     (JSON ``null``) top-k entries carry no probability and are dropped; a field that does not cover the
     ``num_tokens`` response tokens, or whose sampled-token log-prob is missing, is left out (the learner then
-    uses its copy)."""
+    uses its copy). Log-probs keep 7 significant digits (SGLang computes them in float32; the learner's KD target
+    is bfloat16), which keeps a posted rollout ~40 % smaller than Python's 17-digit floats."""
     out: dict = {}
     token = meta_info.get("output_token_logprobs")
     if isinstance(token, list) and len(token) == num_tokens:
         values = [e[0] if isinstance(e, (list, tuple)) and e else None for e in token]
         if all(_finite(v) for v in values):
-            out["target_logprobs"] = [min(float(v), 0.0) for v in values]
+            out["target_logprobs"] = [_logp7(v) for v in values]
     top = meta_info.get("output_top_logprobs")
     if isinstance(top, list) and len(top) == num_tokens:
-        rows = [[[e[1], min(float(e[0]), 0.0)] for e in row or () if _entry(e)][:MAX_TOP_K] for row in top]
+        rows = [[[e[1], _logp7(e[0])] for e in row or () if _entry(e)][:MAX_TOP_K] for row in top]
         if all(rows):
             out["target_top_logprobs"] = rows
     return out
+
+
+def _logp7(x: float) -> float:
+    """A served log-prob, at most 0, to 7 significant digits."""
+    return min(float(f"{float(x):.7g}"), 0.0)
 
 
 def _finite(x: Any) -> bool:
