@@ -22,7 +22,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -209,6 +209,11 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tenso
 ATTN_BLOCK_SCORES = 1 << 24  # attention scores held at once in training (16M floats, 64 MB)
 
 
+def run_block(fn: Callable[..., torch.Tensor], *args: Any, recompute: bool) -> torch.Tensor:
+    """``fn(*args)``; with ``recompute``, its intermediates are not kept but recomputed in backward (checkpoint)."""
+    return checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
+
+
 def _attend_rows(q, k0, v0, start: int, kd=None, vd=None) -> torch.Tensor:
     """Attention of the query rows ``start .. start + rows`` (q: [B, nh, rows, D]): causal over the step-0 keys
     ``k0``/``v0`` [B, nh, T, D] and, with ``kd``/``vd`` [B, nh, rows, i, D], the row's own draft chain."""
@@ -255,11 +260,11 @@ class Eagle3Attention(nn.Module):
         # query rows in blocks: the scores are [B, nh, rows, T], never [B, nh, T, T]; with gradients each block is
         # recomputed in backward (checkpoint), so a long training sequence keeps only the block outputs
         rows = max(1, ATTN_BLOCK_SCORES // max(1, b * cfg.num_attention_heads * t))
-        blocked = torch.is_grad_enabled() and rows < t
+        recompute = torch.is_grad_enabled() and rows < t
         blocks = []
         for a in range(0, t, rows):
             args = (q[:, :, a : a + rows], k0, v0, a, *(e[:, :, a : a + rows] for e in extra or ()))
-            blocks.append(checkpoint(_attend_rows, *args, use_reentrant=False) if blocked else _attend_rows(*args))
+            blocks.append(run_block(_attend_rows, *args, recompute=recompute))
         out = torch.cat(blocks, 2)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 

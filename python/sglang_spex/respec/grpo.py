@@ -26,7 +26,7 @@ import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import httpx
 import torch
@@ -166,22 +166,29 @@ def rollout_payloads(samples: Sequence[Sample]) -> List[dict]:
 DEFAULT_POST_LIMIT = 1 << 20  # a learner that does not report its limit
 
 
+def _compact(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _cut(sizes: Sequence[int], limit: int) -> List[range]:
+    """Consecutive index ranges of JSON items of ``sizes`` bytes whose ``{"rollouts": [...], "more": ...}`` body fits
+    in ``limit`` bytes; raises ValueError naming an item that cannot fit alone."""
+    envelope = len(_compact({"rollouts": [], "more": False}))
+    parts, start, size = [], 0, envelope
+    for i, n in enumerate(sizes):
+        if envelope + n > limit:
+            raise ValueError(f"rollout {i} is {n} bytes of JSON, over the learner's limit {limit} (max_post_bytes)")
+        if i > start and size + 1 + n > limit:  # 1: the comma before it
+            parts.append(range(start, i))
+            start, size = i, envelope
+        size += n + (1 if i > start else 0)
+    return parts + [range(start, len(sizes))]
+
+
 def rollout_parts(rollouts: Sequence[dict], limit: int) -> List[List[dict]]:
     """``rollouts`` cut in order into parts whose compact JSON body (``{"rollouts": [...], "more": ...}``) fits in
     ``limit`` bytes; raises ValueError naming a rollout that cannot fit alone."""
-    envelope = len(json.dumps({"rollouts": [], "more": False}, separators=(",", ":")))
-    parts: List[List[dict]] = [[]]
-    size = envelope
-    for i, r in enumerate(rollouts):
-        n = len(json.dumps(r, separators=(",", ":")).encode())
-        if envelope + n > limit:
-            raise ValueError(f"rollout {i} is {n} bytes of JSON, over the learner's limit {limit} (max_post_bytes)")
-        if parts[-1] and size + 1 + n > limit:  # 1: the comma before it
-            parts.append([])
-            size = envelope
-        size += n + (1 if parts[-1] else 0)
-        parts[-1].append(r)
-    return parts
+    return [[rollouts[i] for i in part] for part in _cut([len(_compact(r)) for r in rollouts], limit)]
 
 
 class ServerClient:
@@ -227,10 +234,12 @@ class ServerClient:
         if self._post_limit is None:
             self._post_limit = int(self.learner_state().get("max_post_bytes") or DEFAULT_POST_LIMIT)
         url, accepted, answer = self.learner_url + "/respec/rollouts", 0, {}
-        parts = rollout_parts(rollouts, self._post_limit)
+        encoded = [_compact(r) for r in rollouts]  # each rollout serialised once: sized, then sent
+        parts = _cut([len(e) for e in encoded], self._post_limit)
         for i, part in enumerate(parts):
-            body = {"rollouts": part, "more": i < len(parts) - 1}
-            answer = self._post(url, content=json.dumps(body, separators=(",", ":")).encode())
+            more = b"true" if i < len(parts) - 1 else b"false"
+            content = b'{"rollouts":[' + b",".join(encoded[j] for j in part) + b'],"more":' + more + b"}"
+            answer = self._post(url, content=content)
             accepted += answer.get("accepted", 0)
         return {**answer, "accepted": accepted}
 

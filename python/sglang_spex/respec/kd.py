@@ -22,9 +22,8 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.drafter import Eagle3Drafter, run_block
 from sglang_spex.respec.target import Batch
 from sglang_spex.respec.ttt import DEFAULT_DECAY, unroll_hidden
 
@@ -94,11 +93,11 @@ def reward_weighted_kd(
     for i, s in enumerate(unroll_hidden(drafter, batch, steps)):
         # position t is scored against target_logp[:, t + offset]; past the batch's end the mask is 0
         scored = batch.target_logp.shape[1] - s.offset
+        recompute = torch.is_grad_enabled() and cols < scored
         per_row = torch.zeros(bsz)
         for a in range(0, scored, cols):
             b = min(a + cols, scored)
             part = (drafter, s.hidden[:, a:b], batch.target_logp[:, a + s.offset : b + s.offset], s.mask[:, a:b])
-            blocked = torch.is_grad_enabled() and cols < scored
-            per_row = per_row + (checkpoint(_block_kl, *part, use_reentrant=False) if blocked else _block_kl(*part))
+            per_row = per_row + run_block(_block_kl, *part, recompute=recompute)
         loss = loss + (decay**i) * (w.to(per_row.dtype) * per_row).sum() / s.mask.sum().clamp(min=1)
     return loss, w
