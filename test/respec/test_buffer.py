@@ -69,13 +69,13 @@ def test_a_rollout_longer_than_max_len_is_refused_and_named():
 def test_the_buffer_holds_at_most_max_entries_values_oldest_dropped_first():
     """Memory grows with the values stored (ids, log-probs, top-k pairs), not only the rollout count: past
     ``max_entries`` the oldest rollouts go, whatever ``capacity`` allows; the newest is always kept."""
-    top = {**GOOD, "target_top_logprobs": [[[4, -0.1], [6, -3.0]], [[5, -1.0]]]}  # 5 ids + 2 log-probs + 3 pairs
-    assert validate_rollout(GOOD).entries == 7 and validate_rollout(top, vocab_size=344).entries == 10
+    top = {**GOOD, "target_top_logprobs": [[[4, -0.1], [6, -3.0]], [[5, -1.0]]]}  # 5 ids + 2 log-probs + 2x2 cells
+    assert validate_rollout(GOOD).entries == 7 and validate_rollout(top, vocab_size=344).entries == 11
     buf = ReplayBuffer(capacity=100, vocab_size=344, max_entries=23)
     buf.add_batch([GOOD, GOOD, GOOD])  # 21 values
     assert len(buf) == 3 and buf.entries == 21 and buf.dropped == 0
-    buf.add_batch([top])  # 31, then 24, are over 23: the two oldest go
-    assert len(buf) == 2 and buf.entries == 17 and buf.dropped == 2
+    buf.add_batch([top])  # 32, then 25, are over 23: the two oldest go
+    assert len(buf) == 2 and buf.entries == 18 and buf.dropped == 2
     assert [r.target_top_logprobs is not None for r in buf.snapshot()] == [False, True]
     small = ReplayBuffer(capacity=100, vocab_size=344, max_entries=5)
     small.add_batch([GOOD, top])  # each alone is over the bound: the newest stays

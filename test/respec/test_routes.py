@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from sglang_spex.respec import routes
+from sglang_spex.respec import rollout_wire, routes
 from sglang_spex.respec.hotswap import HotSwapClient, HotSwapError
 from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
 
@@ -65,6 +65,34 @@ def test_good_payload_and_state(client):
     assert r.status_code == 200 and r.json()["accepted"] == 2
     state = http.get("/respec/state").json()
     assert state["version"] == 0 and state["buffer_size"] == 2 and state["variant"] == "frozen"
+
+
+def test_a_binary_body_is_the_same_rollouts_and_checked_against_the_learners_bounds(client, tiny_target):
+    """``Content-Type: application/octet-stream`` (``rollout_wire``): stored like JSON; a token outside the
+    model's vocabulary, a rollout past its context or a body that is not safetensors is a 400 naming the field
+    and stores nothing; ``more`` parts are one step."""
+    http, lrn = client
+    binary = {"content-type": rollout_wire.CONTENT_TYPE}
+    vocab, ctx = lrn.buffer.vocab_size, lrn.buffer.max_len
+    assert vocab == tiny_target.config.vocab_size and ctx == tiny_target.config.max_position_embeddings
+    bad = [
+        ([GOOD, {**GOOD, "response_ids": [4, vocab, 6]}], "rollouts[1].response_ids[1]"),
+        ([{**GOOD, "prompt_ids": [1] * (ctx - 2)}], "rollouts[0].response_ids"),
+    ]
+    for step, field in bad:
+        r = http.post("/respec/rollouts", content=rollout_wire.encode(step), headers=binary)
+        assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
+    r = http.post("/respec/rollouts", content=json.dumps({"rollouts": [GOOD]}), headers=binary)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "body", r.text
+    assert http.get("/respec/state").json()["buffer_size"] == 0
+    top = {**GOOD, "target_top_logprobs": [[[4, -0.1]], [[5, -0.2], [9, -3.0]], [[6, -0.3]]]}
+    for more in (True, False):
+        r = http.post("/respec/rollouts", content=rollout_wire.encode([GOOD, top], more=more), headers=binary)
+        assert r.status_code == 200 and r.json()["accepted"] == 2, r.text
+    state = http.get("/respec/state").json()
+    assert state["buffer_size"] == 4 and state["steps"] == 1
+    stored = lrn.buffer.snapshot()[-1].target_top_logprobs
+    assert stored.ids.tolist() == [[4, -1], [5, 9], [6, -1]]
 
 
 def test_install_from_env_is_inert_without_flag(monkeypatch):

@@ -84,8 +84,10 @@ def test_top_logprobs_stored_and_batch_atomic():
     assert e.value.field == "rollouts[1].target_top_logprobs[1][0][0]" and len(buf) == 0
     buf.add_batch([GOOD, {**GOOD, "target_logprobs": [-0.1, -1.0]}])
     first, second = buf.drain()
-    assert first.target_top_logprobs == (((4, -0.1),), ((5, -1.0),)) and first.target_logprobs is None
-    assert second.target_logprobs == (-0.1, -1.0)
+    top = first.target_top_logprobs
+    assert top.ids.tolist() == [[4], [5]] and top.logp.ravel().tolist() == pytest.approx([-0.1, -1.0])
+    assert first.target_logprobs is None
+    assert second.target_logprobs.tolist() == pytest.approx([-0.1, -1.0])
 
 
 def test_served_fields_from_sglang_meta_info():
@@ -97,7 +99,8 @@ def test_served_fields_from_sglang_meta_info():
     }
     fields = served_fields(meta, 2)
     assert fields == {"target_logprobs": [-0.5, -1.0], "target_top_logprobs": [[[4, -0.5], [9, -1.2]], [[5, -1.0]]]}
-    assert validate_rollout({**GOOD, **fields}, vocab_size=344).target_top_logprobs[0] == ((4, -0.5), (9, -1.2))
+    top = validate_rollout({**GOOD, **fields}, vocab_size=344).target_top_logprobs
+    assert top.ids.tolist() == [[4, 9], [5, -1]] and top.logp[0].tolist() == pytest.approx([-0.5, -1.2])
     assert served_fields(meta, 3) == {}  # not one entry per response token: left out
     assert served_fields({**meta, "output_top_logprobs": [meta["output_top_logprobs"][0], None]}, 2).keys() == {
         "target_logprobs"

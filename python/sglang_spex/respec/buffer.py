@@ -7,7 +7,9 @@ is the log-prob SGLang returned for each response token, ``target_top_logprobs``
 unknown fields, wrong types, empty or out-of-vocabulary ids, more than ``max_len`` tokens (prompt + response; the
 learner's is the model's context), NaN/inf, a positive log-prob, a list of the wrong length, a repeated id or a
 top-k row whose probabilities sum past 1 — raises :class:`RolloutError` naming the field; ``add_batch`` validates
-the whole batch before storing any.
+the whole batch before storing any. A validated :class:`Rollout` holds its values in numpy arrays (4 bytes per
+id or log-prob), not Python objects (~108 bytes each); ``rollout_wire.py`` decodes the same rollouts from a binary
+body.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Deque, List, Mapping, Optional, Sequence
 
+import numpy as np
+
 FIELDS = ("prompt_ids", "response_ids", "reward", "target_logprobs", "target_top_logprobs")
 REQUIRED = ("prompt_ids", "response_ids", "reward")
 MAX_TOP_K = 256  # top-k entries per response token (a bound on the buffer's memory)
-DEFAULT_MAX_ENTRIES = 1 << 24  # values the buffer holds (ids, log-probs, top-k pairs): ~2 GB as Python objects
+DEFAULT_MAX_ENTRIES = 1 << 24  # values the buffer holds (ids, log-probs, top-k cells): ~130 MB as arrays
 LOGP_TOL = 1e-4  # a served log-prob may exceed 0 by rounding, no more
+ID_DTYPE, LOGP_DTYPE = np.int32, np.float32  # how a rollout stores token ids and log-probs
+PAD_ID = -1  # a top-k cell past the end of its row
+ID_LIMIT = int(np.iinfo(ID_DTYPE).max) + 1  # token ids below this, whatever the vocabulary
 
 
 class RolloutError(ValueError):
@@ -34,13 +41,50 @@ class RolloutError(ValueError):
         self.field = field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class TopK:
+    """The served top-k of a rollout's response tokens: row i holds the (token id, log p) pairs of the distribution
+    response token i was sampled from, padded past its end with id ``PAD_ID``."""
+
+    ids: np.ndarray  # ID_DTYPE [n, k]
+    logp: np.ndarray  # LOGP_DTYPE [n, k]
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Sequence[Any]]]) -> "TopK":
+        """From rows of ``(token_id, logprob)`` pairs (every row non-empty)."""
+        k = max(len(row) for row in rows)
+        ids = np.full((len(rows), k), PAD_ID, dtype=ID_DTYPE)
+        logp = np.zeros((len(rows), k), dtype=LOGP_DTYPE)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = [t for t, _ in row]
+            logp[i, : len(row)] = [x for _, x in row]
+        return cls(ids, logp)
+
+    def rows(self) -> tuple:
+        """The rows as ``((token_id, logprob), ...)`` tuples of Python numbers."""
+        return tuple(
+            tuple((int(t), float(x)) for t, x in zip(ids, logp) if t != PAD_ID)
+            for ids, logp in zip(self.ids, self.logp)
+        )
+
+    def logp_of(self, tokens: np.ndarray) -> List[Optional[float]]:
+        """Row i's log p of ``tokens[i]`` (None where the token is not in the row)."""
+        hit = self.ids == np.asarray(tokens)[:, None]
+        found = hit.any(axis=1)
+        values = self.logp[np.arange(len(self)), hit.argmax(axis=1)]
+        return [float(x) if f else None for x, f in zip(values, found)]
+
+
+@dataclass(frozen=True, eq=False)
 class Rollout:
-    prompt_ids: tuple
-    response_ids: tuple
+    prompt_ids: np.ndarray  # ID_DTYPE
+    response_ids: np.ndarray  # ID_DTYPE
     reward: float
-    target_logprobs: Optional[tuple] = None  # (logprob,) per response token
-    target_top_logprobs: Optional[tuple] = None  # ((token_id, logprob), ...) per response token
+    target_logprobs: Optional[np.ndarray] = None  # LOGP_DTYPE, one per response token
+    target_top_logprobs: Optional[TopK] = None  # one row per response token
 
     @property
     def num_tokens(self) -> int:
@@ -48,12 +92,12 @@ class Rollout:
 
     @cached_property
     def entries(self) -> int:
-        """Values stored: token ids, log-probs and top-k pairs (what the buffer's memory grows with)."""
-        top = sum(len(row) for row in self.target_top_logprobs or ())
-        return self.num_tokens + len(self.target_logprobs or ()) + top
+        """Values stored: token ids, log-probs and top-k cells (what the buffer's memory grows with)."""
+        top = self.target_top_logprobs.ids.size if self.target_top_logprobs is not None else 0
+        return self.num_tokens + len(self.target_logprobs if self.target_logprobs is not None else ()) + top
 
 
-def _ids(value: Any, field: str, vocab_size: Optional[int], max_len: int) -> tuple:
+def _ids(value: Any, field: str, vocab_size: Optional[int], max_len: int) -> Sequence[int]:
     if not isinstance(value, (list, tuple)):
         raise RolloutError(field, f"must be a list of token ids, got {type(value).__name__}")
     if not value:
@@ -63,9 +107,9 @@ def _ids(value: Any, field: str, vocab_size: Optional[int], max_len: int) -> tup
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int):
             raise RolloutError(f"{field}[{i}]", f"must be an int token id, got {type(t).__name__}")
-        if t < 0 or (vocab_size is not None and t >= vocab_size):
-            raise RolloutError(f"{field}[{i}]", f"token id {t} outside [0, {vocab_size})")
-    return tuple(value)
+        if t < 0 or t >= (vocab_size if vocab_size is not None else ID_LIMIT):
+            raise RolloutError(f"{field}[{i}]", f"token id {t} outside [0, {vocab_size or ID_LIMIT})")
+    return value
 
 
 def _number(value: Any, field: str) -> float:
@@ -98,13 +142,13 @@ def validate_rollout(payload: Any, vocab_size: Optional[int] = None, max_len: in
     if logprobs is not None:
         field = f"{where}target_logprobs"
         _rows(logprobs, field, len(response), "floats")
-        logprobs = tuple(_logprob(x, f"{field}[{i}]") for i, x in enumerate(logprobs))
+        logprobs = np.array([_logprob(x, f"{field}[{i}]") for i, x in enumerate(logprobs)], dtype=LOGP_DTYPE)
     top = payload.get("target_top_logprobs")
     if top is not None:
         field = f"{where}target_top_logprobs"
         _rows(top, field, len(response), "top-k rows")
-        top = tuple(_top_row(row, f"{field}[{i}]", vocab_size) for i, row in enumerate(top))
-    return Rollout(prompt, response, reward, logprobs, top)
+        top = TopK.from_rows([_top_row(row, f"{field}[{i}]", vocab_size) for i, row in enumerate(top)])
+    return Rollout(np.array(prompt, dtype=ID_DTYPE), np.array(response, dtype=ID_DTYPE), reward, logprobs, top)
 
 
 def _rows(value: Any, field: str, n: int, what: str) -> None:
@@ -121,7 +165,7 @@ def _logprob(value: Any, field: str) -> float:
     return min(x, 0.0)
 
 
-def _top_row(row: Any, field: str, vocab_size: Optional[int]) -> tuple:
+def _top_row(row: Any, field: str, vocab_size: Optional[int]) -> List[tuple]:
     """One response token's top-k: a non-empty list of distinct ``[token_id, logprob]`` pairs."""
     if not isinstance(row, (list, tuple)) or not row:
         raise RolloutError(field, "must be a non-empty list of [token_id, logprob] pairs")
@@ -139,7 +183,7 @@ def _top_row(row: Any, field: str, vocab_size: Optional[int]) -> tuple:
     mass = sum(math.exp(x) for _, x in pairs)
     if mass > 1.0 + 1e-3:
         raise RolloutError(field, f"probabilities sum to {mass:.4f} > 1")
-    return tuple(pairs)
+    return pairs
 
 
 def served_fields(meta_info: Mapping[str, Any], num_tokens: int) -> dict:

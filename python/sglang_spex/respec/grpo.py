@@ -20,17 +20,17 @@ acceptance length) and rollout throughput, which is what ``benchmark/bench_respe
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import httpx
 import torch
 
+from sglang_spex.respec import rollout_wire
 from sglang_spex.respec.buffer import served_fields
 from sglang_spex.respec.hotswap import HotSwapClient, serialize_named_tensors
 from sglang_spex.respec.policy import Policy
@@ -166,31 +166,6 @@ def rollout_payloads(samples: Sequence[Sample]) -> List[dict]:
 DEFAULT_POST_LIMIT = 1 << 20  # a learner that does not report its limit
 
 
-def _compact(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def _cut(sizes: Sequence[int], limit: int) -> List[range]:
-    """Consecutive index ranges of JSON items of ``sizes`` bytes whose ``{"rollouts": [...], "more": ...}`` body fits
-    in ``limit`` bytes; raises ValueError naming an item that cannot fit alone."""
-    envelope = len(_compact({"rollouts": [], "more": False}))
-    parts, start, size = [], 0, envelope
-    for i, n in enumerate(sizes):
-        if envelope + n > limit:
-            raise ValueError(f"rollout {i} is {n} bytes of JSON, over the learner's limit {limit} (max_post_bytes)")
-        if i > start and size + 1 + n > limit:  # 1: the comma before it
-            parts.append(range(start, i))
-            start, size = i, envelope
-        size += n + (1 if i > start else 0)
-    return parts + [range(start, len(sizes))]
-
-
-def rollout_parts(rollouts: Sequence[dict], limit: int) -> List[List[dict]]:
-    """``rollouts`` cut in order into parts whose compact JSON body (``{"rollouts": [...], "more": ...}``) fits in
-    ``limit`` bytes; raises ValueError naming a rollout that cannot fit alone."""
-    return [[rollouts[i] for i in part] for part in _cut([len(_compact(r)) for r in rollouts], limit)]
-
-
 class ServerClient:
     """The few SGLang HTTP calls the loop makes (``/generate``, ``/model_info``, the learner routes)."""
 
@@ -230,16 +205,13 @@ class ServerClient:
 
     def post_rollouts(self, rollouts: List[dict]) -> dict:
         """One RL step's rollouts, in as many posts as the learner's body limit (``max_post_bytes`` in its state)
-        needs: each but the last with ``"more": true``. Returns the last post's answer, ``accepted`` summed."""
+        needs, as binary bodies (``rollout_wire.py``): each but the last with ``more``. Returns the last post's answer, ``accepted`` summed.
+        """
         if self._post_limit is None:
             self._post_limit = int(self.learner_state().get("max_post_bytes") or DEFAULT_POST_LIMIT)
         url, accepted, answer = self.learner_url + "/respec/rollouts", 0, {}
-        encoded = [_compact(r) for r in rollouts]  # each rollout serialised once: sized, then sent
-        parts = _cut([len(e) for e in encoded], self._post_limit)
-        for i, part in enumerate(parts):
-            more = b"true" if i < len(parts) - 1 else b"false"
-            content = b'{"rollouts":[' + b",".join(encoded[j] for j in part) + b'],"more":' + more + b"}"
-            answer = self._post(url, content=content)
+        for part in rollout_wire.parts(rollouts, self._post_limit):  # binary bodies: milliseconds to decode
+            answer = self._post(url, content=part)
             accepted += answer.get("accepted", 0)
         return {**answer, "accepted": accepted}
 
@@ -251,7 +223,7 @@ class ServerClient:
         return httpx.get(self.learner_url + "/respec/state", timeout=60).json()
 
     def _post(self, url: str, body: Optional[dict] = None, content: Optional[bytes] = None):
-        headers = {"content-type": "application/json"} if content is not None else None
+        headers = {"content-type": rollout_wire.CONTENT_TYPE} if content is not None else None
         r = httpx.post(url, json=body, content=content, headers=headers, timeout=self.timeout)
         if r.status_code != 200:
             raise RuntimeError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")

@@ -428,7 +428,7 @@ class OnlineLearner:
 def _served_token_logp(r: Rollout) -> Optional[List[Optional[float]]]:
     """The served log p of each sampled response token: ``target_logprobs``, else its top-k entry (None if absent)."""
     if r.target_logprobs is not None:
-        return list(r.target_logprobs)
+        return r.target_logprobs.tolist()
     if r.target_top_logprobs is None:
         return None
-    return [dict(row).get(tok) for tok, row in zip(r.response_ids, r.target_top_logprobs)]
+    return r.target_top_logprobs.logp_of(r.response_ids)

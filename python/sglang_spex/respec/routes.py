@@ -5,7 +5,9 @@
   every rollout of an update the KD target comes from them): 200 ``{"accepted", "buffer_size", "version",
   "update_due"}``; a bad payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged. One post is
   one RL step; a step too large for one body (``learner.max_post_bytes``, 413 past it) goes in parts, each but the
-  last with ``"more": true`` (``GRPOLoop.post_rollouts`` cuts them).
+  last with ``"more": true`` (``ServerClient.post_rollouts`` cuts them). The same rollouts may come as one binary
+  body, ``Content-Type: application/octet-stream`` (a safetensors file, ``rollout_wire.py``; ``more`` in its
+  metadata), which decodes in milliseconds where JSON's nested lists take a large step's fraction of a second.
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload, the copy unchanged.
@@ -34,6 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM
 
 from sglang_spex.config import ENV_VAR, LearnerSpec, load
+from sglang_spex.respec import rollout_wire
 from sglang_spex.respec.adaptive import best_case, drafter_never_pays
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
@@ -69,7 +72,12 @@ def _learner(request: Request) -> OnlineLearner:
     return getattr(request.app.state, LEARNER_ATTR)
 
 
-def _submit(learner: OnlineLearner, data: bytes) -> dict:
+def submit_body(learner: OnlineLearner, data: bytes, content_type: str) -> dict:
+    """What ``POST /respec/rollouts`` does with a body once read: decode it (JSON, or binary for
+    ``rollout_wire.CONTENT_TYPE``), validate and submit it; raises BodyError or RolloutError."""
+    if content_type == rollout_wire.CONTENT_TYPE:
+        rollouts, more = rollout_wire.decode(data, learner.buffer.vocab_size, learner.buffer.max_len)
+        return learner.submit(rollouts, more)
     body = parse_body(RolloutsBody, decode_json(data))
     return learner.submit(body.rollouts, body.more)
 
@@ -80,7 +88,8 @@ async def post_rollouts(request: Request) -> Response:
         data = await read_body(request, learner.config.max_post_bytes, "learner.max_post_bytes")
         # decoding and validating a large step, and training in sync mode, run off the event loop: other
         # clients' requests keep flowing
-        result = await run_in_threadpool(_submit, learner, data)
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        result = await run_in_threadpool(submit_body, learner, data, content_type)
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     except RolloutError as e:

@@ -16,7 +16,10 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
+
+from sglang_spex.respec.buffer import PAD_ID, TopK
 
 LOG_ZERO = -1e4  # log p of a draft token outside the served top-k (exp() is exactly 0, the KL term is 0)
 
@@ -91,10 +94,10 @@ class Batch:
 
 
 def served_target(
-    batch: Batch, prompt_lens: Sequence[int], top: Sequence[Sequence[Sequence[Tuple[int, float]]]], t2d: torch.Tensor
+    batch: Batch, prompt_lens: Sequence[int], top: Sequence[TopK], t2d: torch.Tensor
 ) -> Tuple[Batch, int]:
     """``batch`` with its KD target taken from the served target's top-k instead of the copy's logits (the copy's
-    aux hidden states are kept: the drafter reads them). ``top[b][i]``: (target token id, log p) pairs of the
+    aux hidden states are kept: the drafter reads them). Row i of ``top[b]``: (target token id, log p) pairs of the
     distribution response token i of rollout b was sampled from, i.e. ``target_logp[b, prompt_lens[b] - 1 + i]``.
     Ids outside the draft vocabulary (``t2d``) are dropped, the rest renormalised; every other draft token gets
     p = 0. A trained position whose top-k has no draft token has no target and leaves the loss mask. Returns
@@ -102,16 +105,15 @@ def served_target(
     bsz, length, vd = batch.target_logp.shape
     to_draft = torch.full((t2d.numel(),), -1, dtype=torch.long)
     to_draft[t2d.bool()] = torch.arange(int(t2d.sum()))
-    flat = [
-        (b * length + plen - 1 + i, tok, lp)
-        for b, (plen, rows) in enumerate(zip(prompt_lens, top))
-        for i, row in enumerate(rows)
-        if 0 <= plen - 1 + i < length
-        for tok, lp in row
-    ]
-    pos = torch.tensor([f[0] for f in flat], dtype=torch.long)
-    draft = to_draft[torch.tensor([f[1] for f in flat], dtype=torch.long)]
-    lps = torch.tensor([f[2] for f in flat], dtype=torch.float64)
+    cells = []  # (flat position, target token id, log p) of every top-k cell inside the batch's rows
+    for b, (plen, rows) in enumerate(zip(prompt_lens, top)):
+        at = plen - 1 + np.arange(len(rows))
+        inside = (at >= 0) & (at < length)
+        ids, lps = rows.ids[inside], rows.logp[inside]
+        cell = ids != PAD_ID
+        cells.append((np.broadcast_to((b * length + at[inside])[:, None], ids.shape)[cell], ids[cell], lps[cell]))
+    pos, tok, lps = (torch.from_numpy(np.concatenate(c)) for c in zip(*cells))
+    pos, draft, lps = pos.long(), to_draft[tok.long()], lps.double()
     keep = draft >= 0
     pos, draft, lps = pos[keep], draft[keep], lps[keep]
     peak = torch.full((bsz * length,), -math.inf, dtype=torch.float64).scatter_reduce(0, pos, lps, "amax")
@@ -236,7 +238,9 @@ class TargetFeatures:
             return self._batch(sequences, max_len, chunk, chunk_tokens, windows)
 
     def _batch(self, sequences, max_len, chunk, chunk_tokens, windows) -> Batch:
-        seqs_all = [list(p) + list(r) for p, r in sequences]
+        seqs_all = [
+            np.concatenate((np.asarray(p, dtype=np.int64), np.asarray(r, dtype=np.int64))) for p, r in sequences
+        ]
         if max_len is not None:
             seqs_all = [q[:max_len] for q in seqs_all]
         spans = [(0, len(q)) if w is None else w for q, w in zip(seqs_all, windows or [None] * len(seqs_all))]
@@ -250,7 +254,7 @@ class TargetFeatures:
             attn = torch.zeros(len(seqs), length, dtype=torch.bool)
             loss = torch.zeros(len(seqs), length, dtype=torch.bool)
             for i, ((prompt, _), q, n) in enumerate(zip(group, seqs, full[s:e])):
-                ids[i, : len(q)] = torch.tensor(q)
+                ids[i, : len(q)] = torch.from_numpy(q)
                 attn[i, : len(q)] = True
                 # position j predicts x_{j+1}: train where x_{j+1} is a response token (of the whole sequence)
                 loss[i, max(len(prompt) - 1, 0) : min(n - 1, len(q))] = True
