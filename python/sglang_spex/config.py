@@ -41,12 +41,12 @@ from typing import (
     get_type_hints,
 )
 
+from sglang_spex.tot.limits import parse_reward_hosts, valid_host_entry
+
 # ---------------------------------------------------------------- environment variables (all the package reads)
 ENV_VAR = "SGLANG_SPEX_CONFIG"
 CACHE_ENV_VAR = "SPEX_CACHE_DIR"
 FORCE_CPU_ENV_VAR = "SPEX_FORCE_CPU"
-# Legacy: the learner spec alone, set directly by a few tests/benchmarks; the launcher folds it into the config.
-# Remove it once they pass --respec-learner instead.
 
 
 class EnvVar(NamedTuple):
@@ -206,10 +206,10 @@ def _int_or_auto(text: str) -> Optional[int]:
 
 
 def _hosts(text: str) -> Tuple[str, ...]:
-    parts = tuple(p.strip() for p in text.split(",") if p.strip())
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected a comma list of hosts, got {text!r}")
-    return parts
+    try:
+        return parse_reward_hosts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
 
 
 def on_off(text: str) -> bool:
@@ -370,7 +370,7 @@ class SpexConfig(_Section):
     reward_hosts: Tuple[str, ...] = _opt(
         ("loopback",),
         parse=_hosts,
-        check=(lambda v: len(v) >= 1 and all(isinstance(h, str) and h for h in v), "must name at least one host"),
+        check=(lambda v: bool(v) and all(map(valid_host_entry, v)), "must be host names, IPs, CIDRs, loopback or *"),
         help="hosts callback/PRM rewards may call: names, IPs, CIDRs, loopback or * (comma list)",
     )
     spec_priority: int = _opt(-1000, flag=None, help="priority of speculative requests (below any primary)")

@@ -43,8 +43,9 @@ def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConf
         elif key in ("enabled", "early_stop", "payoff_gate", "auto_off") and not isinstance(value, bool):
             raise SearchSpecError(f"speculation.{key}", "must be true or false")
         changes[key] = value
-    try:
-        return dataclasses.replace(server, **changes).validate()
-    except (ConfigError, TypeError) as e:
-        field = next((k for k in changes if k.replace("_", "-") in str(e)), next(iter(changes)))
-        raise SearchSpecError(f"speculation.{field}", str(e))
+    for key, value in changes.items():  # one at a time, so the error names the field at fault
+        try:
+            dataclasses.replace(server, **{key: value}).validate()
+        except (ConfigError, TypeError, OverflowError) as e:
+            raise SearchSpecError(f"speculation.{key}", str(e))
+    return dataclasses.replace(server, **changes).validate()

@@ -47,6 +47,7 @@ from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 logger = logging.getLogger(__name__)
 
 QUEUED, RUNNING = "queued", "running"
+CANCEL_GRACE_S = 2.0  # a cancelled running search's time to wind down before its task is cancelled
 # SpexConfig fields that are per-search limits (tot/limits.py); None = derived from the live engine
 LIMIT_FIELDS = ("max_width", "max_depth", "max_iterations", "max_nodes", "max_search_tokens", "max_step_tokens")
 FINISHED = ("done", "cancelled", "failed")
@@ -124,6 +125,7 @@ class SearchService:
         self.context_factory: ContextFactory = self.spex.make_context if self.spex else SearchContext
         self.keep_finished = keep_finished
         self.searches: "OrderedDict[str, SearchHandle]" = OrderedDict()
+        self._cancelling: Dict[str, "asyncio.Task[None]"] = {}  # searches being cancelled: their cancel's task
         self.rejected = 0  # searches refused with 429
         self._sem: Optional[asyncio.Semaphore] = None
         self._limits: Optional[SearchLimits] = None
@@ -207,31 +209,43 @@ class SearchService:
         try:
             async with self._sem:
                 if h.ctx.cancelled:
-                    h.result = h.ctx.result("cancelled")
+                    h.result = await _finish(h, "cancelled")
                 else:
                     h.status = RUNNING
                     h.result = await h.ctx.run()
         except asyncio.CancelledError:
-            h.result = h.ctx.result("cancelled")
+            h.result = await _finish(h, "cancelled")
         except Exception as e:  # never lose a search silently
-            h.result = h.ctx.result("failed", repr(e))
+            h.result = await _finish(h, "failed", repr(e))
         h.status = h.result.status
         self._durations.append(time.time() - h.created)
         h.publish({"event": "result", "result": h.result.to_dict()})
 
     async def cancel(self, search_id: str, reason: str = "cancelled") -> Optional[SearchHandle]:
-        """Cancel a search: abort all of its requests in SGLang (by rid prefix) and let it finish."""
+        """Cancel a search and return it finished: a queued one at once; a running one has its requests aborted
+        in SGLang (by rid prefix) and ``CANCEL_GRACE_S`` to wind down (its aborted requests return), then its
+        task is cancelled (e.g. while it waits on a slow reward). The work runs in its own task, so a caller
+        cancelled meanwhile (a streaming client that went away) cuts nothing short."""
         h = self.searches.get(search_id)
         if h is None:
             return None
-        if not h.finished:
-            await h.ctx.cancel(reason)
-            if h.task is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(h.task), timeout=10)
-                except asyncio.TimeoutError:
-                    h.task.cancel()
+        if not h.finished and h.task is not None:
+            job = self._cancelling.get(h.id)
+            if job is None:
+                job = self._cancelling[h.id] = asyncio.create_task(self._cancel(h, reason))
+                job.add_done_callback(lambda _: self._cancelling.pop(h.id, None))
+            await asyncio.shield(job)
         return h
+
+    async def _cancel(self, h: SearchHandle, reason: str) -> None:
+        if h.status == QUEUED:
+            h.ctx.cancelled, h.ctx.stop_reason = True, h.ctx.stop_reason or reason
+            h.task.cancel()
+        else:
+            await h.ctx.cancel(reason)
+            await asyncio.wait({h.task}, timeout=CANCEL_GRACE_S)
+            h.task.cancel()
+        await asyncio.wait({h.task})
 
     def _trim(self) -> None:
         done = [k for k, h in self.searches.items() if h.finished]
@@ -256,6 +270,14 @@ class SearchService:
             "rejected": self.rejected,
             "searches_per_dp_rank": self.dp_loads(),
         }
+
+
+async def _finish(h: SearchHandle, status: str, error: Optional[str] = None) -> SearchResult:
+    """The search's result with its answer judged off the event loop (unjudged if this task is cancelled again)."""
+    try:
+        return await h.ctx.finish(status, error)
+    except asyncio.CancelledError:
+        return h.ctx.result(status, error, judged=False)
 
 
 # ---------------------------------------------------------------- routes

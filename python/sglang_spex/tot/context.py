@@ -18,7 +18,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from sglang_spex.tot.answers import aggregate, candidates, extract_answer
+from sglang_spex.tot.answers import PatternBudget, PatternTooSlow, aggregate, candidates
 from sglang_spex.tot.engine import (
     ROLE_PRIMARY,
     EngineLost,
@@ -84,6 +84,7 @@ class SearchContext:
         self.progress = progress
         self.num_requests = 0
         self.tokens_generated = 0
+        self.pattern_budget = PatternBudget()  # the answer pattern's time on this search's steps
         self.cancelled = False
         self.stop_reason: Optional[str] = None
         self.inflight: Set[str] = set()
@@ -186,7 +187,11 @@ class SearchContext:
         node.prompt_tokens, node.cached_tokens = res.prompt_tokens, res.cached_tokens
         node.logprobs, node.finish_reason, node.latency = list(res.logprobs), res.finish_reason, res.latency
         self.tokens_generated += node.num_tokens
-        node.answer = extract_answer(res.text, self.spec.answer.pattern)
+        try:
+            node.answer = self.pattern_budget.extract(res.text, self.spec.answer.pattern)
+        except PatternTooSlow as e:  # the step fails (the caller counts it), the event loop is not held again
+            node.answer, node.is_terminal, node.status, node.error = None, True, FAILED, str(e)
+            return
         eos = res.finish_reason == "stop" and res.matched_stop is None
         node.is_terminal = (
             node.answer is not None
@@ -323,10 +328,17 @@ class SearchContext:
             await self.cancel("error")
         finally:
             await self.close()
-        return self.result(status, error)
+        return await self.finish(status, error)
 
-    def result(self, status: str, error: Optional[str] = None) -> SearchResult:
-        """The search's result as it stands: answers aggregated, every node, accounting."""
+    async def finish(self, status: str, error: Optional[str] = None) -> SearchResult:
+        """:meth:`result`, its answer judged off the event loop (math-verify may take seconds)."""
+        res = self.result(status, error, judged=False)
+        res.correct = await asyncio.to_thread(judge, res.answer, self.reference, self.spec.task)
+        return res
+
+    def result(self, status: str, error: Optional[str] = None, judged: bool = True) -> SearchResult:
+        """The search's result as it stands: answers aggregated, every node, accounting (``correct`` left None
+        unless ``judged``)."""
         self.sync_stats()
         cands = candidates(self.tree.terminals(), self.spec.answer.score)
         answer = aggregate(cands, self.spec.answer.aggregate)
@@ -336,7 +348,7 @@ class SearchContext:
             policy=self.spec.policy.name,
             status=status,
             answer=answer,
-            correct=judge(answer, self.reference, self.spec.task),
+            correct=judge(answer, self.reference, self.spec.task) if judged else None,
             reference=self.reference,
             answers=[asdict(c) for c in cands],
             nodes=[n.to_dict() for n in self.tree],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import urlsplit
@@ -20,6 +21,8 @@ from sglang_spex.tot.validation import check
 
 LOOPBACK = "loopback"  # allowlist entry: localhost and every loopback address (127.0.0.0/8, ::1)
 DEFAULT_REWARD_HOSTS: Tuple[str, ...] = (LOOPBACK,)
+MAX_HOST_CHARS = 253  # DNS: the longest host name
+_HOST_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")  # one label of a host name (underscores: container names)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,32 @@ def node_bound(params: Any) -> int:
     if hasattr(params, "iterations"):
         return params.iterations * (params.branch + params.roll_forward_steps * params.roll_branch)
     raise TypeError(f"no node bound for {type(params).__name__}")
+
+
+def valid_host_entry(entry: Any) -> bool:
+    """``entry`` is something :func:`host_allowed` can match: ``*``, ``loopback``, an IP, a CIDR network, or a
+    host name (labels of letters, digits, ``-`` and ``_``; the last not all digits, as in a mistyped IP)."""
+    if not isinstance(entry, str):
+        return False
+    entry = entry.strip().lower()
+    if entry in ("*", LOOPBACK):
+        return True
+    try:
+        ipaddress.ip_network(entry, strict=False)
+        return True
+    except ValueError:
+        pass
+    labels = entry.removesuffix(".").split(".")
+    return len(entry) <= MAX_HOST_CHARS and all(map(_HOST_LABEL.fullmatch, labels)) and not labels[-1].isdigit()
+
+
+def parse_reward_hosts(text: str) -> Tuple[str, ...]:
+    """The allowlist in a comma list (``--tot-reward-hosts``); ValueError naming an entry that is not one."""
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip()) or ("",)
+    bad = [h for h in hosts if not valid_host_entry(h)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a host name, IP, CIDR network, loopback or * (in {text!r})")
+    return hosts
 
 
 def host_allowed(host: str, allowed: Tuple[str, ...]) -> bool:

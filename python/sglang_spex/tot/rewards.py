@@ -21,16 +21,20 @@ import ast
 import math
 import operator
 import re
+import string
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import httpx
 
 from sglang_spex.tot.http_port import pool_limits
 from sglang_spex.tot.tree import Node
-from sglang_spex.tot.validation import check
+from sglang_spex.tot.validation import SearchSpecError, check
 
 REWARD_TYPES = ("logprob", "prm", "verifier", "callback")
+PRM_FIELDS = ("question", "steps")  # what PRMReward formats prm_template with
+MAX_TEMPLATE_FIELDS = 8  # placeholders in a template: a rendered prompt is at most this many copies of the values
+MAX_TAG_CHARS = 64  # a PRM's good/bad token and step tag
 VerifierFn = Callable[[str, List[str]], float]
 VERIFIERS: Dict[str, VerifierFn] = {}
 
@@ -50,6 +54,8 @@ class RewardConfig:
 
     def validate(self, p: str = "reward") -> None:
         check(self.type in REWARD_TYPES, f"{p}.type", f"must be one of {list(REWARD_TYPES)}")
+        check(self.url is None or isinstance(self.url, str), f"{p}.url", "must be a string")
+        check(self.name is None or isinstance(self.name, str), f"{p}.name", "must be a string")
         if self.type in ("prm", "callback"):
             check(
                 isinstance(self.url, str) and self.url.startswith(("http://", "https://")),
@@ -62,6 +68,34 @@ class RewardConfig:
             check(
                 self.name in VERIFIERS, f"{p}.name", f"unknown verifier {self.name!r}; registered: {sorted(VERIFIERS)}"
             )
+        for name in ("step_tag", "good_token", "bad_token"):
+            value = getattr(self, name)
+            ok = isinstance(value, str) and 0 < len(value) <= MAX_TAG_CHARS
+            check(ok, f"{p}.{name}", f"must be a string of 1 to {MAX_TAG_CHARS} characters")
+            # the tokens are compared whitespace-stripped with the PRM's top tokens
+            check(name == "step_tag" or value.strip() != "", f"{p}.{name}", "must not be only whitespace")
+        check_template(self.prm_template, PRM_FIELDS, f"{p}.prm_template")
+
+
+def check_template(template: Any, names: Tuple[str, ...], field_name: str, required: Optional[str] = None) -> None:
+    """``template`` is a ``str.format`` template of at most :data:`MAX_TEMPLATE_FIELDS` fields, each a plain
+    ``{name}`` of ``names`` (no format spec, conversion, attribute or index), so its rendering is bounded by the
+    values' lengths; it contains ``{required}`` when given."""
+    check(isinstance(template, str), field_name, "must be a string")
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise SearchSpecError(field_name, f"not a valid template ({e}); write {{{{ and }}}} for literal braces")
+    check(len(fields) <= MAX_TEMPLATE_FIELDS, field_name, f"has {len(fields)} fields; at most {MAX_TEMPLATE_FIELDS}")
+    for name, spec, conv in fields:
+        shown = f"{{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}"
+        check(
+            name in names and not spec and conv is None,
+            field_name,
+            f"{shown[:60]!r}: only the plain fields {', '.join(f'{{{n}}}' for n in names)} are allowed (no format "
+            "spec, conversion, attribute or index); write {{ and }} for literal braces",
+        )
+    check(required is None or required in (f[0] for f in fields), field_name, f"must contain {{{required}}}")
 
 
 def reward_section(name: str) -> Dict[str, Any]:

@@ -16,11 +16,13 @@ import regex
 from sglang_spex.tot.answers import MAX_PATTERN_CHARS
 from sglang_spex.tot.policies.base import Policy
 from sglang_spex.tot.policies.registry import build_policy
-from sglang_spex.tot.rewards import RewardConfig
+from sglang_spex.tot.rewards import RewardConfig, check_template
 from sglang_spex.tot.tasks import get_task
 from sglang_spex.tot.validation import SearchSpecError, check, from_dict, is_num
 
 INT64 = (-(2**63), 2**63 - 1)  # SGLang's range for a request's priority
+MAX_STOP_STRINGS = 32  # SGLang refuses a request with more stop strings
+PROMPT_FIELDS = ("question",)  # what the search formats step.prompt_template with
 
 
 __all__ = [
@@ -55,6 +57,7 @@ class StepConfig:
             f"{p}.stop",
             "must be a list of non-empty strings",
         )
+        check(len(self.stop) <= MAX_STOP_STRINGS, f"{p}.stop", f"at most {MAX_STOP_STRINGS} strings (SGLang's limit)")
         check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"{p}.max_tokens", "must be an integer >= 1")
         check(is_num(self.temperature) and self.temperature >= 0, f"{p}.temperature", "must be a number >= 0")
         check(is_num(self.top_p) and 0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
@@ -63,15 +66,7 @@ class StepConfig:
             f"{p}.max_total_tokens",
             "must be an integer >= 1",
         )
-        check(
-            isinstance(self.prompt_template, str) and "{question}" in self.prompt_template,
-            f"{p}.prompt_template",
-            "must be a string containing {question}",
-        )
-        try:
-            self.prompt_template.format(question="")
-        except (KeyError, IndexError, ValueError, AttributeError) as e:
-            raise SearchSpecError(f"{p}.prompt_template", f"{{question}} must be its only field ({e!r})")
+        check_template(self.prompt_template, PROMPT_FIELDS, f"{p}.prompt_template", required="question")
 
 
 @dataclass
@@ -132,6 +127,7 @@ class SearchSpec:
         self.reward.validate()
         self.answer.validate()
         if self.task is not None:
+            check(isinstance(self.task, str), "task", "must be a string or null")
             try:
                 get_task(self.task)
             except KeyError as e:
