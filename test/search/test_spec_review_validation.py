@@ -187,3 +187,19 @@ def test_launcher_exits_2_naming_a_bad_reward_host():
     )
     assert p.returncode == 2
     assert "--tot-reward-hosts" in p.stderr and "10.0.0.0/33" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "policy, field",
+    [
+        ({"name": "rstar", "exploration_weight": float("inf")}, "policy.exploration_weight"),
+        ({"name": "ets", "lambda_c": float("inf")}, "policy.lambda_c"),
+        ({"name": "ets", "lambda_s": 10**400}, "policy.lambda_s"),
+        ({"name": "rebase", "softmax_temperature": float("inf")}, "policy.softmax_temperature"),
+        ({"name": "rebase", "softmax_temperature": 0}, "policy.softmax_temperature"),
+    ],
+)
+def test_other_policies_refuse_infinite_knobs(policy, field):
+    with pytest.raises(SearchSpecError) as e:
+        SearchSpec.from_dict({"policy": policy}).validate()
+    assert e.value.field == field

@@ -154,3 +154,36 @@ def test_context_tokens_reads_the_sum_sglang_keeps_or_recomputes_it():
     assert sa.context_tokens(SimpleNamespace(seq_lens_sum=23, seq_lens_cpu=lens)) == 23
     assert sa.context_tokens(SimpleNamespace(seq_lens_sum=None, seq_lens_cpu=lens)) == 23  # a decode step's batch
     assert sa.context_tokens(SimpleNamespace(seq_lens_sum=None, seq_lens_cpu=None)) == 0
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+def test_speculation_ranks_below_its_own_search_and_a_promotion_takes_the_searchs_priority(low_first):
+    """A search at priority -2000 (high values first) is below the speculative floor (-1000): its speculative
+    requests go one step below it, never above its own or anyone's primaries; a promoted one gets -2000 back."""
+    from sglang_spex.srt import scheduling
+
+    sign = -1 if low_first else 1  # the same ranks stated the server's way
+
+    class Sched:
+        enable_priority_scheduling, schedule_low_priority_values_first = True, low_first
+        waiting_queue, chunked_req, tree_cache = [], None, SimpleNamespace()
+        running_batch = Batch([])
+
+    sched = Sched()
+    scheduling.sa.attach_state(sched, scheduling.SpexSchedulerState(spec_priority=-1000))
+    low, plain = Req(0, True, "a"), Req(1, True, "b")
+    low.sampling_params.custom_params["spex_search_priority"] = sign * -2000
+    for r in (low, plain):
+        r.priority = sign * 5  # what a client might set: clamped to the floor
+        scheduling._assign_priority(sched, r)
+    assert (low.priority, plain.priority) == (sign * -2001, sign * -1000)
+    urgent = Req(2, True, "c")
+    urgent.sampling_params.custom_params["spex_search_priority"] = sign * 50  # above the floor: the floor holds
+    urgent.priority = None
+    scheduling._assign_priority(sched, urgent)
+    assert urgent.priority == sign * -1000
+    sched.waiting_queue = [low, plain]
+    scheduling.promote(sched, low.rid)
+    scheduling.promote(sched, plain.rid)
+    assert (low.priority, plain.priority) == (sign * -2000, scheduling.PRIMARY_DEFAULT_PRIORITY)
+    assert not sa.is_spec(low) and not sa.is_spec(plain)

@@ -427,6 +427,13 @@ def worth_s(req: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def search_priority(req: Any) -> Optional[int]:
+    """A speculative request's search's primary priority (``custom_params["spex_search_priority"]``; None: unset)."""
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    value = params.get("spex_search_priority") if isinstance(params, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def pending_prefill_tokens(req: Any) -> int:
     """Prompt tokens the adder would prefill for ``req`` now (after ``init_next_round_input``'s prefix match)."""
     return max(len(req.full_untruncated_fill_ids) - int(req.prefix_len), 0)

@@ -449,7 +449,7 @@ class SpexContext(SearchContext):
     async def _generate_spec(self, node: Node, worth_s: Optional[float] = None, sure: bool = False) -> None:
         node.status, node.rid = GENERATING, node_rid(self.search_id, node.path, ROLE_SPEC)
         req = self.request_for(node)
-        req.role, req.priority = ROLE_SPEC, self.settings.spec_priority
+        req.role, req.priority, req.search_priority = ROLE_SPEC, self.settings.spec_priority, req.priority
         req.worth_s, req.sure = worth_s, sure
         try:
             res = await self.port.generate(req)

@@ -58,6 +58,7 @@ from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.srt.prefill_allowance import PrefillAllowance, StepAllowance
 from sglang_spex.srt.prefix_protection import PrefixProtection
 from sglang_spex.tot.engine import ROLE_PRIMARY, search_rid_prefix
+from sglang_spex.tot.search_spec import INT64
 
 logger = logging.getLogger(__name__)
 
@@ -213,19 +214,31 @@ def _assign_priority(scheduler: Any, req: Any) -> None:
     low_first = sa.low_values_first(scheduler)
     current = sa.priority(req)
     if is_spec(req):
-        floor = -state.spec_priority if low_first else state.spec_priority
+        floor = _spec_floor(state.spec_priority, sa.search_priority(req), low_first)
         if current is None or _urgency(current, low_first) > _urgency(floor, low_first):
             sa.set_priority(req, floor)
     elif current is None:
         sa.set_priority(req, PRIMARY_DEFAULT_PRIORITY)
 
 
+def _spec_floor(spec_priority: int, search: Optional[int], low_first: bool) -> int:
+    """The most urgent priority a speculative request may have: ``spec_priority`` (stated with high values first),
+    and one step below its search's primary priority when that is lower (a low-priority search's speculation
+    never outranks its own, or anyone's, primary work)."""
+    floor = -spec_priority if low_first else spec_priority
+    if search is not None and _urgency(search, low_first) <= _urgency(floor, low_first):
+        floor = min(max(search + (1 if low_first else -1), INT64[0]), INT64[1])
+    return floor
+
+
 def promote(scheduler: Any, rid: str) -> None:
-    """The search now waits on this speculative request: give it primary rank (waiting or running)."""
+    """The search now waits on this speculative request: give it primary rank (waiting or running): its search's
+    priority, else the default."""
     state = state_of(scheduler)
     for req in sa.waiting(scheduler) + sa.batch_reqs(sa.running_batch(scheduler)):
         if sa.rid(req) == rid and is_spec(req):
-            sa.make_primary(req, PRIMARY_DEFAULT_PRIORITY)
+            own = sa.search_priority(req)
+            sa.make_primary(req, PRIMARY_DEFAULT_PRIORITY if own is None else own)
             state.bump("promoted")
 
 

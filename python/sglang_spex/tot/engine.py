@@ -66,6 +66,7 @@ class GenRequest:
     priority: Optional[int] = None
     dp_rank: Optional[int] = None  # SGLang's routed_dp_rank: every request of a search on one DP rank
     worth_s: Optional[float] = None  # speculative: seconds its expected hit saves the search (the prefill allowance)
+    search_priority: Optional[int] = None  # speculative: its search's primary priority (it ranks below that too)
     sure: bool = False  # speculative: its search expects to use it (the gate lets it run above the knee)
 
     def sampling_params(self) -> Dict[str, Any]:
@@ -79,6 +80,8 @@ class GenRequest:
             sp["custom_params"]["spex_worth_s"] = float(self.worth_s)
         if self.sure:
             sp["custom_params"]["spex_sure"] = True
+        if self.search_priority is not None:
+            sp["custom_params"]["spex_search_priority"] = int(self.search_priority)
         if self.stop:
             sp["stop"] = list(self.stop)
         if self.seed is not None:

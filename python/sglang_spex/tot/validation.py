@@ -7,6 +7,7 @@ without importing the spec that holds it, and any other input check can raise a 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Dict, Type, TypeVar
 
 T = TypeVar("T")
@@ -34,9 +35,19 @@ def check(ok: bool, name: str, reason: str) -> None:
         raise SearchSpecError(name, reason)
 
 
+FLOAT_MAX = sys.float_info.max  # a number knob past it (or NaN, inf) breaks the float maths of a policy
+
+
 def is_num(x: Any) -> bool:
     """An int or float, not a bool."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_finite(value: Any, name: str, minimum: float = -FLOAT_MAX, above: bool = False) -> None:
+    """``value`` is a finite number (not NaN, not inf, no larger than a float) >= ``minimum`` (> with ``above``)."""
+    low_ok = value > minimum if above else value >= minimum
+    bound = f"{'>' if above else '>='} {minimum:g}" if minimum > -FLOAT_MAX else ""
+    check(low_ok and value <= FLOAT_MAX, name, f"must be a finite number {bound}".strip())
 
 
 def check_int(value: Any, name: str, minimum: int) -> None:

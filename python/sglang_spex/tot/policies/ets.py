@@ -25,7 +25,7 @@ from sglang_spex.tot.embed import cluster_texts
 from sglang_spex.tot.policies.base import SearchHost
 from sglang_spex.tot.policies.rebase import Rebase, RebaseParams, allocate_widths
 from sglang_spex.tot.tree import Node
-from sglang_spex.tot.validation import check
+from sglang_spex.tot.validation import check, check_finite
 
 EMBEDDERS = ("auto", "minilm", "tfidf")
 TIE_WEIGHT = 1e-9  # ilp_select_exact's tie-break weight (objective differences are >= ~1e-5 at these sizes)
@@ -41,8 +41,8 @@ class EtsParams(RebaseParams):
 
     def validate(self) -> None:
         super().validate()
-        check(self.lambda_c >= 0, "policy.lambda_c", "must be >= 0")
-        check(self.lambda_s >= 0, "policy.lambda_s", "must be >= 0")
+        check_finite(self.lambda_c, "policy.lambda_c", 0)
+        check_finite(self.lambda_s, "policy.lambda_s", 0)
         check(0 < self.cluster_threshold < 2, "policy.cluster_threshold", "must be in (0, 2)")
         check(self.embedder in EMBEDDERS, "policy.embedder", "must be auto, minilm or tfidf")
 

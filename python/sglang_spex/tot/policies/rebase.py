@@ -15,7 +15,7 @@ from typing import List, Sequence, Tuple
 
 from sglang_spex.tot.policies.base import Policy, SearchHost
 from sglang_spex.tot.tree import DONE, Node
-from sglang_spex.tot.validation import check, check_int
+from sglang_spex.tot.validation import check_finite, check_int
 
 EPS = 1e-9  # guards ceil() against float round-up (e.g. 2.0000000001)
 
@@ -28,7 +28,7 @@ class RebaseParams:
 
     def validate(self) -> None:
         check_int(self.width, "policy.width", 1)
-        check(self.softmax_temperature > 0, "policy.softmax_temperature", "must be > 0")
+        check_finite(self.softmax_temperature, "policy.softmax_temperature", 0, above=True)
         check_int(self.max_depth, "policy.max_depth", 1)
 
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
 from sglang_spex.tot.policies.base import SearchHost, Stat, Stats
 from sglang_spex.tot.policies.mcts import MCTSPolicy, RolloutWalk, check_target_answers, selectable
 from sglang_spex.tot.tree import KIND_ROLLOUT, Node
-from sglang_spex.tot.validation import check, check_int
-
-FLOAT_MAX = sys.float_info.max  # a value knob past it (or NaN) breaks UCT's comparisons and the value updates
+from sglang_spex.tot.validation import check, check_finite, check_int
 
 
 @dataclass
@@ -45,10 +42,10 @@ class RestParams:
             check_int(getattr(self, name), f"policy.{name}", 1)
         check_int(self.roll_forward_steps, "policy.roll_forward_steps", 0)
         check(0 <= self.alpha <= 1, "policy.alpha", "must be in [0, 1]")
-        check(0 <= self.exploration_constant <= FLOAT_MAX, "policy.exploration_constant", "must be finite and >= 0")
-        check(0 <= self.inf <= FLOAT_MAX, "policy.inf", "must be finite and >= 0")
+        check_finite(self.exploration_constant, "policy.exploration_constant", 0)
+        check_finite(self.inf, "policy.inf", 0)
         for name in ("low", "end_gate"):
-            check(-FLOAT_MAX <= getattr(self, name) <= FLOAT_MAX, f"policy.{name}", "must be a finite number")
+            check_finite(getattr(self, name), f"policy.{name}")
         check_target_answers(self.target_answers)
 
 

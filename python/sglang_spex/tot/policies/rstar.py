@@ -22,7 +22,7 @@ from typing import List, Optional
 from sglang_spex.tot.policies.base import SearchHost, Stats
 from sglang_spex.tot.policies.mcts import MCTSPolicy, RolloutWalk, check_target_answers, selectable
 from sglang_spex.tot.tree import Node
-from sglang_spex.tot.validation import check, check_int
+from sglang_spex.tot.validation import check_finite, check_int
 
 UNVISITED = 999.0  # rStar: an unvisited child (or the root) gets this UCT value
 
@@ -38,7 +38,7 @@ class RStarParams:
     def validate(self) -> None:
         for name in ("num_rollouts", "max_depth", "branch"):
             check_int(getattr(self, name), f"policy.{name}", 1)
-        check(self.exploration_weight >= 0, "policy.exploration_weight", "must be >= 0")
+        check_finite(self.exploration_weight, "policy.exploration_weight", 0)
         check_target_answers(self.target_answers)
 
 
