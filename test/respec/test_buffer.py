@@ -81,3 +81,11 @@ def test_the_buffer_holds_at_most_max_entries_values_oldest_dropped_first():
     small.add_batch([GOOD, top])  # each alone is over the bound: the newest stays
     assert len(small) == 1 and small.snapshot()[0].target_top_logprobs is not None
     assert len(buf.drain()) == 2 and buf.entries == 0
+
+
+def test_a_log_prob_past_float32_is_stored_as_the_floor():
+    """-1e39 is finite in JSON but -inf in float32 (a NaN once renormalised): stored as LOGP_FLOOR (p = 0 too)."""
+    from sglang_spex.respec.buffer import LOGP_FLOOR
+
+    r = validate_rollout({**GOOD, "target_logprobs": [-1e39, -0.5]}, vocab_size=344)
+    assert r.target_logprobs.tolist() == [LOGP_FLOOR, -0.5]

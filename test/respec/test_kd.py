@@ -22,6 +22,16 @@ def test_reward_weights_rule():
         reward_weights([1.0], mode="bogus")
 
 
+@pytest.mark.parametrize("mode", ["linear", "zscore", "max", "none"])
+def test_reward_weights_are_scale_free_and_finite_near_floats_range(mode):
+    """A reward of 1e39 (finite in JSON, inf in float32) or 1.7e308 (inf once summed) weighs like the same rewards
+    scaled down: every rule is scale-free, so one huge reward cannot make an update NaN."""
+    small = reward_weights([2.0, 0.0, 1.0], mode=mode)
+    for scale in (1e39, 1.7e308 / 2):
+        w = reward_weights([2.0 * scale, 0.0, 1.0 * scale], mode=mode)
+        assert torch.isfinite(w).all() and torch.allclose(w, small, atol=1e-6), (scale, w, small)
+
+
 def test_linear_weight_is_the_default_and_proportional_to_reward():
     """The paper's w(r) = r, normalised (batch mean 1) and clipped to [0, w_max]."""
     assert torch.allclose(reward_weights([1.0, 0.25]), torch.tensor([1.6, 0.4]))  # mean .625

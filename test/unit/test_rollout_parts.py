@@ -3,6 +3,8 @@ into posts that fit the learner's body limit."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -67,6 +69,10 @@ def _decode(arrays, **kw):
         (lambda a: a["prompt_ids"].__setitem__(0, -3), "rollouts[0].prompt_ids[0]"),
         (lambda a: a.update(prompt_lens=np.array([2, 0], np.int32)), "rollouts[1].prompt_ids"),
         (lambda a: a.update(response_lens=np.array([3], np.int32)), "response_lens"),
+        # lengths that wrap in int64 when summed (2**63 - 1 + 2): refused before any sum or cast
+        (lambda a: a.update(prompt_lens=np.array([2, 2**63 - 1], np.int64)), "rollouts[1].prompt_ids"),
+        (lambda a: a.update(response_lens=np.array([2**62, 2**62 + 5], np.int64)), "rollouts[0].response_ids"),
+        (lambda a: a.update(prompt_lens=np.array([2**64 - 1, 2], np.uint64)), "rollouts[0].prompt_ids"),
         (lambda a: a["target_logprobs"].__setitem__(4, 0.5), "rollouts[1].target_logprobs[1]"),
         (lambda a: a.pop("has_target_logprobs"), "has_target_logprobs"),
         (lambda a: a["target_top_ids"].__setitem__((3, 1), 4), "rollouts[1].target_top_logprobs[0]"),  # repeat
@@ -99,8 +105,15 @@ def test_padding_past_a_row_is_ignored_and_a_long_rollout_refused():
     assert e.value.field == "rollouts[0].response_ids" and "5 tokens" in str(e.value)
 
 
+def _raw(header: dict, data: bytes) -> bytes:
+    """A safetensors file written by hand (for dtypes numpy cannot write)."""
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
 def test_not_a_safetensors_body_is_named():
-    for body in (b"", b"{}", b'{"rollouts": []}', b"\xff" * 64):
+    bf16 = _raw({"reward": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}, b"\x80\x3f")
+    for body in (b"", b"{}", b'{"rollouts": []}', b"\xff" * 64, bf16):
         with pytest.raises(RolloutError) as e:
             rollout_wire.decode(body)
         assert e.value.field == "body"

@@ -28,6 +28,7 @@ REQUIRED = ("prompt_ids", "response_ids", "reward")
 MAX_TOP_K = 256  # top-k entries per response token (a bound on the buffer's memory)
 DEFAULT_MAX_ENTRIES = 1 << 24  # values the buffer holds (ids, log-probs, top-k cells): ~130 MB as arrays
 LOGP_TOL = 1e-4  # a served log-prob may exceed 0 by rounding, no more
+LOGP_FLOOR = -1e4  # a log-prob below it is stored as it (p = 0 either way; float32 holds it, not -1e39)
 ID_DTYPE, LOGP_DTYPE = np.int32, np.float32  # how a rollout stores token ids and log-probs
 PAD_ID = -1  # a top-k cell past the end of its row
 ID_LIMIT = int(np.iinfo(ID_DTYPE).max) + 1  # token ids below this, whatever the vocabulary
@@ -162,7 +163,7 @@ def _logprob(value: Any, field: str) -> float:
     x = _number(value, field)
     if x > LOGP_TOL:
         raise RolloutError(field, f"a log-probability must be <= 0, got {x}")
-    return min(x, 0.0)
+    return min(max(x, LOGP_FLOOR), 0.0)
 
 
 def _top_row(row: Any, field: str, vocab_size: Optional[int]) -> List[tuple]:

@@ -33,9 +33,12 @@ DEFAULT_WEIGHT_MODE = "linear"
 
 def reward_weights(rewards, mode: str = DEFAULT_WEIGHT_MODE, w_max: float = 2.0, eps: float = 1e-6) -> torch.Tensor:
     """Per-rollout weights w(r) (see the module docstring)."""
-    r = torch.as_tensor(rewards, dtype=torch.float32)
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    top = r.abs().max() if r.numel() else torch.zeros(())
+    if float(top) > 0:  # every mode is scale-free; scaled first, a reward near float's range cannot overflow
+        r = r / top
     if mode == "none":
-        return torch.ones_like(r)
+        return torch.ones_like(r, dtype=torch.float32)
     if mode == "linear":
         pos = r.clamp(min=0.0)
         mean = pos.mean() if pos.numel() else torch.zeros(())
@@ -48,7 +51,7 @@ def reward_weights(rewards, mode: str = DEFAULT_WEIGHT_MODE, w_max: float = 2.0,
         w = r / top if float(top) > 0 else torch.ones_like(r)
     else:
         raise ValueError(f"unknown weight mode {mode!r}; choose from {WEIGHT_MODES}")
-    return w.clamp(0.0, w_max)
+    return w.clamp(0.0, w_max).float()
 
 
 def token_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

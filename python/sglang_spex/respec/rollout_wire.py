@@ -22,13 +22,13 @@ import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from sglang_spex.respec.buffer import (
     ID_DTYPE,
     ID_LIMIT,
     LOGP_DTYPE,
+    LOGP_FLOOR,
     LOGP_TOL,
     MAX_TOP_K,
     PAD_ID,
@@ -120,8 +120,8 @@ def decode(data: bytes, vocab_size: Optional[int] = None, max_len: int = 32768) 
     try:
         arrays = load(data)
         more = _metadata(data).get("more", "false")
-    except (SafetensorError, ValueError) as e:
-        raise RolloutError("body", f"must be a safetensors file of rollouts ({e})") from None
+    except Exception as e:  # whatever the header holds (a dtype numpy lacks, e.g. BF16, is a KeyError)
+        raise RolloutError("body", f"must be a safetensors file of rollouts ({type(e).__name__}: {e})") from None
     if more not in ("true", "false"):
         raise RolloutError("more", f'metadata must be "true" or "false", got {more!r}')
     unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
@@ -134,8 +134,8 @@ def decode(data: bytes, vocab_size: Optional[int] = None, max_len: int = 32768) 
     n = len(reward)
     if n == 0:
         raise RolloutError("rollouts", "must not be empty")
-    plens, rlens = (_lens(arrays, name, n) for name in ("prompt_lens", "response_lens"))
-    too_long = np.flatnonzero(plens + rlens > max_len)
+    plens, rlens = (_lens(arrays, name, n, max_len) for name in ("prompt_lens", "response_lens"))
+    too_long = np.flatnonzero(plens + rlens > max_len)  # each <= max_len: the sum cannot overflow
     if too_long.size:
         b = int(too_long[0])
         raise RolloutError(
@@ -177,15 +177,21 @@ def _array(arrays: Mapping[str, np.ndarray], name: str, kinds: str, ndim: int) -
     return a
 
 
-def _lens(arrays: Mapping[str, np.ndarray], name: str, n: int) -> np.ndarray:
-    lens = _array(arrays, name, "iu", 1).astype(np.int64)
+def _lens(arrays: Mapping[str, np.ndarray], name: str, n: int, max_len: int) -> np.ndarray:
+    lens = _array(arrays, name, "iu", 1)
     if len(lens) != n:
         raise RolloutError(name, f"has {len(lens)} entries for {n} rollouts")
+    field = name.replace("_lens", "_ids")
     empty = np.flatnonzero(lens < 1)
     if empty.size:
-        field = name.replace("_lens", "_ids")
         raise RolloutError(f"rollouts[{empty[0]}].{field}", "must not be empty")
-    return lens
+    long = np.flatnonzero(lens > max_len)  # compared before any cast or sum: nothing wraps
+    if long.size:
+        b = int(long[0])
+        raise RolloutError(
+            f"rollouts[{b}].{field}", f"has {lens[b]} tokens, more than the {max_len} a rollout may have"
+        )
+    return lens.astype(np.int64)
 
 
 def _where(lens: np.ndarray, flat: int) -> Tuple[int, int]:
@@ -272,7 +278,7 @@ def _logprobs(a: np.ndarray, cell: np.ndarray, field_of: Any) -> np.ndarray:
     if bad.size:
         i = int(bad[0])
         raise RolloutError(field_of(i), f"a log-probability must be finite and <= 0, got {a.flat[i]}")
-    return np.where(cell, np.minimum(a, 0.0), 0.0).astype(LOGP_DTYPE)
+    return np.where(cell, np.clip(a, LOGP_FLOOR, 0.0), 0.0).astype(LOGP_DTYPE)
 
 
 def _rows_valid(ids: np.ndarray, logp: np.ndarray, cell: np.ndarray, field_of: Any) -> None:

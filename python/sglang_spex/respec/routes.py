@@ -97,15 +97,23 @@ async def post_rollouts(request: Request) -> Response:
     return JSONResponse(result)
 
 
+def _decode_policy(data: bytes) -> Tuple[PolicyBody, Any]:
+    """The policy body and its named tensors (raises BodyError naming what is wrong)."""
+    body = parse_body(PolicyBody, decode_json(data))
+    try:
+        return body, deserialize_named_tensors(body.serialized_named_tensors[0])
+    except Exception as e:  # whatever the payload decodes to (pickle, base64): the learner stays unchanged
+        raise BodyError("serialized_named_tensors", f"{type(e).__name__}: {e}") from None
+
+
 async def post_policy(request: Request) -> Response:
     try:
-        body = parse_body(PolicyBody, await read_json(request, limit=None))  # weights: admin-scoped
+        data = await read_body(request, None)  # weights: admin-scoped, no limit
+        # a policy is hundreds of MB of base64: decoded off the event loop (its JSON, base64 and pickle steps
+        # still hold the GIL while they run, in C)
+        body, named = await run_in_threadpool(_decode_policy, data)
     except BodyError as e:
-        return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
-    try:
-        named = deserialize_named_tensors(body.serialized_named_tensors[0])
-    except Exception as e:  # whatever the payload decodes to (pickle, base64): the learner stays unchanged
-        return _bad("serialized_named_tensors", f"{type(e).__name__}: {e}")
+        return error_response(e.field, e.reason, e.status_code)
     try:
         n = await run_in_threadpool(_learner(request).set_policy, body.version, named)
     except RuntimeError as e:
