@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import tempfile
@@ -80,6 +81,8 @@ _HYST = re.compile(r"^\d+,\d+(,[1-9]\d*)?$")
 _FORCE = re.compile(r"^(plain|spec|alternate:[1-9]\d*)$")
 _AUTO = ""  # flag name derived from the section's prefix and the field name
 Check = Tuple[Callable[[Any], bool], str]
+_POSITIVE: Check = (lambda v: v >= 1, "must be >= 1")
+_NON_NEGATIVE: Check = (lambda v: v >= 0, "must be >= 0")
 
 
 def _opt(
@@ -148,14 +151,14 @@ class _Section:
     _flag_prefix = ""  # flags of fields with a derived name: prefix + field name with dashes
     _flag_group = "sglang-spex"
 
-    def _label(self, f: dataclasses.Field) -> str:
-        return flag_name(type(self), f) or f.name
+    def _label(self, f: dataclasses.Field, where: str) -> str:
+        return flag_name(type(self), f) or (f"{where}.{f.name}" if where else f.name)
 
-    def validate(self) -> Any:
-        """Check each field's type and its declared constraint; returns ``self``."""
+    def validate(self, where: str = "") -> Any:
+        """Check each field's type and its declared constraint (a field without a flag named ``where.field``)."""
         hints = get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            value, label = getattr(self, f.name), self._label(f)
+            value, label = getattr(self, f.name), self._label(f, where)
             _typed(hints[f.name], value, label)
             check = f.metadata.get("check")
             if check is not None and not check[0](value):
@@ -184,7 +187,7 @@ class _Section:
             raise ConfigError(f"{where}: needs {missing}")
         hints = get_type_hints(cls)
         values = {k: _typed(hints[k], v, f"{where}.{k}") for k, v in data.items()}
-        return cls(**values).validate()
+        return cls(**values).validate(where)
 
     @classmethod
     def from_json(cls, text: str, where: str = "") -> Any:
@@ -260,24 +263,22 @@ class SpexConfig(_Section):
         check=(lambda v: v is None or v >= 0, "must be >= 0 or 'auto'"),
         help="global speculative budget, or auto (the roofline knee)",
     )
-    min_share: int = _opt(1, check=(lambda v: v >= 0, "must be >= 0"), help="smallest speculative share of a query")
+    min_share: int = _opt(1, check=_NON_NEGATIVE, help="smallest speculative share of a query")
     components: Tuple[str, ...] = _opt(
         COMPONENTS,
         parse=_components,
         check=(lambda v: all(c in COMPONENTS for c in v), f"each must be one of {list(COMPONENTS)}"),
         help="which SPEX techniques run (comma list of t1,t2,t3)",
     )
-    lookahead: int = _opt(4, check=(lambda v: v >= 1, "must be >= 1"), help="DFS: UCB simulation steps (k)")
+    lookahead: int = _opt(4, check=_POSITIVE, help="DFS: UCB simulation steps (k)")
     max_lookahead: int = _opt(
         16,
-        check=(lambda v: v >= 1, "must be >= 1"),
-        help="DFS: rollouts planned ahead at most; past --tot-lookahead a distance is planned while its measured "
-        "hit rate holds (no deeper than --tot-lookahead when smaller)",
+        check=_POSITIVE,
+        help="DFS: rollouts planned ahead at most (not below --tot-lookahead); past --tot-lookahead a distance is "
+        "planned while its measured hit rate holds",
     )
     bfs_lookahead: int = _opt(
-        3,
-        check=(lambda v: v >= 1, "must be >= 1"),
-        help="BFS: depths expanded early ahead of the undecided one (1: the next depth only)",
+        3, check=_POSITIVE, help="BFS: depths expanded early ahead of the undecided one (1: the next depth only)"
     )
     live_knee: bool = _opt(
         True,
@@ -323,16 +324,10 @@ class SpexConfig(_Section):
     )
     early_stop: bool = _opt(False, help="T3 early termination, on or off (changes the search space)")
     early_stop_alpha: float = _opt(0.5, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="T3 margin scale")
-    early_stop_min_answers: int = _opt(
-        4, check=(lambda v: v >= 1, "must be >= 1"), help="T3: answers needed before stopping"
-    )
-    max_concurrent_searches: int = _opt(
-        64, check=(lambda v: v >= 1, "must be >= 1"), help="server-side searches a server runs at once"
-    )
+    early_stop_min_answers: int = _opt(4, check=_POSITIVE, help="T3: answers needed before stopping")
+    max_concurrent_searches: int = _opt(64, check=_POSITIVE, help="server-side searches a server runs at once")
     reward_timeout: float = _opt(120.0, check=(lambda v: v > 0, "must be > 0"), help="seconds a reward may take")
-    max_queued_searches: int = _opt(
-        64, check=(lambda v: v >= 0, "must be >= 0"), help="searches waiting for a slot; more get HTTP 429"
-    )
+    max_queued_searches: int = _opt(64, check=_NON_NEGATIVE, help="searches waiting for a slot; more get HTTP 429")
     # Per-search capacity limits (tot/limits.py); a spec over one gets HTTP 400 naming the field.
     max_width: Optional[int] = _opt(
         None,
@@ -341,13 +336,9 @@ class SpexConfig(_Section):
         check=(lambda v: v is None or v >= 1, "must be >= 1 or 'auto'"),
         help="largest BFS width / MCTS branching of a search, or auto (the engine's running-request slots)",
     )
-    max_depth: int = _opt(64, check=(lambda v: v >= 1, "must be >= 1"), help="largest policy.max_depth")
-    max_iterations: int = _opt(
-        1024, check=(lambda v: v >= 1, "must be >= 1"), help="largest MCTS rollouts/iterations/target answers"
-    )
-    max_nodes: int = _opt(
-        4096, check=(lambda v: v >= 1, "must be >= 1"), help="most nodes a search's policy may generate (worst case)"
-    )
+    max_depth: int = _opt(64, check=_POSITIVE, help="largest policy.max_depth")
+    max_iterations: int = _opt(1024, check=_POSITIVE, help="largest MCTS rollouts/iterations/target answers")
+    max_nodes: int = _opt(4096, check=_POSITIVE, help="most nodes a search's policy may generate (worst case)")
     max_search_tokens: Optional[int] = _opt(
         None,
         parse=_int_or_auto,
@@ -412,7 +403,7 @@ class RespecConfig(_Section):
         check=(lambda v: v is None or bool(_FORCE.match(v)), "expected plain, spec or alternate:K"),
         help="plain, spec or alternate:K instead of the plan (testing)",
     )
-    max_batch: int = _opt(256, flag=None, check=(lambda v: v >= 1, "must be >= 1"), help="largest batch planned")
+    max_batch: int = _opt(256, flag=None, check=_POSITIVE, help="largest batch planned")
     drift: float = _opt(
         0.2,
         check=(lambda v: 0.0 <= v < 10.0, "expected a fraction >= 0 (0 turns it off)"),
@@ -437,7 +428,14 @@ class RespecConfig(_Section):
         return load().respec
 
 
-_POSITIVE: Check = (lambda v: v >= 1, "must be >= 1")
+MAX_TRAIN_STEPS = 10_000  # optimizer steps of one update
+MAX_DRAFT_STEPS = 64  # draft steps unrolled in the KD loss or the probe (far past any served num-steps)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed
+_FINITE_POSITIVE: Check = (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0")
+
+
+def _in(lo: Any, hi: Any) -> Check:
+    return (lambda v: lo <= v <= hi, f"must be in [{lo}, {hi}]")
 
 
 @dataclass(frozen=True)
@@ -453,11 +451,11 @@ class LearnerConfig(_Section):
     update_interval: int = _opt(
         1, flag="--respec-update-interval", check=_POSITIVE, help="update the drafter every N posted batches"
     )
-    train_steps: int = _opt(4, flag=None, check=_POSITIVE, help="optimizer steps per update")
+    train_steps: int = _opt(4, flag=None, check=_in(1, MAX_TRAIN_STEPS), help="optimizer steps per update")
     micro_batch: int = _opt(4, flag=None, check=_POSITIVE, help="rollouts per optimizer step")
-    lr: float = _opt(1e-4, flag=None, check=(lambda v: v > 0, "must be > 0"), help="learning rate")
-    grad_clip: float = _opt(0.5, flag=None, help="gradient norm clip")
-    kd_steps: int = _opt(3, flag=None, check=_POSITIVE, help="draft steps unrolled in the KD loss")
+    lr: float = _opt(1e-4, flag=None, check=_FINITE_POSITIVE, help="learning rate")
+    grad_clip: float = _opt(0.5, flag=None, check=_FINITE_POSITIVE, help="gradient norm clip")
+    kd_steps: int = _opt(3, flag=None, check=_in(1, MAX_DRAFT_STEPS), help="draft steps unrolled in the KD loss")
     train_window: int = _opt(
         2048, flag=None, check=(lambda v: v >= 2, "must be >= 2"), help="rollout tokens per update (longer: a window)"
     )
@@ -466,11 +464,11 @@ class LearnerConfig(_Section):
         flag=None,
         help="reward weights (reward variant): linear = the paper's w(r) = r normalised and clipped; zscore, max, none",
     )
-    w_max: float = _opt(2.0, flag=None, help="largest reward weight")
+    w_max: float = _opt(2.0, flag=None, check=_FINITE_POSITIVE, help="largest reward weight")
     kd_target: Literal["auto", "copy"] = _opt(
         "auto", flag=None, help="KD target: auto (the served top-k when every rollout has it, else the copy) or copy"
     )
-    probe_steps: int = _opt(5, flag=None, check=_POSITIVE, help="draft steps in the probe acceptance estimate")
+    probe_steps: int = _opt(5, flag=None, check=_in(1, MAX_DRAFT_STEPS), help="draft steps in the acceptance probe")
     collapse_ratio: float = _opt(
         0.5, flag=None, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="rollback below this acceptance ratio"
     )
@@ -480,7 +478,7 @@ class LearnerConfig(_Section):
     payback: bool = _opt(
         True, flag=None, help="skip updates that cost more than speculation could save (needs the adaptive profile)"
     )
-    seed: int = _opt(0, flag=None, help="learner random seed")
+    seed: int = _opt(0, flag=None, check=_in(0, MAX_SEED), help="learner random seed")
 
 
 Probe = Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]
@@ -523,10 +521,10 @@ class PluginConfig(_Section):
         help="seconds before a cached roofline profile is re-measured",
     )
 
-    def validate(self) -> "PluginConfig":
+    def validate(self, where: str = "") -> "PluginConfig":
         """Every section's field checks, then the checks that span fields."""
-        super().validate()
-        for section in (self.spex, self.respec, self.learner):
+        super().validate(where)
+        for section in (self.spex, self.respec, self.learner, self.learner and self.learner.learner):
             if section is not None:
                 section.validate()
         if self.respec.enabled and self.respec.algorithm not in RESPEC_ALGORITHMS:

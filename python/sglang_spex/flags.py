@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, get_args, get_origin, get_type_hints
 
 from sglang_spex.config import (
     ENV_VARS,
     RESPEC_ALGORITHMS,
+    RESPEC_EAGLE,
     SECTIONS,
     ConfigError,
     LearnerConfig,
@@ -30,6 +32,13 @@ from sglang_spex.config import (
 )
 
 FLAG_PREFIXES = ("--tot-", "--respec-")
+# Flags that do something only with another one on: given explicitly without it, they are refused.
+NEEDS: Dict[type, Tuple[str, Tuple[str, ...]]] = {
+    SpexConfig: ("enabled", ("lookahead", "max_lookahead", "bfs_lookahead")),
+    RespecConfig: ("enabled", ("profile", "hysteresis", "force", "drift", "eagle_off")),
+}
+MAX_HYSTERESIS_STEPS = 10_000  # MIN_DWELL / CONFIRM past this: the FSM never switches in practice
+MODEL_CONFIG = "config.json"  # what from_pretrained reads first, ours (respec/checkpoint.py) and HF's
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,6 +95,11 @@ def add_flags(parser: argparse.ArgumentParser, classes: Sequence[type] = SECTION
             )
 
 
+def flag_of(cls: type, name: str) -> str:
+    """The flag of field ``name`` of ``cls``."""
+    return next(flag for flag, f, _ in flag_fields(cls) if f.name == name)
+
+
 def flag_table() -> List[Tuple[str, str, str]]:
     """(flag, default, help) of every generated flag, for docs."""
     return [(name, _shown(f), f.metadata["help"]) for cls in SECTIONS for name, f, _ in flag_fields(cls)]
@@ -140,8 +154,7 @@ def _respec(given: Dict[str, Any], rest: Sequence[str]) -> RespecConfig:
 def _learner(spec: Optional[dict], overrides: Dict[str, Any]) -> Optional[LearnerSpec]:
     if spec is None:
         if overrides:
-            flags = {f.name: name for name, f, _ in flag_fields(LearnerConfig)}
-            raise ConfigError(f"{flags[next(iter(overrides))]} needs --respec-learner")
+            raise ConfigError(f"{flag_of(LearnerConfig, next(iter(overrides)))} needs --respec-learner")
         return None
     parsed = LearnerSpec.from_dict(spec, where="--respec-learner")
     if not overrides:
@@ -149,15 +162,72 @@ def _learner(spec: Optional[dict], overrides: Dict[str, Any]) -> Optional[Learne
     return dataclasses.replace(parsed, learner=dataclasses.replace(parsed.learner, **overrides).validate())
 
 
+def check_learner_dirs(spec: LearnerSpec) -> None:
+    """``drafter`` and ``target`` are local model dirs: the server loads them (``respec.routes.build_learner``) only
+    after it started, where a failure leaves it serving without the learner's routes. Nothing comes from a hub."""
+    for name in ("drafter", "target"):
+        path = Path(getattr(spec, name))
+        if not path.is_dir():
+            raise ConfigError(f"--respec-learner {name} {str(path)!r}: no such directory (a local model dir)")
+        if not (path / MODEL_CONFIG).is_file():
+            raise ConfigError(f"--respec-learner {name} {str(path)!r}: no {MODEL_CONFIG} in it (not a model dir)")
+
+
+def _check_hysteresis(cfg: RespecConfig) -> None:
+    """Refuse a --respec-hysteresis under which the FSM never switches (respec/fsm.py): a band wider than every
+    batch size planned, or a dwell / confirmation no server runs long enough to see."""
+    margin, *steps = (int(x) for x in cfg.hysteresis.split(","))
+    if margin >= cfg.max_batch:
+        raise ConfigError(
+            f"--respec-hysteresis {cfg.hysteresis!r}: MARGIN {margin} must be below {cfg.max_batch}, the largest batch "
+            "planned (a band that wide never lets the FSM switch)"
+        )
+    if max(steps) > MAX_HYSTERESIS_STEPS:
+        raise ConfigError(
+            f"--respec-hysteresis {cfg.hysteresis!r}: MIN_DWELL and CONFIRM must be at most {MAX_HYSTERESIS_STEPS} "
+            "decode steps (the FSM would never switch)"
+        )
+
+
+def _check_combinations(cfg: PluginConfig, given: Dict[str, Dict[str, Any]], rest: Sequence[str]) -> None:
+    """Checks that span flags, on the flags given explicitly (a default never fails them)."""
+    for cls, section in ((SpexConfig, cfg.spex), (RespecConfig, cfg.respec)):
+        switch, fields = NEEDS[cls]
+        unused = [name for name in fields if name in given[cls.__name__] and not getattr(section, switch)]
+        if unused:
+            raise ConfigError(f"{flag_of(cls, unused[0])} needs {flag_of(cls, switch)} (without it, it does nothing)")
+    spex, respec = given["SpexConfig"], given["RespecConfig"]
+    if "max_lookahead" in spex and cfg.spex.max_lookahead < cfg.spex.lookahead:
+        raise ConfigError(
+            f"--tot-max-lookahead {cfg.spex.max_lookahead}: must be >= --tot-lookahead ({cfg.spex.lookahead})"
+        )
+    if "hysteresis" in respec:
+        _check_hysteresis(cfg.respec)
+    if "eagle_off" in respec and not cfg.respec.eagle:
+        raise ConfigError(
+            f"--respec-eagle-off needs --speculative-algorithm EAGLE or EAGLE3 (got {cfg.respec.algorithm})"
+        )
+    if cfg.learner is not None:
+        check_learner_dirs(cfg.learner)
+        alg = (flag_value(rest, "--speculative-algorithm") or "").upper()
+        if cfg.learner.server_url is None and alg not in RESPEC_EAGLE:
+            raise ConfigError(
+                f"--respec-learner needs --speculative-algorithm EAGLE or EAGLE3 (got {alg or 'none'}): it publishes "
+                "its drafter into this server (or give the spec a server_url)"
+            )
+
+
 def _build(given: Dict[str, Dict[str, Any]], rest: Sequence[str]) -> PluginConfig:
     top = dict(given["PluginConfig"])
     learner = _learner(top.pop("learner", None), given["LearnerConfig"])
-    return PluginConfig(
+    cfg = PluginConfig(
         spex=SpexConfig(**given["SpexConfig"]),
         respec=_respec(given["RespecConfig"], rest),
         learner=learner,
         **top,
     ).validate()
+    _check_combinations(cfg, given, rest)
+    return cfg
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[PluginConfig, List[str]]:

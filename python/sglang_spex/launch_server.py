@@ -112,6 +112,49 @@ def cpu_thread_binding(args: Sequence[str], cores: Sequence[int]) -> Optional[st
     return "|".join(groups)
 
 
+def _int_flag(args: Sequence[str], flag: str, default: int) -> int:
+    value = flag_value(args, flag)
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise ConfigError(f"{flag} {value!r}: expected an integer >= 0")
+    return int(value)
+
+
+def bind_group_ids(args: Sequence[str]) -> List[int]:
+    """The ``SGLANG_CPU_OMP_THREADS_BIND`` group each rank of a one-node CPU server takes: SGLang 0.5.23 binds a rank
+    to the group its ``gpu_id`` indexes (``numa_utils.init_threads_binding``): ``--base-gpu-id`` + dp_rank x tp x pp
+    x step + pp_rank x tp + tp_rank x step (``data_parallel_controller``, ``engine``; step: ``--gpu-id-step``). The
+    old ``--dp-size N --enable-dp-attention`` splits the TP group instead (``parallel_hook``: no replicas)."""
+    r = _ranks(args)
+    base, step = _int_flag(args, "--base-gpu-id", 0), _int_flag(args, "--gpu-id-step", 1)
+    tp, pp = r["tp"], r["pp"]
+    dp = 1 if _given(args, "--enable-dp-attention") and _int_flag(args, "--attn-dp-size", 1) == 1 else r["dp"]
+    return [base + d * tp * pp * step + p * tp + t * step for d in range(dp) for p in range(pp) for t in range(tp)]
+
+
+def check_thread_binding(args: Sequence[str], binding: str, cores: Sequence[int]) -> None:
+    """Refuse a user's ``SGLANG_CPU_OMP_THREADS_BIND`` that does not give each rank a group: SGLang fails on a
+    missing or empty group only after loading the model. Every group a rank indexes (ranks 0..n-1 by default; see
+    :func:`bind_group_ids`) must exist and be non-empty; more groups are allowed (one binding shared by servers of
+    different sizes). Multi-node servers (``--nnodes``) are left to SGLang."""
+    if _int_flag(args, "--nnodes", 1) > 1:
+        return
+    ids, groups = bind_group_ids(args), binding.split("|")
+    default_layout = ids == list(range(len(ids)))
+    need = max(ids) + 1
+    if len(groups) >= need and all(groups[i].strip() for i in ids):
+        return
+    try:
+        example = f" (e.g. {cpu_thread_binding(args, cores) or _cpu_list(cores)})" if default_layout else ""
+    except ConfigError:  # more ranks than cores: no example
+        example = ""
+    raise ConfigError(
+        f"{THREAD_BIND_ENV}={binding!r} has {len(groups)} group(s), but this server's {len(ids)} CPU rank(s) "
+        f"(--dp-size x --tp-size x --pp-size) need {need} non-empty '|'-separated groups{example}"
+    )
+
+
 def _cpu_list(cores: Sequence[int]) -> str:
     """Cores in the ``a-b,c`` form (contiguous runs as ranges)."""
     runs: List[List[int]] = []
@@ -182,12 +225,15 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
 
         # EAGLE: SGLang's adaptive flags (they lift the cap too); NGRAM: only SGLang's speculative cap of 48 lifted
         args += sglang_adaptive_args(cfg.respec, args) if cfg.respec.eagle else running_cap_args(cfg.respec, args)
+    user_binding = os.environ.get(THREAD_BIND_ENV)
+    if user_binding and flag_value(args, "--device") == "cpu":  # SGLang reads it on CPU only
+        check_thread_binding(args, user_binding, sorted(os.sched_getaffinity(0)))
     cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
     export(cfg)
     if not gpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)
-        if not os.environ.get(THREAD_BIND_ENV):  # the user's binding wins; SGLang needs one for > 1 rank on CPU
+        if not user_binding:  # the user's binding wins; SGLang needs one for > 1 rank on CPU
             binding = cpu_thread_binding(args, sorted(os.sched_getaffinity(0)))
             if binding is not None:
                 os.environ[THREAD_BIND_ENV] = binding

@@ -112,22 +112,26 @@ def test_learner_flags(tmp_path, clean_env):
     from sglang_spex.launch_server import prepare
 
     assert parse_learner_args(["--model-path", "m"]) == (None, ["--model-path", "m"])
+    for name in ("d", "t"):  # the launcher checks the drafter and the target are model dirs
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    d, t = str(tmp_path / "d"), str(tmp_path / "t")
+    eagle3 = ["--speculative-algorithm", "EAGLE3"]  # the learner publishes into the server's EAGLE drafter
     path = tmp_path / "learner.json"
-    path.write_text(json.dumps({"drafter": "d", "target": "t", "learner": {"train_steps": 2, "mode": "sync"}}))
+    path.write_text(json.dumps({"drafter": d, "target": t, "learner": {"train_steps": 2, "mode": "sync"}}))
     argv = ["--respec-learner", str(path), "--respec-update-interval", "3", "--respec-kd", "unweighted", "-x"]
-    spec, rest = parse_learner_args(argv)
+    spec, rest = parse_learner_args([*argv, *eagle3])
     lrn = spec.learner
-    assert rest == ["-x"] and (lrn.train_steps, lrn.mode, lrn.update_interval, lrn.variant) == (
+    assert rest == ["-x", *eagle3] and (lrn.train_steps, lrn.mode, lrn.update_interval, lrn.variant) == (
         2,
         "sync",
         3,
         "unweighted",
     )
     assert lrn.lr == 1e-4  # the rest stay defaults
-    prepare(
-        ["--model-path", "m", "--respec-learner", '{"drafter": "d", "target": "t"}', "--respec-learner-mode", "sync"]
-    )
-    assert (load().learner.drafter, load().learner.target, load().learner.learner.mode) == ("d", "t", "sync")
+    spec_json = json.dumps({"drafter": d, "target": t})
+    prepare(["--model-path", "m", "--respec-learner", spec_json, "--respec-learner-mode", "sync", *eagle3])
+    assert (load().learner.drafter, load().learner.target, load().learner.learner.mode) == (d, t, "sync")
 
 
 @pytest.mark.parametrize(

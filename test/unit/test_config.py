@@ -26,7 +26,7 @@ from sglang_spex.config import (
     load,
     stats_channel,
 )
-from sglang_spex.flags import add_flags, flag_fields, flag_table, parse_args
+from sglang_spex.flags import NEEDS, add_flags, flag_fields, flag_of, flag_table, parse_args
 
 # One non-default command-line value per generated flag, and the field value it must produce.
 NON_DEFAULT = {
@@ -70,7 +70,17 @@ NON_DEFAULT = {
     "--respec-learner-mode": (["sync"], "sync"),
     "--respec-update-interval": (["5"], 5),
 }
-LEARNER = '{"drafter": "d", "target": "t"}'
+# A flag that acts only with another one on (flags.NEEDS) is compared against a baseline that has it on.
+PREREQ = {flag_of(cls, name): [flag_of(cls, switch)] for cls, (switch, names) in NEEDS.items() for name in names}
+EAGLE3 = ["--speculative-algorithm", "EAGLE3"]  # the learner publishes into the server's EAGLE drafter
+
+
+def learner_json(tmp_path) -> str:
+    """A learner spec whose drafter and target are model dirs (the launcher checks both)."""
+    for name in ("d", "t"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    return json.dumps({"drafter": str(tmp_path / "d"), "target": str(tmp_path / "t")})
 
 
 @pytest.fixture
@@ -105,12 +115,12 @@ def test_every_flag_comes_from_a_field_and_sets_exactly_that_field(tmp_path):
     profile = tmp_path / "profile.json"
     profile.write_text("{}")
     cases = {**NON_DEFAULT, "--respec-profile": ([str(profile)], str(profile))}
-    base = ["--respec-learner", LEARNER, "--speculative-algorithm", "NGRAM"]
-    default, _ = parse_args(base)
+    base = ["--respec-learner", learner_json(tmp_path), *EAGLE3]
     for flag, (values, expected) in cases.items():
         cls, f = generated[flag]
-        cfg, rest = parse_args([*base, flag, *values])
-        assert rest == ["--speculative-algorithm", "NGRAM"]
+        default, _ = parse_args([*base, *PREREQ.get(flag, [])])
+        cfg, rest = parse_args([*base, *PREREQ.get(flag, []), flag, *values])
+        assert rest == EAGLE3
         changed = {k for k, v in _flagged_values(cfg).items() if _flagged_values(default)[k] != v}
         assert changed == {(cls, f.name)} and _field_value(cfg, cls, f.name) == expected, flag
 
@@ -125,15 +135,16 @@ def test_help_shows_each_default_and_the_table_lists_every_flag():
     assert set(rows) == set(NON_DEFAULT) | {"--respec-learner"}
 
 
-def test_round_trip_of_the_whole_config():
+def test_round_trip_of_the_whole_config(tmp_path):
     cfg, _ = parse_args(
         ["--tot-speculation", "--tot-components", "t2", "--respec-adaptive", "--speculative-algorithm", "EAGLE3"]
-        + ["--speculative-num-steps", "3", "--respec-learner", LEARNER, "--respec-kd", "unweighted"]
+        + ["--speculative-num-steps", "3", "--respec-learner", learner_json(tmp_path), "--respec-kd", "unweighted"]
     )
     cfg = dataclasses.replace(cfg, stats_path="/dev/shm/x")
     again = PluginConfig.from_json(cfg.to_json())
     assert again == cfg and again.respec.server_key == "EAGLE3:s3t1n4" and again.spex.components == ("t2",)
-    assert again.learner == LearnerSpec("d", "t", LearnerConfig(variant="unweighted"))
+    dirs = str(tmp_path / "d"), str(tmp_path / "t")
+    assert again.learner == LearnerSpec(*dirs, LearnerConfig(variant="unweighted"))
 
 
 @pytest.mark.parametrize(
