@@ -14,7 +14,7 @@ from .helpers import ARITH, QUESTION, CallbackServer, wait_until
 
 pytestmark = pytest.mark.server
 
-SLOW_PATTERN = r"(.*)(.*)(.*)(.*)(.*)(.*)(?(1)(?!))"  # backtracks through every split of a step: never matches
+SLOW_PATTERN = r"(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)(?(1)(?!))"  # tries every split of a step: never matches
 
 
 def _search(url: str, spec: dict, **body) -> requests.Response:
@@ -69,15 +69,17 @@ def test_a_reference_math_verify_cannot_finish_is_judged_false_and_the_server_ke
     assert answered is not None and answered["correct"] is False, answered
 
 
-def test_an_answer_pattern_that_backtracks_uses_its_budget_then_its_steps_fail(hardened_server):
+def test_an_answer_pattern_that_backtracks_uses_its_budget_then_its_steps_fail(spex_server):
+    """16 steps of up to 48 tokens (the shared server: no per-search limits), so most steps are long enough for
+    the pattern to run past its per-step timeout and use up the search's budget whatever the sampled text."""
     spec = {
-        "policy": {"name": "rebase", "width": 2, "max_depth": 3},  # 6 steps of 16 tokens: the server's limits
-        "step": {"max_tokens": 16, "stop": [], "temperature": 1.0},
+        "policy": {"name": "rebase", "width": 4, "max_depth": 4},
+        "step": {"max_tokens": 48, "stop": [], "temperature": 1.0},
         "reward": ARITH,
         "answer": {"pattern": SLOW_PATTERN},
         "seed": 0,
     }
-    r, health = _while_searching(hardened_server.url, spec)
+    r, health = _while_searching(spex_server.url, spec)
     assert r.status_code == 200, r.text
     failures = r.json()["failures"]
     assert failures and all("answer.pattern" in f["error"] for f in failures), failures
