@@ -149,16 +149,9 @@ def decode(data: bytes, vocab_size: Optional[int] = None, max_len: int = 32768) 
         raise RolloutError(f"rollouts[{bad[0]}].reward", f"must be finite, got {reward[bad[0]]}")
     logp = _per_response(arrays, "target_logprobs", rlens, vocab_size)
     top = _per_response(arrays, "target_top_logprobs", rlens, vocab_size)
-    p_at, r_at = np.concatenate(([0], np.cumsum(plens))), np.concatenate(([0], np.cumsum(rlens)))
     rollouts = [
-        Rollout(
-            prompt[p_at[b] : p_at[b + 1]].copy(),
-            response[r_at[b] : r_at[b + 1]].copy(),
-            float(reward[b]),
-            logp[b] if logp is not None else None,
-            top[b] if top is not None else None,
-        )
-        for b in range(n)
+        Rollout(p, r, float(reward[b]), logp[b] if logp is not None else None, top[b] if top is not None else None)
+        for b, (p, r) in enumerate(zip(_split(prompt, plens), _split(response, rlens)))
     ]
     return rollouts, more == "true"
 
@@ -192,6 +185,13 @@ def _lens(arrays: Mapping[str, np.ndarray], name: str, n: int, max_len: int) -> 
             f"rollouts[{b}].{field}", f"has {lens[b]} tokens, more than the {max_len} a rollout may have"
         )
     return lens.astype(np.int64)
+
+
+def _split(a: np.ndarray, lens: np.ndarray, copy: bool = True) -> List[np.ndarray]:
+    """``a``'s rows cut into one part per rollout of ``lens`` rows; copies unless ``copy`` is False (a stored
+    rollout holds only its own values, not a view of the whole body)."""
+    parts = np.split(a, np.cumsum(lens)[:-1])
+    return [p.copy() for p in parts] if copy else parts
 
 
 def _where(lens: np.ndarray, flat: int) -> Tuple[int, int]:
@@ -234,13 +234,12 @@ def _per_response(
         raise RolloutError(flag, f"has {len(has)} entries for {len(rlens)} rollouts")
     lens = np.where(has, rlens, 0)
     rows = int(lens.sum())
-    at = np.concatenate(([0], np.cumsum(lens)))
     if name == "target_logprobs":
         logp = _array(arrays, name, "f", 1)
         if logp.shape[0] != rows:
             raise RolloutError(name, f"has {logp.shape[0]} values for the {rows} response tokens of its rollouts")
         logp = _logprobs(logp, np.ones(rows, dtype=bool), lambda i: _field(name, lens, i))
-        return [logp[at[b] : at[b + 1]].copy() if has[b] else None for b in range(len(has))]
+        return [part if h else None for part, h in zip(_split(logp, lens), has)]
     ids = _array(arrays, "target_top_ids", "iu", 2).astype(np.int64)
     logp = _array(arrays, name, "f", 2)
     if ids.shape != logp.shape or ids.shape[0] != rows or not 1 <= ids.shape[1] <= MAX_TOP_K:
@@ -258,13 +257,13 @@ def _per_response(
     cell = ids != PAD_ID
     logp = _logprobs(logp, cell, row_of)
     _rows_valid(ids, np.where(cell, logp, -np.inf), cell, lambda i: _field(name, lens, i))
-    return [_top(ids[at[b] : at[b + 1]], logp[at[b] : at[b + 1]]) if has[b] else None for b in range(len(has))]
+    return [_top(i, p) if h else None for i, p, h in zip(_split(ids, lens, False), _split(logp, lens, False), has)]
 
 
 def _top(ids: np.ndarray, logp: np.ndarray) -> TopK:
     """A rollout's rows, as wide as its widest row (not the body's)."""
     k = int(np.flatnonzero((ids != PAD_ID).any(axis=0))[-1]) + 1
-    return TopK(ids[:, :k].astype(ID_DTYPE), logp[:, :k].copy())
+    return TopK(ids[:, :k].astype(ID_DTYPE), logp[:, :k].copy())  # copies: not a view of the body's width
 
 
 def _field(name: str, lens: np.ndarray, row: int) -> str:
