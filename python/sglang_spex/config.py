@@ -83,6 +83,7 @@ _AUTO = ""  # flag name derived from the section's prefix and the field name
 Check = Tuple[Callable[[Any], bool], str]
 _POSITIVE: Check = (lambda v: v >= 1, "must be >= 1")
 _NON_NEGATIVE: Check = (lambda v: v >= 0, "must be >= 0")
+_FINITE_POSITIVE: Check = (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0")
 
 
 def _opt(
@@ -316,17 +317,17 @@ class SpexConfig(_Section):
         help="stop a policy's speculation on an engine where, measured, the steps it saved did not pay for the tokens "
         "it wasted on the live decode-step curve; one search in 4 still speculates to measure again (on/off)",
     )
-    budget_temperature: float = _opt(1.0, check=(lambda v: v > 0, "must be > 0"), help="T2 softmax temperature")
+    budget_temperature: float = _opt(1.0, check=_FINITE_POSITIVE, help="T2 softmax temperature")
     budget_max_wait_s: float = _opt(
         2.0,
-        check=(lambda v: v > 0, "must be > 0"),
+        check=_FINITE_POSITIVE,
         help="T2 starvation bound: seconds a query with work may go unserved",
     )
     early_stop: bool = _opt(False, help="T3 early termination, on or off (changes the search space)")
     early_stop_alpha: float = _opt(0.5, check=(lambda v: 0 <= v <= 1, "must be in [0, 1]"), help="T3 margin scale")
     early_stop_min_answers: int = _opt(4, check=_POSITIVE, help="T3: answers needed before stopping")
     max_concurrent_searches: int = _opt(64, check=_POSITIVE, help="server-side searches a server runs at once")
-    reward_timeout: float = _opt(120.0, check=(lambda v: v > 0, "must be > 0"), help="seconds a reward may take")
+    reward_timeout: float = _opt(120.0, check=_FINITE_POSITIVE, help="seconds a reward may take")
     max_queued_searches: int = _opt(64, check=_NON_NEGATIVE, help="searches waiting for a slot; more get HTTP 429")
     # Per-search capacity limits (tot/limits.py); a spec over one gets HTTP 400 naming the field.
     max_width: Optional[int] = _opt(
@@ -431,7 +432,6 @@ class RespecConfig(_Section):
 MAX_TRAIN_STEPS = 10_000  # optimizer steps of one update
 MAX_DRAFT_STEPS = 64  # draft steps unrolled in the KD loss or the probe (far past any served num-steps)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed
-_FINITE_POSITIVE: Check = (lambda v: math.isfinite(v) and v > 0, "must be a finite number > 0")
 
 
 def _in(lo: Any, hi: Any) -> Check:

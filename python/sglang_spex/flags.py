@@ -34,7 +34,28 @@ from sglang_spex.config import (
 FLAG_PREFIXES = ("--tot-", "--respec-")
 # Flags that do something only with another one on: given explicitly without it, they are refused.
 NEEDS: Dict[type, Tuple[str, Tuple[str, ...]]] = {
-    SpexConfig: ("enabled", ("lookahead", "max_lookahead", "bfs_lookahead")),
+    SpexConfig: (
+        "enabled",
+        (
+            "k_total",
+            "min_share",
+            "components",
+            "lookahead",
+            "max_lookahead",
+            "bfs_lookahead",
+            "live_knee",
+            "mixed_prefill",
+            "spec_prefill_share",
+            "sure_use",
+            "payoff_gate",
+            "auto_off",
+            "budget_temperature",
+            "budget_max_wait_s",
+            "early_stop",
+            "early_stop_alpha",
+            "early_stop_min_answers",
+        ),
+    ),
     RespecConfig: ("enabled", ("profile", "hysteresis", "force", "drift", "eagle_off")),
 }
 MAX_HYSTERESIS_STEPS = 10_000  # MIN_DWELL / CONFIRM past this: the FSM never switches in practice

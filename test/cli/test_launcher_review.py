@@ -203,7 +203,18 @@ ADAPTIVE_ONLY = [
     ["--respec-eagle-off", "warm"],
     ["--respec-profile", "auto"],
 ]
-SPECULATION_ONLY = [["--tot-lookahead", "3"], ["--tot-max-lookahead", "8"], ["--tot-bfs-lookahead", "2"]]
+SPECULATION_ONLY = [
+    ["--tot-lookahead", "3"],
+    ["--tot-max-lookahead", "8"],
+    ["--tot-bfs-lookahead", "2"],
+    ["--tot-k-total", "4"],
+    ["--tot-components", "t1"],
+    ["--tot-early-stop"],
+    ["--tot-budget-temperature", "0.5"],
+    ["--tot-live-knee", "off"],
+    ["--tot-mixed-prefill", "off"],
+    ["--tot-auto-off", "off"],
+]
 
 
 @pytest.mark.parametrize("flag", ADAPTIVE_ONLY)
@@ -217,10 +228,17 @@ def test_respec_flags_without_respec_adaptive_exit_2(flag):
 
 
 @pytest.mark.parametrize("flag", SPECULATION_ONLY)
-def test_lookahead_flags_without_tot_speculation_exit_2(flag):
+def test_speculation_flags_without_tot_speculation_exit_2(flag):
     with pytest.raises(ConfigError, match=f"^{flag[0]} needs --tot-speculation"):
         parse_args(flag)
     assert parse_args([*flag, "--tot-speculation"])[0].spex.enabled
+
+
+@pytest.mark.parametrize("flag", ["--tot-reward-timeout", "--tot-budget-temperature", "--tot-budget-max-wait-s"])
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_time_and_temperature_flags_must_be_finite_and_positive(flag, value):
+    with pytest.raises(ConfigError, match=f"^{flag} [-a-z0-9.]+: must be a finite number > 0"):
+        parse_args(["--tot-speculation", flag, value])
 
 
 def test_flags_without_their_switch_fail_fast_in_the_launcher():

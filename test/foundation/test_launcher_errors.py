@@ -64,11 +64,12 @@ def test_parse_splits_ours_from_sglang():
     assert cfg.enabled and cfg.k_total is None and cfg.lookahead == 3
     assert rest == ["--tp", "1"]
     assert not cfg.early_stop
-    assert spex_args(["--tot-early-stop"])[0].early_stop
-    assert spex_args(["--tot-early-stop", "on"])[0].early_stop
-    assert not spex_args(["--tot-early-stop", "off"])[0].early_stop
+    on = ["--tot-speculation"]
+    assert spex_args([*on, "--tot-early-stop"])[0].early_stop
+    assert spex_args([*on, "--tot-early-stop", "on"])[0].early_stop
+    assert not spex_args([*on, "--tot-early-stop", "off"])[0].early_stop
     with pytest.raises(ConfigError, match="--tot-early-stop"):
-        spex_args(["--tot-early-stop", "maybe"])
+        spex_args([*on, "--tot-early-stop", "maybe"])
     assert SpexConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ConfigError, match=r"unknown field\(s\) \['bogus'\]"):
         SpexConfig.from_json('{"bogus": 1}')

@@ -162,3 +162,14 @@ def test_drafter_route_validates_its_body():
     assert http.post("/respec/drafter", json={"version": 1, "extra": 1}).json()["error"]["field"] == "extra"
     assert routes.drafter_version(app) is None
     assert http.post("/respec/drafter", json={"version": 5}).status_code == 200 and routes.drafter_version(app) == 5
+
+
+@pytest.mark.parametrize("version", ["-1", str(2**63), "1" + "0" * 400, "1.5", '"1"', "true", "null"])
+def test_a_drafter_version_out_of_range_is_400_and_changes_nothing(version):
+    client = TestClient(replica())
+    assert client.post("/respec/drafter", json={"version": 7}).status_code == 200
+    r = client.post(
+        "/respec/drafter", content=f'{{"version": {version}}}', headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "version"
+    assert client.get("/respec/drafter").json()["drafter_version"] == 7

@@ -16,7 +16,7 @@ from sglang_spex.flags import parse_args
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.tot.limits import SearchLimits
 from sglang_spex.tot.rewards import MAX_TAG_CHARS, MAX_TEMPLATE_FIELDS
-from sglang_spex.tot.search_spec import MAX_STOP_STRINGS, SearchSpec, SearchSpecError
+from sglang_spex.tot.search_spec import MAX_STOP_CHARS, MAX_STOP_STRINGS, SearchSpec, SearchSpecError
 
 NAN, INF = float("nan"), float("inf")
 PRM = {"type": "prm", "url": "http://127.0.0.1:1"}
@@ -118,6 +118,9 @@ def test_step_stop_is_bounded_by_sglangs_limit():
     stops = [f"s{i}" for i in range(MAX_STOP_STRINGS)]
     assert SearchSpec.from_dict({"step": {"stop": stops}}).step.stop == stops
     assert refused({"step": {"stop": [*stops, "one more"]}}).field == "step.stop"
+    longest = "x" * MAX_STOP_CHARS
+    assert SearchSpec.from_dict({"step": {"stop": ["\n", longest]}}).step.stop == ["\n", longest]
+    assert refused({"step": {"stop": ["\n", longest + "x"]}}).field == "step.stop[1]"
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,9 @@ def test_prompt_and_step_must_fit_the_context():
         ("prm.internal", ("prm.internal",), True),
         ("x.prm.internal", ("prm.internal",), False),
         ("anything", ("*",), True),
+        ("0:0:0:0:0:0:0:1", ("::1",), True),  # one IPv6 address, two spellings
+        ("fd00::0:5", ("FD00::5",), True),
+        ("fd00::6", ("fd00::5",), False),
     ],
 )
 def test_host_allowed(host, allowed, ok):

@@ -48,6 +48,7 @@ from sglang_spex.srt.http_api import (
     BodyError,
     PolicyBody,
     RolloutsBody,
+    Version,
     decode_json,
     error_response,
     parse_body,
@@ -61,7 +62,7 @@ DRAFTER_ATTR = "respec_drafter"  # the recorded drafter version: ``app.state.res
 
 
 class DrafterVersionBody(Body):
-    version: int
+    version: Version
 
 
 def _bad(field_name: str, reason: str) -> JSONResponse:

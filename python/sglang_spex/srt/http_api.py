@@ -268,8 +268,12 @@ class RolloutsBody(Body):
     more: bool = False
 
 
+# a policy or drafter version: a count of updates (what a Prometheus gauge or an int64 column can hold)
+Version = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
 class PolicyBody(Body):
     """``POST /respec/policy``: the payload of ``HotSwapClient`` (one base64 blob)."""
 
-    version: int
+    version: Version
     serialized_named_tensors: List[str] = Field(min_length=1, max_length=1)

@@ -148,10 +148,7 @@ def parse_reward_hosts(text: str) -> Tuple[str, ...]:
 def host_allowed(host: str, allowed: Tuple[str, ...]) -> bool:
     """``host`` matches an entry: ``*`` (any), ``loopback``, an exact name, an IP, or a CIDR network."""
     host = host.lower().rstrip(".")
-    try:
-        ip: Optional[ipaddress._BaseAddress] = ipaddress.ip_address(host)
-    except ValueError:
-        ip = None
+    ip = _ip_or_none(host)
     for entry in allowed:
         entry = entry.strip().lower()
         if entry == "*":
@@ -167,9 +164,16 @@ def host_allowed(host: str, allowed: Tuple[str, ...]) -> bool:
             except ValueError:
                 pass
             continue
-        if host == entry.rstrip("."):
+        if host == entry.rstrip(".") or (ip is not None and ip == _ip_or_none(entry)):
             return True
     return False
+
+
+def _ip_or_none(text: str) -> Optional[ipaddress._BaseAddress]:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
 
 def derive(

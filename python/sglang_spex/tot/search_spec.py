@@ -22,6 +22,9 @@ from sglang_spex.tot.validation import SearchSpecError, check, from_dict, is_num
 
 INT64 = (-(2**63), 2**63 - 1)  # SGLang's range for a request's priority
 MAX_STOP_STRINGS = 32  # SGLang refuses a request with more stop strings
+# SGLang decodes the last (longest stop string's length) output tokens of a request at every decode step to look
+# for a stop string, on the scheduler's thread: a long one costs every client's step time.
+MAX_STOP_CHARS = 256
 PROMPT_FIELDS = ("question",)  # what the search formats step.prompt_template with
 
 
@@ -58,6 +61,8 @@ class StepConfig:
             "must be a list of non-empty strings",
         )
         check(len(self.stop) <= MAX_STOP_STRINGS, f"{p}.stop", f"at most {MAX_STOP_STRINGS} strings (SGLang's limit)")
+        for i, stop in enumerate(self.stop):
+            check(len(stop) <= MAX_STOP_CHARS, f"{p}.stop[{i}]", f"at most {MAX_STOP_CHARS} characters")
         check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"{p}.max_tokens", "must be an integer >= 1")
         check(is_num(self.temperature) and self.temperature >= 0, f"{p}.temperature", "must be a number >= 0")
         check(is_num(self.top_p) and 0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
