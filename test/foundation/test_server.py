@@ -37,6 +37,21 @@ def test_plain_launcher_is_inert_and_identical(spex_server, plain_server):
         assert greedy(spex_server.url, p) == greedy(plain_server.url, p)
 
 
+def test_a_plain_server_refuses_speculation_a_search_asks_for(plain_server):
+    """Without --tot-speculation a search's ``speculation`` may only turn it off: the rest would do nothing."""
+    spec = {"policy": {"name": "rebase", "width": 2, "max_depth": 1}, "step": {"max_tokens": 4}}
+    for overrides, field in (
+        ({"enabled": True}, "speculation.enabled"),
+        ({"early_stop": True}, "speculation.early_stop"),
+    ):
+        body = {"spec": {**spec, "speculation": overrides}, "question": "1+1?"}
+        r = requests.post(plain_server.url + "/tot/search", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["field"] == field
+    body = {"spec": {**spec, "speculation": {"enabled": False}}, "question": "1+1?"}
+    r = requests.post(plain_server.url + "/tot/search", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["status"] == "done" and r.json()["nodes"]
+
+
 def test_sampling_seed_is_batch_independent(spex_server):
     def sample(seed):
         body = {

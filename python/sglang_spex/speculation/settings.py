@@ -49,3 +49,13 @@ def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConf
         except (ConfigError, TypeError, OverflowError) as e:
             raise SearchSpecError(f"speculation.{key}", str(e))
     return dataclasses.replace(server, **changes).validate()
+
+
+def check_without_speculation(overrides: Optional[Dict[str, Any]]) -> None:
+    """On a server without ``--tot-speculation`` a search's ``speculation`` may only turn it off: anything else
+    would do nothing there, so it raises SearchSpecError naming the field."""
+    for key, value in (overrides or {}).items():
+        if not (key == "enabled" and value is False):
+            raise SearchSpecError(
+                f"speculation.{key}", "this server runs without --tot-speculation (only enabled: false applies here)"
+            )

@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile.measure import ProfileManager
+from sglang_spex.speculation.settings import check_without_speculation
 from sglang_spex.srt.engine_port import TokenizerManagerPort
 from sglang_spex.srt.http_api import STATE_ATTR, BodyError, SearchBody, error_response, json_body
 from sglang_spex.srt.spex_wiring import SpexWiring
@@ -177,6 +178,8 @@ class SearchService:
         """Start a search. Raises :class:`SearchSpecError` for a bad spec or one over a limit,
         :class:`BodyError` for an id in use (409), :class:`Busy` when the queue is full."""
         spec = SearchSpec.from_dict(body.spec)
+        if self.spex is None:
+            check_without_speculation(spec.speculation)
         limits = await self.limits()
         prompt = spec.step.prompt_template.format(question=body.question)
         limits.check_spec(spec, prompt_tokens=await self.port.count_tokens(prompt))
