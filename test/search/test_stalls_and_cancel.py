@@ -9,6 +9,8 @@ import time
 import pytest
 import requests
 
+from sglang_spex.tot.context import STOP_PATTERN_BUDGET
+
 from .conftest import USER
 from .helpers import ARITH, QUESTION, CallbackServer, wait_until
 
@@ -69,9 +71,10 @@ def test_a_reference_math_verify_cannot_finish_is_judged_false_and_the_server_ke
     assert answered is not None and answered["correct"] is False, answered
 
 
-def test_an_answer_pattern_that_backtracks_uses_its_budget_then_its_steps_fail(spex_server):
+def test_an_answer_pattern_that_backtracks_uses_its_budget_then_the_search_stops(spex_server):
     """16 steps of up to 48 tokens (the shared server: no per-search limits), so most steps are long enough for
-    the pattern to run past its per-step timeout and use up the search's budget whatever the sampled text."""
+    the pattern to run past its per-step timeout and use up the search's budget whatever the sampled text; the
+    steps it could not read fail and the search stops there (no later step could state an answer)."""
     spec = {
         "policy": {"name": "rebase", "width": 4, "max_depth": 4},
         "step": {"max_tokens": 48, "stop": [], "temperature": 1.0},
@@ -83,6 +86,7 @@ def test_an_answer_pattern_that_backtracks_uses_its_budget_then_its_steps_fail(s
     assert r.status_code == 200, r.text
     failures = r.json()["failures"]
     assert failures and all("answer.pattern" in f["error"] for f in failures), failures
+    assert r.json()["stop_reason"] == STOP_PATTERN_BUDGET
     assert health and all(health), health
 
 

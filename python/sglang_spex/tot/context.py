@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_REWARD_TIMEOUT = 120.0
 RETOKENIZE_MARGIN = 8  # tokens a path's text may gain when re-tokenized whole (the stop string, merges)
+STOP_PATTERN_BUDGET = "answer_pattern_budget"  # stop_reason: the answer pattern used its time on this search
 ProgressFn = Callable[[Dict[str, Any]], None]
 
 
@@ -189,8 +190,9 @@ class SearchContext:
         self.tokens_generated += node.num_tokens
         try:
             node.answer = self.pattern_budget.extract(res.text, self.spec.answer.pattern)
-        except PatternTooSlow as e:  # the step fails (the caller counts it), the event loop is not held again
+        except PatternTooSlow as e:  # the step fails, and the search stops: no step after it could state an answer
             node.answer, node.is_terminal, node.status, node.error = None, True, FAILED, str(e)
+            self.request_stop(STOP_PATTERN_BUDGET)
             return
         eos = res.finish_reason == "stop" and res.matched_stop is None
         node.is_terminal = (
