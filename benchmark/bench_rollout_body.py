@@ -24,7 +24,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from sglang_spex.config import LearnerConfig
 from sglang_spex.respec import rollout_wire
@@ -56,18 +56,29 @@ def make_step(args: argparse.Namespace, vocab: int) -> List[Dict[str, Any]]:
 
 def timed_post(learner, body: bytes, content_type: str) -> Dict[str, float]:
     """Seconds of ``submit_body`` on a worker thread, and the longest event-loop gap meanwhile (seconds)."""
+    out = timed_on_thread(lambda: submit_body(learner, body, content_type))
+    learner.buffer.drain()
+    return out
+
+
+def timed_on_thread(work: Callable[[], Any]) -> Dict[str, float]:
+    """Seconds of ``work()`` on a worker thread (``seconds``), and the longest gap between the wake-ups of an
+    asyncio loop ticking every millisecond on this thread meanwhile (``stall``: what it would hold SGLang's HTTP
+    event loop for)."""
     done = threading.Event()
     out: Dict[str, float] = {}
 
-    def work() -> None:
+    def run() -> None:
         t0 = time.perf_counter()
-        submit_body(learner, body, content_type)
-        out["seconds"] = time.perf_counter() - t0
-        done.set()
+        try:
+            work()
+        finally:
+            out["seconds"] = time.perf_counter() - t0
+            done.set()
 
     async def ticker() -> float:
         worst, last = 0.0, time.perf_counter()
-        threading.Thread(target=work).start()
+        threading.Thread(target=run).start()
         while not done.is_set():
             await asyncio.sleep(0.001)
             now = time.perf_counter()
@@ -75,7 +86,6 @@ def timed_post(learner, body: bytes, content_type: str) -> Dict[str, float]:
         return worst
 
     out["stall"] = asyncio.run(ticker())
-    learner.buffer.drain()
     return out
 
 

@@ -30,9 +30,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import httpx
 import torch
 
-from sglang_spex.respec import rollout_wire
+from sglang_spex.respec import policy_wire, rollout_wire
 from sglang_spex.respec.buffer import served_fields
-from sglang_spex.respec.hotswap import HotSwapClient, serialize_named_tensors
+from sglang_spex.respec.hotswap import HotSwapClient
 from sglang_spex.respec.policy import Policy
 from sglang_spex.tot.tasks import Question, TaskSet
 
@@ -216,8 +216,8 @@ class ServerClient:
         return {**answer, "accepted": accepted}
 
     def post_policy(self, version: int, named) -> dict:
-        body = {"version": version, "serialized_named_tensors": serialize_named_tensors(named)}
-        return self._post(self.learner_url + "/respec/policy", body)
+        """The policy's weights to the learner's copy, as one binary body (``policy_wire.py``)."""
+        return self._post(self.learner_url + "/respec/policy", content=policy_wire.encode(version, named))
 
     def learner_state(self) -> dict:
         return httpx.get(self.learner_url + "/respec/state", timeout=60).json()

@@ -119,7 +119,7 @@ def decode(data: bytes, vocab_size: Optional[int] = None, max_len: int = 32768) 
     """The rollouts of a binary body and its ``more`` flag; raises :class:`RolloutError` naming the field."""
     try:
         arrays = load(data)
-        more = _metadata(data).get("more", "false")
+        more = header_metadata(data).get("more", "false")
     except Exception as e:  # whatever the header holds (a dtype numpy lacks, e.g. BF16, is a KeyError)
         raise RolloutError("body", f"must be a safetensors file of rollouts ({type(e).__name__}: {e})") from None
     if more not in ("true", "false"):
@@ -156,7 +156,7 @@ def decode(data: bytes, vocab_size: Optional[int] = None, max_len: int = 32768) 
     return rollouts, more == "true"
 
 
-def _metadata(data: bytes) -> Dict[str, str]:
+def header_metadata(data: bytes) -> Dict[str, str]:
     """The header's ``__metadata__`` (read after ``load`` has checked the header)."""
     size = int.from_bytes(data[:8], "little")
     return json.loads(data[8 : 8 + size]).get("__metadata__") or {}

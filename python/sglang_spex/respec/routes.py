@@ -10,7 +10,9 @@
   metadata), which decodes in milliseconds where JSON's nested lists take a large step's fraction of a second.
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
-  400 on a bad payload, the copy unchanged.
+  400 on a bad payload, the copy unchanged. Or the binary body (``Content-Type: application/octet-stream``, a
+  safetensors file with the version in its metadata, ``policy_wire.py``; what ``ServerClient.post_policy`` sends):
+  one copy per tensor to decode, no base64 or pickle.
 - ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
 - on every server (a replica, learner or not; :func:`install_drafter`): ``POST /respec/drafter {"version": int}``,
   sent by a publisher after its drafter push landed, and ``GET /respec/drafter`` → ``{"drafter_version": v | null,
@@ -36,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM
 
 from sglang_spex.config import ENV_VAR, LearnerSpec, load
-from sglang_spex.respec import rollout_wire
+from sglang_spex.respec import policy_wire, rollout_wire
 from sglang_spex.respec.adaptive import best_case, drafter_never_pays
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
@@ -69,6 +71,10 @@ def _bad(field_name: str, reason: str) -> JSONResponse:
     return error_response(field_name, reason)
 
 
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def _learner(request: Request) -> OnlineLearner:
     return getattr(request.app.state, LEARNER_ATTR)
 
@@ -89,8 +95,7 @@ async def post_rollouts(request: Request) -> Response:
         data = await read_body(request, learner.config.max_post_bytes, "learner.max_post_bytes")
         # decoding and validating a large step, and training in sync mode, run off the event loop: other
         # clients' requests keep flowing
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        result = await run_in_threadpool(submit_body, learner, data, content_type)
+        result = await run_in_threadpool(submit_body, learner, data, _content_type(request))
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     except RolloutError as e:
@@ -98,11 +103,14 @@ async def post_rollouts(request: Request) -> Response:
     return JSONResponse(result)
 
 
-def _decode_policy(data: bytes) -> Tuple[PolicyBody, Any]:
-    """The policy body and its named tensors (raises BodyError naming what is wrong)."""
+def decode_policy(data: bytes, content_type: str) -> Tuple[int, Any]:
+    """The policy version and its named tensors, from the binary body (``policy_wire``) or SGLang's JSON payload
+    (raises BodyError naming what is wrong)."""
+    if content_type == policy_wire.CONTENT_TYPE:
+        return policy_wire.decode(data)
     body = parse_body(PolicyBody, decode_json(data))
     try:
-        return body, deserialize_named_tensors(body.serialized_named_tensors[0])
+        return body.version, deserialize_named_tensors(body.serialized_named_tensors[0])
     except Exception as e:  # whatever the payload decodes to (pickle, base64): the learner stays unchanged
         raise BodyError("serialized_named_tensors", f"{type(e).__name__}: {e}") from None
 
@@ -110,18 +118,20 @@ def _decode_policy(data: bytes) -> Tuple[PolicyBody, Any]:
 async def post_policy(request: Request) -> Response:
     try:
         data = await read_body(request, None)  # weights: admin-scoped, no limit
-        # a policy is hundreds of MB of base64: decoded off the event loop (its JSON, base64 and pickle steps
-        # still hold the GIL while they run, in C)
-        body, named = await run_in_threadpool(_decode_policy, data)
+        # a policy is hundreds of MB: decoded off the event loop (the JSON payload's base64 and pickle steps still
+        # hold the GIL while they run, in C; the binary body is one copy per tensor)
+        content_type = _content_type(request)
+        version, named = await run_in_threadpool(decode_policy, data, content_type)
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)
     try:
-        n = await run_in_threadpool(_learner(request).set_policy, body.version, named)
+        n = await run_in_threadpool(_learner(request).set_policy, version, named)
     except RuntimeError as e:
         return _bad("learner", str(e))
     except Exception as e:  # tensors that do not fit the learner's policy copy: 400, the copy unchanged
-        return _bad("serialized_named_tensors", f"{type(e).__name__}: {e}")
-    return JSONResponse({"loaded": n, "policy_version": body.version})
+        where = "body" if content_type == policy_wire.CONTENT_TYPE else "serialized_named_tensors"
+        return _bad(where, f"{type(e).__name__}: {e}")
+    return JSONResponse({"loaded": n, "policy_version": version})
 
 
 async def get_state(request: Request) -> Response:
