@@ -27,6 +27,30 @@ def test_a_comparison_past_the_limit_is_killed_and_the_next_one_runs():
         checker._stop()
 
 
+def test_a_comparison_waits_at_most_wait_s_behind_a_busy_child():
+    """Comparisons queued behind slow ones give up after ``wait_s`` (not verified) instead of waiting for all of
+    them: a client sending slow references cannot hold every other search's verdict."""
+    import threading
+    import time
+
+    checker = MathChecker(timeout_s=1.0, wait_s=0.3)
+    try:
+        assert checker.equal("1", "1") is True  # the child is up
+        slow = [threading.Thread(target=checker.equal, args=("7", "9^{9^{9}}")) for _ in range(3)]
+        for t in slow:
+            t.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        assert checker.equal(r"\frac{1}{2}", "0.5") is None
+        assert time.monotonic() - t0 < 0.9 and checker.busy >= 1
+        for t in slow:
+            t.join()
+        assert checker.killed == 1 and checker.busy == 3  # one slow comparison ran; the others gave up waiting
+        assert checker.equal(r"\frac{1}{2}", "0.5") is True  # a fresh child for the next one
+    finally:
+        checker._stop()
+
+
 def test_check_answer_falls_back_to_the_normalised_text_without_a_verdict(monkeypatch):
     monkeypatch.setattr(answers.CHECKER, "equal", lambda answer, reference: None)
     assert check_answer(" X + 1", "x+1") is True and check_answer("7", "9^{9^{9}}") is False

@@ -4,8 +4,9 @@ math-verify's own timeouts use ``signal.alarm``: they work only in a main thread
 (``9^{9^{9}}`` is one big-integer power that runs for minutes and takes gigabytes). A reference or an answer comes
 from a client, so the comparison runs in one long-lived ``spawn`` child (started at the first comparison;
 importing sympy takes seconds) and the caller waits at most ``timeout_s``; past that the child is killed (and
-started again at the next comparison) and the answer counts as not verified. Comparisons are serialised; call
-this off the event loop (``asyncio.to_thread``).
+started again at the next comparison) and the answer counts as not verified. Comparisons are serialised, and a
+caller waits at most ``wait_s`` for its turn (else: not verified), so a client whose references keep the child busy
+cannot hold other searches' results for long; call this off the event loop (``asyncio.to_thread``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Optional
 logger = logging.getLogger(__name__)
 
 VERIFY_TIMEOUT_S = 2.0  # one comparison, past which the child is killed
+WAIT_S = 5.0  # a comparison's wait for the comparisons queued before it
 START_TIMEOUT_S = 120.0  # the child's start (it imports math-verify and sympy)
 
 
@@ -26,6 +28,7 @@ def _serve(conn: Connection) -> None:
     """The child: answer ``(reference, answer)`` with True / False (None: math-verify raised)."""
     from math_verify import parse, verify
 
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns at every call that its timeouts are off
     conn.send("ready")
     while True:
         try:
@@ -48,17 +51,23 @@ def _serve(conn: Connection) -> None:
 class MathChecker:
     """One child process running math-verify; :meth:`equal` waits for it at most ``timeout_s``."""
 
-    def __init__(self, timeout_s: float = VERIFY_TIMEOUT_S):
+    def __init__(self, timeout_s: float = VERIFY_TIMEOUT_S, wait_s: float = WAIT_S):
         self.timeout_s = timeout_s
+        self.wait_s = wait_s
         self.killed = 0  # comparisons that ran past the limit
+        self.busy = 0  # comparisons not run: the child stayed busy past ``wait_s``
         self._lock = threading.Lock()
         self._proc: Any = None
         self._conn: Optional[Connection] = None
 
     def equal(self, answer: str, reference: str) -> Optional[bool]:
-        """Whether math-verify finds ``answer`` equal to ``reference``; None when it raised, ran past the limit
-        or its child could not start."""
-        with self._lock:
+        """Whether math-verify finds ``answer`` equal to ``reference``; None when it raised, ran past the limit,
+        waited past ``wait_s`` for its turn or its child could not start."""
+        if not self._lock.acquire(timeout=self.wait_s):
+            self.busy += 1
+            logger.warning("math-verify busy for %gs; %r vs %r not verified", self.wait_s, answer[:80], reference[:80])
+            return None
+        try:
             try:
                 conn = self._ready()
                 conn.send((reference, answer))
@@ -74,6 +83,8 @@ class MathChecker:
             )
             self._stop()
             return None
+        finally:
+            self._lock.release()
 
     def _ready(self) -> Connection:
         if self._proc is not None and self._proc.is_alive() and self._conn is not None:
