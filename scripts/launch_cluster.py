@@ -21,13 +21,23 @@ from sglang_spex.scale.cluster import Cluster
 from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: expected an integer >= 1")
+    return n
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     ours, server_args = (list(argv), [])
     if "--" in ours:
         i = ours.index("--")
         ours, server_args = ours[:i], ours[i + 1 :]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--servers", type=int, default=2, help="how many servers (default 2)")
+    p.add_argument("--servers", type=_at_least_one, default=2, help="how many servers (default 2)")
     p.add_argument("--policy", choices=POLICIES, default="manual", help="router policy (default manual: affinity)")
     p.add_argument("--assignment-mode", choices=ASSIGNMENT_MODES, default="min_load", help="manual: new keys go to")
     p.add_argument("--port", type=int, default=30000, help="the router's port (default 30000)")

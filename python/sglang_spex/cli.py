@@ -25,6 +25,11 @@ from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 REWARDS = {"arith": {"type": "verifier", "name": "arith"}, "logprob": {"type": "logprob"}}
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
+
+class NotASpexServer(RuntimeError):
+    """The URL answers, but has no ``/tot/search``."""
 
 
 class InputError(Exception):
@@ -54,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_body(args: argparse.Namespace) -> Dict[str, Any]:
     """The ``POST /tot/search`` body; raises :class:`InputError` for a bad spec (validated here first)."""
+    if not args.question.strip():
+        raise InputError("question", "must be a non-empty string")  # as the server's body check says it
+    if args.url is not None:
+        check_url(args.url)
     speculation = None if args.speculation is None else args.speculation == "on"
     spec = search_spec(
         args.policy, seed=args.seed, reward=REWARDS[args.reward], speculation=speculation, max_tokens=args.max_tokens
@@ -70,12 +79,34 @@ def make_body(args: argparse.Namespace) -> Dict[str, Any]:
     return body
 
 
+def check_url(url: str) -> None:
+    """An ``http(s)://host[:port]`` URL; :class:`InputError` naming ``--url`` otherwise."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as e:
+        raise InputError("--url", f"{url!r}: {e}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InputError("--url", f"{url!r}: expected http://HOST:PORT")
+
+
 def _refused(r: httpx.Response) -> InputError:
     try:
         err = r.json()["error"]
         return InputError(err["field"], err["reason"])
     except (ValueError, KeyError, TypeError):
         return InputError("request", f"HTTP {r.status_code}: {r.text[:200]}")
+
+
+def _check_answer(r: httpx.Response) -> None:
+    """Raise for an answer that is not the search: a 400 as :class:`InputError`, a 404 with what it means."""
+    if r.status_code == 400:
+        raise _refused(r)
+    if r.status_code == 404:
+        raise NotASpexServer(
+            f"{r.url} not found: not a sglang-spex server (sglang-router and plain SGLang have no server-side "
+            "search; search client-side through them with sglang_spex.tot.search and HttpPort)"
+        )
+    r.raise_for_status()
 
 
 def node_line(event: Dict[str, Any]) -> str:
@@ -89,15 +120,12 @@ def run_search(url: str, body: Dict[str, Any], headers: Dict[str, str], out=sys.
     """POST the search; with ``stream`` print nodes, frontiers and answers as they come. Returns the result."""
     if not body.get("stream"):
         r = httpx.post(url + "/tot/search", json=body, headers=headers, timeout=None)
-        if r.status_code == 400:
-            raise _refused(r)
-        r.raise_for_status()
+        _check_answer(r)
         return r.json()
     with httpx.stream("POST", url + "/tot/search", json=body, headers=headers, timeout=None) as r:
-        if r.status_code == 400:
+        if r.status_code != 200:
             r.read()
-            raise _refused(r)
-        r.raise_for_status()
+        _check_answer(r)
         for line in r.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -142,7 +170,7 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
         + (f", stop: {result['stop_reason']}" if result.get("stop_reason") else "")
     )
     spec = result.get("speculation")
-    if spec:
+    if spec and spec.get("settings", {}).get("enabled", True):
         lines.append(
             f"speculation: {spec['hits']}/{spec['issued']} hits ({spec['in_flight_adopted']} in flight), "
             f"{spec['cancelled']} cancelled, {spec['never_used']} never used, {spec['spec_tokens']} speculative "
@@ -154,7 +182,16 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The ``search`` command; returns the exit status."""
+    """The ``search`` command; returns the exit status (130 after Ctrl-C: the server aborts the search when its
+    connection closes, and a server this command started is stopped)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     args = build_parser().parse_args(argv)
     try:
         body = make_body(args)
@@ -174,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, NotASpexServer) as e:
         print(f"error: {url}: {e}", file=sys.stderr)
         return 1
     finally:

@@ -560,9 +560,12 @@ def export(cfg: PluginConfig) -> None:
     os.environ[ENV_VAR] = cfg.validate().to_json()
 
 
+STATS_FILE_PREFIX = "sglang-spex-stats-"  # + the launcher's pid: its batch-stats rings (srt/batch_stats.py)
+
+
 def default_stats_path() -> str:
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(base, f"sglang-spex-stats-{os.getpid()}")
+    return os.path.join(base, f"{STATS_FILE_PREFIX}{os.getpid()}")
 
 
 def stats_channel() -> str:

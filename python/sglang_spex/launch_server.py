@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import os
 import socket
 import sys
@@ -19,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from sglang_spex.config import (
     FORCE_CPU_ENV_VAR,
+    STATS_FILE_PREFIX,
     ConfigError,
     PluginConfig,
     default_stats_path,
@@ -228,6 +230,8 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     user_binding = os.environ.get(THREAD_BIND_ENV)
     if user_binding and flag_value(args, "--device") == "cpu":  # SGLang reads it on CPU only
         check_thread_binding(args, user_binding, sorted(os.sched_getaffinity(0)))
+    if not cfg.stats_path:
+        remove_stale_rings(os.path.dirname(default_stats_path()))
     cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
     export(cfg)
     if not gpu:
@@ -238,6 +242,33 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
             if binding is not None:
                 os.environ[THREAD_BIND_ENV] = binding
     return args
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_rings(directory: str) -> List[str]:
+    """Unlink the rings in ``directory`` of servers whose launcher is gone (``sglang-spex-stats-<pid>[.<rank>]``,
+    ``config.default_stats_path``): SGLang ends its scheduler processes with a signal, so their writers' ``atexit``
+    never runs, and each ring left behind holds ~2 MB of ``/dev/shm`` (memory). Returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(glob.escape(directory), STATS_FILE_PREFIX + "*")):
+        pid, _, rank = os.path.basename(path)[len(STATS_FILE_PREFIX) :].partition(".")
+        if not pid.isdigit() or (rank and not rank.isdigit()) or _pid_alive(int(pid)):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def allow_spec_overlap_on_cpu() -> None:

@@ -54,12 +54,18 @@ class ServerProcess:
 
     def start(self, attempts: int = 3) -> "ServerProcess":
         """Launch and wait for ``/health_generate``. If another process took the free port before the server bound
-        it (uvicorn then neither serves nor exits), the server is stopped and started again on a new port."""
-        for _ in range(attempts if not self._fixed_port else 1):
-            if self._launch():
-                return self
+        it (uvicorn then neither serves nor exits), the server is stopped and started again on a new port. Any
+        failure or interrupt (Ctrl-C) on the way stops it: the server runs in its own session, so it would not see
+        the terminal's SIGINT and would outlive the caller."""
+        try:
+            for _ in range(attempts if not self._fixed_port else 1):
+                if self._launch():
+                    return self
+                self.stop()
+                self._set_port(free_port())
+        except BaseException:
             self.stop()
-            self._set_port(free_port())
+            raise
         raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{self.log_tail()}")
 
     def _launch(self) -> bool:

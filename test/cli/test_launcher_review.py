@@ -356,3 +356,32 @@ def test_a_wrong_binding_fails_fast_in_the_launcher(tmp_path):
     p = run_launcher("--model-path", model, "--dp-size", "2", env={THREAD_BIND_ENV: "0-1"})
     line = assert_one_line_exit_2(p, f"{THREAD_BIND_ENV}='0-1' has 1 group(s)", "need 2 non-empty '|'-separated")
     assert "Load weight" not in p.stdout + p.stderr and "Traceback" not in line
+
+
+def test_a_launch_removes_the_rings_of_servers_whose_launcher_is_gone(tmp_path):
+    """SGLang ends its schedulers with a signal, so a ring's writer never unlinks it: the next launch does, for
+    every launcher that no longer runs, and leaves live servers' rings and other files alone."""
+    import os
+    import subprocess
+    import sys
+
+    from sglang_spex.config import STATS_FILE_PREFIX
+    from sglang_spex.launch_server import remove_stale_rings
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    names = {
+        f"{STATS_FILE_PREFIX}{dead}": False,
+        f"{STATS_FILE_PREFIX}{dead}.0": False,
+        f"{STATS_FILE_PREFIX}{dead}.1": False,
+        f"{STATS_FILE_PREFIX}{os.getpid()}": True,  # a live launcher's
+        f"{STATS_FILE_PREFIX}{os.getpid()}.0": True,
+        f"{STATS_FILE_PREFIX}notapid": True,
+        f"{STATS_FILE_PREFIX}{dead}.x": True,
+        "sem.mp-abc": True,
+    }
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_stale_rings(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in removed) == sorted(n for n, keep in names.items() if not keep)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, keep in names.items() if keep)

@@ -119,7 +119,9 @@ def test_cancel_frees_kv_on_the_holding_worker(cluster):
 
 
 def test_killed_worker_fails_its_search_and_the_router_serves_others(cluster):
-    spec = _spec({"name": "rebase", "width": 2, "max_depth": 3}, {**LONG_STEP, "max_tokens": 400}, seed=3)
+    # width 4: four of the victim's requests are in flight on the killed worker, enough failures to open the
+    # router's circuit breaker, past which a retry would have moved them to the other worker (retries are off)
+    spec = _spec({"name": "rebase", "width": 4, "max_depth": 3}, {**LONG_STEP, "max_tokens": 400}, seed=3)
 
     async def main():
         port = HttpPort(cluster.url)

@@ -206,3 +206,19 @@ def test_other_policies_refuse_infinite_knobs(policy, field):
     with pytest.raises(SearchSpecError) as e:
         SearchSpec.from_dict({"policy": policy}).validate()
     assert e.value.field == field
+
+
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"step": {"temperature": INF}}, "step.temperature"),  # SGLang would refuse every node of the search
+        ({"step": {"temperature": NAN}}, "step.temperature"),
+        ({"step": {"max_tokens": True}}, "step.max_tokens"),  # a bool is not a token count
+        ({"step": {"max_total_tokens": True}}, "step.max_total_tokens"),
+        ({"reward_timeout": INF}, "reward_timeout"),
+        ({"reward_timeout": NAN}, "reward_timeout"),
+        ({"reward_timeout": "30"}, "reward_timeout"),
+    ],
+)
+def test_infinite_times_and_bool_counts_are_refused(data, field):
+    assert refused(data).field == field

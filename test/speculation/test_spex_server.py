@@ -79,6 +79,22 @@ def test_bfs_misses_are_aborted_and_freed(spex_server_in_mode):
     assert after["kv_protected"] == before["kv_protected"]
 
 
+def test_a_client_side_baseline_search_releases_its_protected_prefixes(spex_server):
+    """The scheduler protects the cached prefixes of any live search; a baseline search run client-side (no SPEX
+    context) releases them when it ends, as a SPEX one does, instead of holding them for the lease's TTL."""
+    url = spex_server.url
+    before = requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]
+    res = asyncio.run(_run(url, make_spec(POLICIES["rebase"], seed=9)))
+    assert res.status == "done" and engine_idle(url)
+    after = requests.get(url + "/spex/stats", timeout=30).json()["scheduler"]
+    assert after["protection"]["counters"].get("protected", 0) > before["protection"]["counters"].get("protected", 0)
+    assert after["protection"]["searches"] <= before["protection"]["searches"], (
+        before["protection"],
+        after["protection"],
+    )
+    assert after["pool"]["kv_protected"] <= before["pool"]["kv_protected"]
+
+
 def _server_search(url: str, policy: dict, speculation=None) -> dict:
     body = {"question": "What is 12 + 7?", "spec": {**make_spec(policy).to_dict(), "speculation": speculation}}
     r = requests.post(url + "/tot/search", json=body, timeout=300)

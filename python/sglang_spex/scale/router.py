@@ -101,6 +101,9 @@ class RouterProcess(ServerProcess):
             "--health-check-timeout-secs", str(health_check_timeout_s),
             "--log-level", "warn",
             "--prometheus-port", str(free_port()),  # its default (29000) is one per machine: a 2nd router panics
+            # a request whose worker died comes back as an error (HttpPort fails that search: WorkerLost), never
+            # retried onto another worker once the circuit breaker opens, where its search has no cache or state
+            "--disable-retries",
         ]  # fmt: skip
         if policy == "manual":
             self.args += ["--assignment-mode", assignment_mode]
@@ -111,12 +114,16 @@ class RouterProcess(ServerProcess):
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
-            if self.healthy_workers() == set(self.worker_urls):
-                return self
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"router exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
+                if self.healthy_workers() == set(self.worker_urls):
+                    return self
+                time.sleep(0.5)
+        except BaseException:  # an interrupt too: the router runs in its own session and would outlive us
+            self.stop()
+            raise
         self.stop()
         raise TimeoutError(f"router not ready after {self.startup_timeout}s; log tail:\n{self.log_tail()}")
 

@@ -548,11 +548,7 @@ class SpexContext(SearchContext):
             n.num_tokens for n in self.tree if n.extra.get("speculative")
         )
         self.acc.primary_requests = self.num_requests
-        self.budget.unregister(self)
-        try:
-            await self.port.release(self.search_id)  # the scheduler stops protecting this search's prefixes
-        except Exception:
-            logger.exception("spex: releasing search %s failed", self.search_id)
+        self.budget.unregister(self)  # (SearchContext.close then releases the search's protected prefixes)
         if self.on_finish is not None:
             try:
                 await self.on_finish(self)
@@ -568,6 +564,7 @@ class SpexContext(SearchContext):
     def extra_result(self) -> Optional[Dict[str, Any]]:
         d = self.acc.to_dict()
         d["settings"] = {
+            "enabled": self.settings.enabled,
             "components": list(self.settings.components),
             "lookahead": self.settings.lookahead,
             "max_lookahead": self.settings.max_lookahead,

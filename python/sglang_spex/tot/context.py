@@ -380,5 +380,11 @@ class SearchContext:
         return None
 
     async def close(self) -> None:
+        """The search ended: the engine stops protecting its cached prefixes (the scheduler protects any live
+        search's, baseline or SPEX, client- or server-side), and a reward client of its own closes."""
+        try:
+            await self.port.release(self.search_id)
+        except Exception:
+            logger.exception("releasing search %s failed", self.search_id)
         if self._own_reward:
             await self.reward.close()

@@ -18,7 +18,7 @@ from sglang_spex.tot.policies.base import Policy
 from sglang_spex.tot.policies.registry import build_policy
 from sglang_spex.tot.rewards import RewardConfig, check_template
 from sglang_spex.tot.tasks import get_task
-from sglang_spex.tot.validation import SearchSpecError, check, from_dict, is_num
+from sglang_spex.tot.validation import SearchSpecError, check, check_finite, check_int, from_dict, is_num
 
 INT64 = (-(2**63), 2**63 - 1)  # SGLang's range for a request's priority
 MAX_STOP_STRINGS = 32  # SGLang refuses a request with more stop strings
@@ -63,14 +63,11 @@ class StepConfig:
         check(len(self.stop) <= MAX_STOP_STRINGS, f"{p}.stop", f"at most {MAX_STOP_STRINGS} strings (SGLang's limit)")
         for i, stop in enumerate(self.stop):
             check(len(stop) <= MAX_STOP_CHARS, f"{p}.stop[{i}]", f"at most {MAX_STOP_CHARS} characters")
-        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"{p}.max_tokens", "must be an integer >= 1")
-        check(is_num(self.temperature) and self.temperature >= 0, f"{p}.temperature", "must be a number >= 0")
+        check_int(self.max_tokens, f"{p}.max_tokens", 1)
+        check(is_num(self.temperature), f"{p}.temperature", "must be a number >= 0")
+        check_finite(self.temperature, f"{p}.temperature", 0)  # SGLang refuses inf, node by node
         check(is_num(self.top_p) and 0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
-        check(
-            isinstance(self.max_total_tokens, int) and self.max_total_tokens >= 1,
-            f"{p}.max_total_tokens",
-            "must be an integer >= 1",
-        )
+        check_int(self.max_total_tokens, f"{p}.max_total_tokens", 1)
         check_template(self.prompt_template, PROMPT_FIELDS, f"{p}.prompt_template", required="question")
 
 
@@ -137,11 +134,9 @@ class SearchSpec:
                 get_task(self.task)
             except KeyError as e:
                 raise SearchSpecError("task", str(e.args[0]))
-        check(
-            self.reward_timeout is None or (is_num(self.reward_timeout) and self.reward_timeout > 0),
-            "reward_timeout",
-            "must be a number > 0",
-        )
+        if self.reward_timeout is not None:
+            check(is_num(self.reward_timeout), "reward_timeout", "must be a finite number > 0")
+            check_finite(self.reward_timeout, "reward_timeout", 0, above=True)
         check(
             self.priority is None
             or (
