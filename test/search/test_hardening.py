@@ -181,7 +181,7 @@ ADMIN_ROUTES = [
     ("/spex/promote", {"rid": "spex:nobody:r.0:"}),
     ("/spex/protect", {"search_id": "nobody"}),
     ("/spex/release", {}),
-    ("/spex/profile", {"batch_sizes": [1], "repeats": 1}),
+    ("/spex/profile", {"batch_sizes": [1, 2], "repeats": 1}),
 ]  # /respec/* (installed only with --respec-learner): test/unit/test_admin_scope.py
 
 

@@ -96,6 +96,13 @@ def test_info_reads_the_app_state(spex_server):
     assert info["config"]["k_total"] == 8
 
 
+@pytest.mark.parametrize("since", ["abc", "1.5", "9" * 30])
+def test_a_bad_history_since_is_a_400_in_the_plugins_shape(spex_server, since):
+    _refused(
+        requests.get(spex_server.url + "/spex/stats", params={"history_since": since}, timeout=30), "history_since"
+    )
+
+
 def test_stats_report_the_profiler_state(spex_server):
     prof = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["profile"]
     assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total", "measured_under_load"}

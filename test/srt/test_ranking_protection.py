@@ -112,3 +112,29 @@ def test_protected_prefix_survives_eviction_and_is_released(small_pool_server):
     assert r["pool"]["kv_protected"] == protected0
     _flood(url, 2000)
     assert _cached(url, text) < n_prompt // 2, "prefix survived a flood without protection: the test proves nothing"
+
+
+def test_protection_yields_to_a_request_it_would_hold_out(small_pool_server):
+    """Any client can have a search's prefixes protected by naming its rids. Protection that leaves too little of
+    the pool for a waiting request, with nothing running that would free some, gives way (the searches protected
+    longest ago lose their locks) instead of holding the request until their lease runs out (300 s)."""
+    url = small_pool_server.url
+    post(url, "/spex/release", {})
+    wait_idle(url)
+    post(url, "/spex/knobs", {"protect_max_fraction": 0.9})
+    try:
+        for i in range(12):  # ~400-token sequences until protection holds most of the 1200-token pool
+            out = requests.post(url + "/generate", json=body(words(60, 300 + i), 20, f"spex:pin:r.{i}:"), timeout=120)
+            assert out.status_code == 200, out.text
+            if wait_idle(url)["protection"]["locked_tokens"] >= 700:
+                break
+        held = sched(url)
+        assert held["protection"]["locked_tokens"] >= 700, held["protection"]
+        yielded0 = held["protection"]["counters"].get("yielded", 0)
+        out = requests.post(url + "/generate", json=body(words(100, 9), 4), timeout=90)  # ~650 prompt tokens
+        assert out.status_code == 200 and out.json()["meta_info"]["prompt_tokens"] > 1200 - 700, out.text
+        after = sched(url)["protection"]
+        assert after["counters"].get("yielded", 0) > yielded0 and after["locked_tokens"] < 700, after
+    finally:
+        post(url, "/spex/knobs", {"protect_max_fraction": 0.5})
+        post(url, "/spex/release", {})

@@ -55,6 +55,16 @@ SEARCH = {"spec": {"policy": {"name": "rebase"}}, "question": "What is 2 + 2?"}
         (KnobsBody, {"ttl": 1.0}, "ttl"),
         (ProfileBody, {"batch_sizes": [1, 0, 4]}, "batch_sizes[1]"),
         (ProfileBody, {"batch_sizes": []}, "batch_sizes"),
+        (ProfileBody, {"batch_sizes": [3]}, "batch_sizes"),  # one point is no curve (was a 500)
+        (ProfileBody, {"batch_sizes": [2, 2]}, "batch_sizes"),  # nor two of one size (was a one-point profile)
+        (CancelBody, {"search_id": "x" * 257}, "search_id"),  # the scheduler keeps cancelled ids for a minute
+        (CancelBody, {"rid_prefix": "x" * 257}, "rid_prefix"),
+        (PromoteBody, {"rid": "x" * 257}, "rid"),
+        (ProtectBody, {"search_id": "x" * 257}, "search_id"),
+        (ReleaseBody, {"search_id": "s", "node_prefix": "x" * 257}, "node_prefix"),
+        (KnobsBody, {"protect_max_fraction": 1.0}, "protect_max_fraction"),  # protection may not take the pool
+        (KnobsBody, {"protect_ttl_s": 1e308}, "protect_ttl_s"),
+        (KnobsBody, {"knee": 0}, "knee"),  # -1 (none) or a batch size
         (ProfileBody, {"batch_sizes": "1,2"}, "batch_sizes"),
         (ProfileBody, {"repeats": 0}, "repeats"),
         (ProfileBody, {"force": "yes"}, "force"),
@@ -127,10 +137,12 @@ def test_json_body_answers_the_error_shape(app_client):
     assert r.status_code == 400
     assert r.json()["error"]["field"] == "k_total" and r.json()["error"]["reason"]
     r = app_client.post("/budget", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"] == {
-        "field": "body",
-        "reason": "must be valid JSON (and nested less deeply)",
-    }
+    assert r.status_code == 400 and r.json()["error"]["field"] == "body"
+    assert r.json()["error"]["reason"].startswith("must be valid JSON, nested less deeply, numbers in range (")
+    r = app_client.post(
+        "/budget", content=b'{"k": 1' + b"0" * 5000 + b"}", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and "digits" in r.json()["error"]["reason"]  # says why, not just "not JSON"
     r = app_client.post("/budget")  # an empty body is not a budget
     assert r.status_code == 400 and r.json()["error"]["field"] == "body"
     assert app_client.post("/budget", json={"k": 4}).json() == {"ok": True, "k": 4}

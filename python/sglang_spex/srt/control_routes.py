@@ -102,8 +102,12 @@ async def post_knobs(request: Request, body: KnobsBody) -> Response:
     return await _run(request, reqs)
 
 
-async def get_stats(request: Request, history_since: Optional[int] = None) -> Response:
+async def get_stats(request: Request, history_since: Optional[str] = None) -> Response:
     state = http_state(request)
+    since = history_since.strip() if history_since is not None else None
+    if since is not None and not (since.lstrip("-").isdigit() and len(since) <= 19):
+        return error_response("history_since", "must be an integer (a batch-stats step)")
+    history_since = int(since) if since is not None else None
     if not state.cfg.enabled:
         return error_response(*SPECULATION_OFF, status_code=409)
     states = await control.scheduler_states(state.tokenizer_manager)

@@ -115,8 +115,8 @@ def decode_json(data: bytes, optional: bool = False) -> Any:
         return {}
     try:
         return json.loads(data)
-    except (ValueError, RecursionError):
-        raise BodyError("body", "must be valid JSON (and nested less deeply)") from None
+    except (ValueError, RecursionError) as e:  # (a JSON integer past Python's digit limit is a ValueError too)
+        raise BodyError("body", f"must be valid JSON, nested less deeply, numbers in range ({e})"[:300]) from None
 
 
 def json_body(
@@ -169,6 +169,13 @@ class SearchBody(Body):
 
 # ---------------------------------------------------------------- /spex/* control
 COUNT_MAX = 2**31 - 1  # the largest request count (budget, knee) a body may give: past any batch, and a float exactly
+# a search id, rid or rid prefix a control body may name (the scheduler keeps cancelled and protected ids for
+# minutes: an unbounded one would be memory a client keeps there)
+ID_MAX_CHARS = 256
+PROTECT_TTL_MAX_S = 3600.0  # a protection lease past an hour would outlive any search it is for
+# protection may lock at most this share of the KV pool: the rest stays for admission (and protection yields to a
+# waiting request that nothing else would make room for, srt/prefix_protection.py)
+PROTECT_FRACTION_MAX = 0.9
 
 
 class BudgetBody(Body):
@@ -180,8 +187,8 @@ class BudgetBody(Body):
 class CancelBody(Body):
     """``POST /spex/cancel``: a whole search, or any rid prefix."""
 
-    search_id: str = ""
-    rid_prefix: str = ""
+    search_id: str = Field(default="", max_length=ID_MAX_CHARS)
+    rid_prefix: str = Field(default="", max_length=ID_MAX_CHARS)
 
     @model_validator(mode="after")
     def _one(self) -> "CancelBody":
@@ -194,21 +201,21 @@ class PromoteBody(Body):
     """``POST /spex/promote``: the request (rid) a search now waits on; ``ack`` false: answer once the command is
     queued to the scheduler (in order with this process's generate requests) instead of after it was applied."""
 
-    rid: str = Field(min_length=1)
+    rid: str = Field(min_length=1, max_length=ID_MAX_CHARS)
     ack: bool = True
 
 
 class ProtectBody(Body):
     """``POST /spex/protect``: register a live search / renew its protection lease."""
 
-    search_id: str = Field(min_length=1)
+    search_id: str = Field(min_length=1, max_length=ID_MAX_CHARS)
 
 
 class ReleaseBody(Body):
     """``POST /spex/release``: one search's protection (or a subtree's); no ``search_id`` = every search's."""
 
-    search_id: str = ""
-    node_prefix: str = ""
+    search_id: str = Field(default="", max_length=ID_MAX_CHARS)
+    node_prefix: str = Field(default="", max_length=ID_MAX_CHARS)
 
     @model_validator(mode="after")
     def _prefix_needs_search(self) -> "ReleaseBody":
@@ -221,11 +228,18 @@ class KnobsBody(Body):
     """``POST /spex/knobs``: at least one of the scheduler-side knobs."""
 
     immediate_cancel: Optional[bool] = None
-    protect_ttl_s: Optional[float] = Field(default=None, ge=0, allow_inf_nan=False)
-    protect_max_fraction: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    protect_ttl_s: Optional[float] = Field(default=None, ge=0, le=PROTECT_TTL_MAX_S, allow_inf_nan=False)
+    protect_max_fraction: Optional[float] = Field(default=None, ge=0, le=PROTECT_FRACTION_MAX, allow_inf_nan=False)
     knee: Optional[int] = Field(default=None, ge=-1, le=COUNT_MAX)  # the gate's given knee; -1 = none
     live_knee: Optional[bool] = None  # also keep speculation below the knee fitted from live decode steps
     spec_prefill_share: Optional[float] = Field(default=None, ge=0, le=1, allow_inf_nan=False)  # prefill allowance
+
+    @field_validator("knee")
+    @classmethod
+    def _knee_known_or_none(cls, v: Optional[int]) -> Optional[int]:
+        if v == 0:
+            raise ValueError("must be -1 (no knee) or >= 1")
+        return v
 
     @model_validator(mode="after")
     def _some(self) -> "KnobsBody":
@@ -250,6 +264,13 @@ class ProfileBody(Body):
     prefill_words: Optional[int] = Field(default=None, ge=0)
     repeats: Optional[int] = Field(default=None, ge=1, le=8)
     force: bool = True
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _a_curve(cls, v: Optional[List[int]]) -> Optional[List[int]]:
+        if v is not None and len(set(v)) < 2:
+            raise ValueError("needs at least two different batch sizes (a profile is a step-time curve)")
+        return v
 
     def spec_fields(self) -> Dict[str, Any]:
         """The measure settings given (for ``ProfileSpec(**...)``); empty = keep the current spec."""

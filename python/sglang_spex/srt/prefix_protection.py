@@ -7,7 +7,12 @@ ends: ``/spex/release`` or ``/spex/cancel``, an abort of one of its primary requ
 disconnect), or a lease of ``ttl_s`` without any of its requests in the scheduler (a client-side search whose
 client vanished).
 
-Protected tokens are capped at ``max_fraction`` of the KV pool so protection can never starve admission.
+Protected tokens are capped at ``max_fraction`` of the KV pool (checked after each lock is taken, so one sequence
+cannot overshoot it), and protection never keeps a request out: when a waiting request cannot fit in the KV that
+is free or evictable and no running request will free any, the searches protected longest ago lose their locks
+until it fits (``yielded``). A search is known by its rids (``spex:<search>:<path>:``), so any client may have its
+prefixes protected this way, within the cap; ids kept for ended searches are bounded in number
+(:data:`MAX_TRACKED`).
 Speculative-only KV is evicted first by SGLang itself: speculative requests carry the lowest priority,
 which ``--radix-eviction-policy priority`` stores on the nodes they insert.
 
@@ -21,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from sglang_spex.adapters import radix_cache as rc
 from sglang_spex.adapters import scheduler as sa
@@ -33,6 +38,8 @@ DEFAULT_TTL_S = 300.0
 DEFAULT_MAX_FRACTION = 0.5
 ENDED_TTL_S = 120.0  # a late finish of an ended search is not protected again
 SWEEP_EVERY_S = 1.0
+YIELD_AFTER_S = 1.0  # a waiting request held out this long (past batch boundaries) makes protection give way
+MAX_TRACKED = 4096  # searches kept in ``last_seen`` / ``ended`` at most (the oldest go first)
 G_PROTECT = HookGuard("prefix_protect")
 
 
@@ -54,6 +61,7 @@ class PrefixProtection:
     pending: List[Tuple[str, str, Any]] = field(default_factory=list)
     counters: Dict[str, int] = field(default_factory=dict)
     last_sweep: float = 0.0
+    _held_since: Optional[float] = None  # since when a waiting request has been held out (``_held_out``)
     _num_locks: int = 0  # kept with ``locks`` (read by every published step: no walk over all locks)
     _locked_tokens: int = 0
 
@@ -89,7 +97,7 @@ class PrefixProtection:
     def start_search(self, search_id: str) -> None:
         """Register a live search (or renew its lease); protection of its finished nodes starts or resumes."""
         self.ended.pop(search_id, None)
-        self.last_seen[search_id] = time.monotonic()
+        self._seen(search_id)
         self.locks.setdefault(search_id, {})
 
     def end_search(self, tree_cache: Any, search_id: str, node_prefix: str = "") -> int:
@@ -102,6 +110,7 @@ class PrefixProtection:
             self.locks.pop(search_id, None)
             self.last_seen.pop(search_id, None)
             self.ended[search_id] = time.monotonic() + ENDED_TTL_S
+            _bound(self.ended)
             self.pending = [x for x in self.pending if x[0] != search_id]
         self.bump("released", len(paths))
         return len(paths)
@@ -118,12 +127,17 @@ class PrefixProtection:
 
     def _protect(self, scheduler: Any, search_id: str, node_path: str, req: Any) -> None:
         tree_cache = scheduler.tree_cache
-        if rc.protected_size(tree_cache) >= self.max_fraction * sa.kv_total(scheduler):
+        cap = self.max_fraction * sa.kv_total(scheduler)
+        if rc.protected_size(tree_cache) >= cap:
             self.bump("skipped_cap")
             return
         taken = rc.lock_sequence(tree_cache, req)
         if taken is None:
             self.bump("skipped_uncached")
+            return
+        if rc.protected_size(tree_cache) > cap:  # this sequence would take protection past the cap
+            rc.unlock(tree_cache, taken[0])
+            self.bump("skipped_cap")
             return
         held = self.locks.setdefault(search_id, {})
         old = held.pop(node_path, None)
@@ -132,15 +146,57 @@ class PrefixProtection:
         self._locked_tokens += new.tokens
         if old is not None:
             self._drop(tree_cache, old)
-        self.last_seen[search_id] = time.monotonic()
+        self._seen(search_id)
         self.bump("protected")
 
+    def _seen(self, search_id: str) -> None:
+        """Renew ``search_id``'s lease. Past :data:`MAX_TRACKED` searches, registered ones that hold no lock are
+        forgotten, seen longest ago first (those with locks are bounded by the KV cap)."""
+        self.last_seen.pop(search_id, None)  # re-inserted last: the dict stays in order of last sight
+        self.last_seen[search_id] = time.monotonic()
+        excess = len(self.last_seen) - MAX_TRACKED
+        if excess > 0:
+            idle = [s for s in self.last_seen if not self.locks.get(s)][:excess]
+            for s in idle:
+                del self.last_seen[s]
+                self.locks.pop(s, None)
+
+    def _held_out(self, scheduler: Any) -> int:
+        """Tokens the longest waiting prompt lacks in the free and evictable KV while nothing is scheduled that
+        would free some (0: none lacks any, or something runs)."""
+        waiting = sa.waiting(scheduler)
+        if not self.locks or not waiting or getattr(scheduler, "chunked_req", None) is not None:
+            return 0
+        if sa.scheduled_reqs(sa.running_batch(scheduler), sa.last_batch(scheduler)):
+            return 0
+        _, free, evictable, _ = sa.kv_figures(scheduler)
+        return max(max(len(r.origin_input_ids) for r in waiting) + 1 - free - evictable, 0)
+
+    def _yield_to_waiting(self, scheduler: Any) -> None:
+        """Unlock the searches protected longest ago once a waiting request has been held out (:meth:`_held_out`)
+        for :data:`YIELD_AFTER_S`: protection would hold it until a lease ran out."""
+        if not self._held_out(scheduler):
+            self._held_since = None
+            return
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_since < YIELD_AFTER_S:
+            return
+        self._held_since = None
+        while self.locks and self._held_out(scheduler):
+            oldest = min(self.locks, key=lambda s: self.last_seen.get(s, 0.0))
+            self.end_search(scheduler.tree_cache, oldest)
+            self.bump("yielded")
+
     def pre_step(self, scheduler: Any) -> None:
-        """Lock queued prefixes; once a second, expire the leases of searches with no request in the scheduler."""
+        """Lock queued prefixes; yield protection to a waiting request that could not run otherwise; once a
+        second, expire the leases of searches with no request in the scheduler."""
         while self.pending:
             search_id, node_path, req = self.pending.pop(0)
             if search_id not in self.ended:
                 self._protect(scheduler, search_id, node_path, req)
+        self._yield_to_waiting(scheduler)
         now = time.monotonic()
         if now - self.last_sweep < SWEEP_EVERY_S:
             return
@@ -154,10 +210,16 @@ class PrefixProtection:
         active = {sa.classify(r)[1] for r in reqs}
         for s in list(self.locks):
             if s in active:
-                self.last_seen[s] = now
+                self._seen(s)
             elif now - self.last_seen.get(s, now) > self.ttl_s:
                 self.bump("expired")
                 self.end_search(scheduler.tree_cache, s)
+
+
+def _bound(by_search: Dict[str, float]) -> None:
+    """Drop the oldest entries (insertion order) past :data:`MAX_TRACKED`."""
+    while len(by_search) > MAX_TRACKED:
+        del by_search[next(iter(by_search))]
 
 
 def _on_release(tree_cache: Any, args: tuple, kwargs: dict) -> None:
