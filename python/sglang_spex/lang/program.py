@@ -27,9 +27,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from sglang_spex.tot.http_port import HttpPort
-from sglang_spex.tot.search import SearchResult, run_batch
+from sglang_spex.tot.http_port import HttpPort, check_status
+from sglang_spex.tot.rewards import reward_section
+from sglang_spex.tot.search import SearchResult, check_batch_text, check_text, gather_or_cancel, run_batch
 from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
+from sglang_spex.tot.validation import check, check_int, from_dict
+
+# what a prm reward takes besides its URL
+PRM_OPTIONS = tuple(f.name for f in dataclasses.fields(RewardConfig) if f.name not in ("type", "url", "name"))
+# keywords arun_batch passes on to a client-side run (tot.search.run_batch and the search context)
+CLIENT_KEYWORDS = ("context_factory", "limits", "progress", "reward", "reward_timeout")
 
 # ---- declarations -------------------------------------------------------------------------------------
 
@@ -66,8 +73,10 @@ def logprob() -> RewardConfig:
 
 def prm(url: str, **options: Any) -> RewardConfig:
     """A process reward model on another SGLang server (options: mode, good_token, bad_token, step_tag,
-    prm_template)."""
-    return RewardConfig(type="prm", url=url, **options)
+    prm_template); another option raises :class:`SearchSpecError` naming it."""
+    for name in options:
+        check(name in PRM_OPTIONS, f"reward.{name}", f"not a prm option; choose from {list(PRM_OPTIONS)}")
+    return from_dict(RewardConfig, {"type": "prm", "url": url, **options}, "reward")
 
 
 def verifier(name: str) -> RewardConfig:
@@ -132,7 +141,16 @@ class Program:
         """How the question becomes the prompt (must contain ``{question}``), e.g. a chat template."""
         return self.step(prompt_template=template)
 
-    def reward(self, r: RewardConfig, timeout: Optional[float] = None) -> "Program":
+    def reward(self, r: Union[RewardConfig, str], timeout: Optional[float] = None) -> "Program":
+        """The reward: a :class:`RewardConfig` (``tot.logprob()``, ``tot.prm(url)``, ...) or a short name
+        (``"logprob"``, ``"verifier:arith"``); ``timeout`` in seconds."""
+        if isinstance(r, str):
+            r = from_dict(RewardConfig, reward_section(r), "reward")
+        check(
+            isinstance(r, RewardConfig),
+            "reward",
+            f"must be a reward (tot.logprob(), tot.prm(url), ...) or its name, not {type(r).__name__}",
+        )
         self._spec.reward = r
         if timeout is not None:
             self._spec.reward_timeout = timeout
@@ -153,7 +171,10 @@ class Program:
         return self
 
     def speculation(self, **overrides: Any) -> "Program":
-        """Per-search SPEX overrides, passed to the server untouched."""
+        """Per-search SPEX overrides (``speculation.settings.OVERRIDABLE``). Server-side the server applies them
+        (and refuses all but ``enabled=False`` without ``--tot-speculation``). Client-side they apply only when the
+        run passes SPEX's context factory (``context_factory=speculation.runner.context_factory(cfg)``); otherwise
+        the search does not speculate, and they are only checked as a server checks them."""
         self._spec.speculation = {**(self._spec.speculation or {}), **overrides}
         return self
 
@@ -187,6 +208,9 @@ class Program:
         self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any
     ) -> SearchResult:
         """Search one question; returns a SearchResult."""
+        check_text(question, "question")
+        if reference is not None:
+            check_text(reference, "reference", empty_ok=True)
         return (await self.arun_batch([question], backend, references=[reference], **kw))[0]
 
     async def arun_batch(
@@ -198,10 +222,14 @@ class Program:
         on_result: Optional[Callable[[int, SearchResult], None]] = None,
         **client_kw: Any,
     ) -> List[SearchResult]:
-        """Search many questions, at most ``concurrency`` at once, server- or client-side; results in order."""
+        """Search many questions, at most ``concurrency`` at once, server- or client-side; results in order.
+        ``client_kw`` (:data:`CLIENT_KEYWORDS`) go to a client-side run. The first search that fails (or an
+        ``on_result`` that raises) cancels the others, which abort their requests, before its error is raised."""
         spec = self.spec()
         ep = Endpoint(backend) if isinstance(backend, str) else backend
-        refs = list(references) if references is not None else [None] * len(questions)
+        refs = check_batch_text(questions, references)
+        check_int(concurrency, "concurrency", 1)
+        check_client_keywords(client_kw, ep.server_side)
         if not ep.server_side:
             port = HttpPort(ep.url, timeout=ep.timeout)
             try:
@@ -216,20 +244,12 @@ class Program:
 
             async def one(i: int) -> SearchResult:
                 async with sem:
-                    payload = {"spec": body, "question": questions[i]}
-                    if refs[i] is not None:
-                        payload["reference"] = refs[i]
-                    r = await client.post(ep.url.rstrip("/") + "/tot/search", json=payload)
-                    if r.status_code == 400:
-                        err = r.json().get("error", {})
-                        raise SearchSpecError(err.get("field", "spec"), err.get("reason", r.text))
-                    r.raise_for_status()
-                    res = SearchResult.from_dict(r.json())
+                    res = await post_search(client, ep.url, {"spec": body, "question": questions[i]}, refs[i])
                 if on_result is not None:
                     on_result(i, res)
                 return res
 
-            return list(await asyncio.gather(*(one(i) for i in range(len(questions)))))
+            return await gather_or_cancel(one(i) for i in range(len(questions)))
 
     def run(
         self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any
@@ -240,6 +260,33 @@ class Program:
     def run_batch(self, questions: Sequence[str], backend: Union[Endpoint, str], **kw: Any) -> List[SearchResult]:
         """Search many questions concurrently (blocking); results in question order."""
         return asyncio.run(self.arun_batch(questions, backend, **kw))
+
+
+def check_client_keywords(kw: Dict[str, Any], server_side: bool) -> None:
+    """Refuse a keyword :meth:`Program.arun_batch` does not take, and a client-side one on a server-side run (where
+    it would do nothing), with a TypeError naming it."""
+    for name in sorted(kw):
+        if name not in CLIENT_KEYWORDS:
+            raise TypeError(
+                f"arun_batch: unknown keyword {name!r}; it takes (client-side only) {list(CLIENT_KEYWORDS)}"
+            )
+        if server_side:
+            raise TypeError(f"arun_batch: {name!r} applies only client-side (Endpoint(url, server_side=False))")
+
+
+async def post_search(
+    client: httpx.AsyncClient, url: str, payload: Dict[str, Any], reference: Optional[str]
+) -> SearchResult:
+    """One ``POST /tot/search``; a 400 raises :class:`SearchSpecError` naming the server's field, another error
+    answer :class:`httpx.HTTPStatusError` with its body (e.g. 429: the server is busy)."""
+    if reference is not None:
+        payload["reference"] = reference
+    r = await client.post(url.rstrip("/") + "/tot/search", json=payload)
+    if r.status_code == 400:
+        err = r.json().get("error", {})
+        raise SearchSpecError(err.get("field", "spec"), err.get("reason", r.text))
+    check_status(r, "search")
+    return SearchResult.from_dict(r.json())
 
 
 def search(fn: Callable[[Program], None]) -> Program:

@@ -13,11 +13,17 @@ it lists (SGLang ignores an abort for a rid it does not hold, so only the holder
 drops its connection, or that the router answers with an error of its own (HTTP 500 with ``x-smg-error-code:
 call_upstream_request_error`` when the worker died mid-request; 502/503/504), is *lost*: its later requests fail
 at once with :class:`WorkerLost` instead of landing on another worker with none of its cache.
+
+:meth:`HttpPort.capacity` asks the server (a router's first worker) once for the model's context length and
+longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
+(``tot/search.py``) checks a question and ends a path at the context as the server does. An error answer of
+``/generate`` fails its node with SGLang's reason (the start of the body).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Dict, List, Optional, Set
 
@@ -26,6 +32,8 @@ import httpx
 from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
 from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
 
+logger = logging.getLogger(__name__)
+
 # An idle pooled connection is dropped before the server closes it (SGLang's uvicorn: SGLANG_TIMEOUT_KEEP_ALIVE,
 # 5 s; httpx's own default is also 5 s): otherwise a request sent on a connection the server is closing fails with
 # a read error although the server is fine, and the search would be taken for lost.
@@ -33,11 +41,24 @@ KEEPALIVE_EXPIRY_S = 2.0
 WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts and control calls
 LOST_STATUS = (502, 503, 504)  # no worker reached (any proxy)
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
+ERROR_BODY_CHARS = 500  # of an error answer's body kept in the error (SGLang's reason)
+CLOSE_WAIT_S = 10.0  # how long close() waits for the aborts of cancelled requests to be sent
 
 
 def pool_limits(max_connections: Optional[int] = None) -> httpx.Limits:
     """Connection-pool limits for a long-lived client of an SGLang server (idle connections expire first)."""
     return httpx.Limits(max_connections=max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+
+def check_status(r: httpx.Response, what: str) -> None:
+    """Raise :class:`httpx.HTTPStatusError` for an error answer, its message holding the start of the body (the
+    server's reason, e.g. SGLang's ``{"error": {"message": ...}}``), which ``raise_for_status`` drops."""
+    if r.is_error:
+        raise httpx.HTTPStatusError(
+            f"{what}: HTTP {r.status_code} {r.reason_phrase}: {r.text[:ERROR_BODY_CHARS]}",
+            request=r.request,
+            response=r,
+        )
 
 
 class WorkerLost(EngineLost):
@@ -64,6 +85,8 @@ class HttpPort(EnginePort):
         self._targets_expire = False  # a router's worker list expires (so does an unanswered lookup); a server's not
         self._targets_lock = asyncio.Lock()
         self._background: Set["asyncio.Future[None]"] = set()
+        self._capacity: Optional[Dict[str, Optional[int]]] = None
+        self._capacity_lock = asyncio.Lock()
 
     async def generate(self, req: GenRequest) -> GenResult:
         body: Dict[str, Any] = {"text": req.prompt, "sampling_params": req.sampling_params(), "rid": req.rid}
@@ -98,7 +121,7 @@ class HttpPort(EnginePort):
             return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
         if r.status_code in LOST_STATUS or (r.status_code >= 500 and ROUTER_ERROR_HEADER in r.headers):
             raise self._lose(key, f"HTTP {r.status_code}: {r.text[:200]}")
-        r.raise_for_status()
+        check_status(r, "generate")
         return GenResult.from_sglang(req.rid, r.json(), time.monotonic() - t0)
 
     def _lose(self, key: Optional[str], why: str) -> WorkerLost:
@@ -129,6 +152,40 @@ class HttpPort(EnginePort):
                 self._targets_at = time.monotonic()
         return self._targets
 
+    async def capacity(self) -> Dict[str, Optional[int]]:
+        """The model's context length and longest prompt (``context_len``, ``max_input_len``, as
+        ``TokenizerManagerPort.capacity`` names them), asked once of the server or a router's first worker:
+        ``/tokenize``'s ``max_model_len`` and ``/server_info``'s ``max_req_input_len``; None where it does not say
+        (then nothing is checked against it)."""
+        async with self._capacity_lock:
+            if self._capacity is None:
+                url = (await self.targets())[0]
+                tokenize, info = await asyncio.gather(
+                    self._get_json("POST", url + "/tokenize", {"prompt": ""}),
+                    self._get_json("GET", url + "/server_info"),
+                )
+                self._capacity = {
+                    "context_len": _int_at_least(tokenize.get("max_model_len"), 1),
+                    "max_input_len": _int_at_least(info.get("max_req_input_len"), 1),
+                }
+        return self._capacity
+
+    async def count_tokens(self, text: str) -> Optional[int]:
+        """``text``'s length in the served model's tokens (``/tokenize``, special tokens added as ``/generate``
+        adds them); None when the server cannot say."""
+        out = await self._get_json("POST", (await self.targets())[0] + "/tokenize", {"prompt": text})
+        return _int_at_least(out.get("count"), 0)
+
+    async def _get_json(self, method: str, url: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The JSON object ``url`` answers; ``{}`` for an error, a non-object or no answer (an older or other
+        server: the caller goes on without what it asked)."""
+        try:
+            r = await self.client.request(method, url, json=body)
+            out = r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return out if isinstance(out, dict) else {}
+
     async def _post_all(self, route: str, bodies: List[Dict[str, Any]]) -> None:
         async def one(url: str, body: Dict[str, Any]) -> None:
             try:  # a dead worker must not keep the others from acting
@@ -136,8 +193,16 @@ class HttpPort(EnginePort):
             except httpx.HTTPError:
                 pass
 
-        urls = await self.targets()
-        await asyncio.gather(*(one(u, b) for u in urls for b in bodies))
+        if self.client.is_closed:  # close() has run: nothing can be sent any more
+            logger.warning("%s not sent: the client of %s is closed", route, self.base_url)
+            return
+        try:
+            urls = await self.targets()
+            await asyncio.gather(*(one(u, b) for u in urls for b in bodies))
+        except RuntimeError:  # httpx's "client has been closed", if close() ran meanwhile
+            if not self.client.is_closed:
+                raise
+            logger.warning("%s not sent: the client of %s was closed", route, self.base_url)
 
     async def abort(self, rid_or_prefix: str) -> None:
         # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
@@ -164,4 +229,12 @@ class HttpPort(EnginePort):
         await self._spex_control("/spex/release", {"search_id": search_id})
 
     async def close(self) -> None:
+        """Close the client once the aborts of cancelled requests are sent (at most ``CLOSE_WAIT_S``)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
         await self.client.aclose()
+
+
+def _int_at_least(value: Any, minimum: int) -> Optional[int]:
+    """``value`` if it is an integer (not a bool) >= ``minimum``, else None (a server's answer read as unknown)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= minimum else None

@@ -52,10 +52,17 @@ class SearchLimits:
     def to_dict(self) -> Dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
+    WHERE = "this server's"  # whose limits these are, in error reasons
+
+    def source(self, limit_name: str) -> str:
+        """What sets the limit ``limit_name`` (shown in error reasons): the server's launcher flag."""
+        return self.FLAGS.get(limit_name, limit_name)
+
     def _within(self, value: Any, limit_name: str, field_name: str, what: str = "") -> None:
         limit = getattr(self, limit_name)
-        flag = self.FLAGS.get(limit_name, limit_name)
-        check(value <= limit, field_name, f"{what}{value} is over this server's limit {limit} ({flag})")
+        check(
+            value <= limit, field_name, f"{what}{value} is over {self.WHERE} limit {limit} ({self.source(limit_name)})"
+        )
 
     def check_spec(self, spec: Any, prompt_tokens: Optional[int] = None) -> None:
         """Raise ``SearchSpecError`` naming the first field of ``spec`` (validated) that is over a limit;
@@ -100,8 +107,8 @@ class SearchLimits:
         check(
             host_allowed(host, self.reward_hosts),
             field_name,
-            f"host {host!r} is not allowed for rewards on this server (allowed: {list(self.reward_hosts)}; "
-            f"{self.FLAGS['reward_hosts']})",
+            f"host {host!r} is not allowed by {self.WHERE} reward hosts (allowed: {list(self.reward_hosts)}; "
+            f"{self.source('reward_hosts')})",
         )
 
 

@@ -11,7 +11,8 @@
   checks every ``a op b = c`` in the step.
 - ``callback``: POST the node as JSON to the client's URL; the reply is ``{"reward": number}``.
 
-A reward that raises or times out marks the node failed (done by the search context, not here).
+A reward that raises or times out marks the node failed (done by the search context, not here); an HTTP reward's
+error answer fails it with the start of the answer's body (the scorer's or PRM server's reason).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import httpx
 
-from sglang_spex.tot.http_port import pool_limits
+from sglang_spex.tot.http_port import check_status, pool_limits
 from sglang_spex.tot.tree import Node
 from sglang_spex.tot.validation import SearchSpecError, check
 
@@ -204,7 +205,7 @@ class PRMReward(_HttpReward):
     async def _generate(self, text: str, **extra: Any) -> Dict[str, Any]:
         body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, **extra}
         r = await self.client.post(self.url + "/generate", json=body)
-        r.raise_for_status()
+        check_status(r, "prm")
         return r.json()
 
     async def score(self, node: Node, question: str, search_id: str = "") -> float:
@@ -245,7 +246,7 @@ class CallbackReward(_HttpReward):
             "terminal": node.is_terminal,
         }
         r = await self.client.post(self.url, json=body)
-        r.raise_for_status()
+        check_status(r, "callback")  # the scorer's reason (its error body) goes into the node's failure
         value = r.json().get("reward")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ValueError(f"callback returned no finite 'reward': {r.text[:200]!r}")

@@ -39,7 +39,11 @@ def base_name(name: str) -> str:
 
 def build_policy(name: str, knobs: Dict[str, Any]) -> Policy:
     """The policy ``name`` (a base name or a preset; ``knobs`` override the preset's) with validated params;
-    raises :class:`~sglang_spex.tot.validation.SearchSpecError` naming a bad knob."""
+    raises :class:`~sglang_spex.tot.validation.SearchSpecError` naming a bad name or knob."""
+    check(
+        isinstance(name, str), "policy.name", f"must be a string (a policy or preset name), not {type(name).__name__}"
+    )
+    check(isinstance(knobs, dict), "policy", "the knobs must be an object")
     base = base_name(name)
     params = {**PRESETS[name][1], **knobs} if name in PRESETS else dict(knobs)
     check(base in POLICIES, "policy.name", f"unknown policy {name!r}; choose from {sorted(POLICIES) + sorted(PRESETS)}")
