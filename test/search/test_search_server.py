@@ -97,6 +97,21 @@ def test_failing_reward_marks_node_failed_and_search_completes(spex_server):
     assert engine_load(spex_server.url) == 0
 
 
+def test_a_search_whose_every_node_failed_is_failed_with_the_first_error(spex_server):
+    def score(body):
+        raise ZeroDivisionError("the scorer broke")
+
+    cb = CallbackServer(score)
+    try:
+        body = spec({"name": "rebase", "width": 3, "max_depth": 2}, reward={"type": "callback", "url": cb.url})
+        res = post_search(spex_server.url, {"spec": body, "question": QUESTION}).json()
+    finally:
+        cb.close()
+    assert res["status"] == "failed" and res["answer"] is None
+    assert res["error"].startswith("every node failed; the first: r.") and "500" in res["error"], res["error"]
+    assert len(res["failures"]) == 3 and engine_load(spex_server.url) == 0
+
+
 def test_prm_and_logprob_rewards(spex_server):
     prm = {"type": "prm", "url": spex_server.url, "good_token": "a", "bad_token": "b"}
     for reward in (prm, {"type": "logprob"}, {**prm, "mode": "mean_logprob"}):

@@ -322,6 +322,8 @@ class SearchContext:
             await self.policy.run(self)
             if self.cancelled:
                 status = "cancelled"
+            elif self._all_failed():  # e.g. every reward call raised: no result to speak of
+                status, error = "failed", f"every node failed; the first: {self._first_failure()}"
         except asyncio.CancelledError:
             await asyncio.shield(self.cancel("cancelled"))
             raise
@@ -331,6 +333,17 @@ class SearchContext:
         finally:
             await self.close()
         return await self.finish(status, error)
+
+    def _all_failed(self) -> bool:
+        nodes = [n for n in self.tree if n.parent is not None]
+        return (
+            bool(nodes)
+            and all(n.status in (FAILED, CANCELLED) for n in nodes)
+            and any(n.status == FAILED for n in nodes)
+        )
+
+    def _first_failure(self) -> str:
+        return next((f"{n.path}: {n.error}" for n in self.tree if n.status == FAILED), "")
 
     async def finish(self, status: str, error: Optional[str] = None) -> SearchResult:
         """:meth:`result`, its answer judged off the event loop (math-verify may take seconds)."""
