@@ -12,7 +12,9 @@ Routes (state from ``app.state.spex.searches``, see ``srt/http_state.py``):
 - ``POST /tot/search`` body :class:`~sglang_spex.srt.http_api.SearchBody` → the search result
   (``SearchResult.to_dict()``), or with ``"stream": true`` server-sent events (``event:
   started|node|frontier|answer|result``, JSON ``data``). An invalid body or spec → HTTP 400
-  ``{"error": {"field", "reason"}}`` and nothing starts. A client that disconnects cancels its search.
+  ``{"error": {"field", "reason"}}`` and nothing starts. A client that disconnects cancels its search. A client
+  that reads slower than the search publishes loses its oldest pending progress events past
+  ``STREAM_MAX_PENDING`` (its ``result`` event then says how many in ``dropped``), never the result.
 - ``GET /tot/search/{id}`` → status and progress (and the result once finished).
 - ``DELETE /tot/search/{id}`` → cancel: every request of the search is aborted by one rid-prefix abort.
 - ``GET /tot/searches`` → all known searches.
@@ -28,7 +30,7 @@ import secrets
 import statistics
 import time
 from collections import OrderedDict, deque
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -53,6 +55,9 @@ CANCEL_GRACE_S = 2.0  # a cancelled running search's time to wind down before it
 LIMIT_FIELDS = ("max_width", "max_depth", "max_iterations", "max_nodes", "max_search_tokens", "max_step_tokens")
 FINISHED = ("done", "cancelled", "failed")
 DISCONNECT_POLL_S = 0.25
+# Progress events a streaming client may leave unread before its oldest are dropped: a node event is about a step's
+# text (≲ 1 KiB), so a client that never reads holds at most ~1 MiB of the server's memory, whatever the search size.
+STREAM_MAX_PENDING = 1024
 
 
 class Busy(Exception):
@@ -61,6 +66,39 @@ class Busy(Exception):
     def __init__(self, retry_after: int, counts: Dict[str, int]):
         super().__init__(f"server busy: {counts['running']} searches running, {counts['queued']} queued")
         self.retry_after = retry_after
+
+
+class Subscriber(Protocol):
+    """A progress subscriber: ``put_nowait`` runs inside the search's own step, so it must be cheap."""
+
+    def put_nowait(self, event: Dict[str, Any]) -> None: ...
+
+
+class StreamQueue:
+    """One streaming client's pending progress events, at most ``maxlen``: past that the oldest is dropped (and
+    counted in ``dropped``). The ``result`` event is published last, so it is never the one dropped."""
+
+    def __init__(self, maxlen: int = STREAM_MAX_PENDING):
+        self.maxlen = maxlen
+        self.dropped = 0
+        self._events: Deque[Dict[str, Any]] = deque()
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def put_nowait(self, event: Dict[str, Any]) -> None:
+        if len(self._events) >= self.maxlen:
+            self._events.popleft()
+            self.dropped += 1
+        self._events.append(event)
+        self._ready.set()
+
+    async def get(self) -> Dict[str, Any]:
+        while not self._events:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._events.popleft()
 
 
 class SearchHandle:
@@ -73,15 +111,16 @@ class SearchHandle:
         self.created = time.time()
         self.result: Optional[SearchResult] = None
         self.task: Optional[asyncio.Task] = None
-        self.subscribers: List[asyncio.Queue] = []
+        self.subscribers: List[Subscriber] = []
         ctx.progress = self.publish
 
     def publish(self, event: Dict[str, Any]) -> None:
         for q in self.subscribers:
             q.put_nowait(event)
 
-    def subscribe(self) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue()
+    def subscribe(self, maxlen: int = STREAM_MAX_PENDING) -> StreamQueue:
+        """A bounded queue of this search's progress events (a streaming client's)."""
+        q = StreamQueue(maxlen)
         self.subscribers.append(q)
         return q
 
@@ -293,15 +332,18 @@ def sse_frame(event: Dict[str, Any]) -> str:
     return f"event: {event.get('event', 'message')}\ndata: {json.dumps(event)}\n\n"
 
 
-async def _stream(svc: SearchService, h: SearchHandle, queue: asyncio.Queue) -> AsyncIterator[str]:
+async def _stream(svc: SearchService, h: SearchHandle, queue: StreamQueue) -> AsyncIterator[str]:
     try:
         yield sse_frame({"event": "started", "search_id": h.id})
         while True:
             event = await queue.get()
-            yield sse_frame(event)
             if event.get("event") == "result":
+                yield sse_frame({**event, "dropped": queue.dropped} if queue.dropped else event)
                 return
+            yield sse_frame(event)
     finally:  # the client went away (or we finished): a search nobody listens to is cancelled
+        if queue in h.subscribers:
+            h.subscribers.remove(queue)
         if not h.finished:
             await svc.cancel(h.id, "client disconnected")
 

@@ -5,7 +5,8 @@ engine status only. The page also draws each node's parent and text, whether SPE
 speculative nodes that are not (yet) in the primary tree (running, cancelled, never used), T3's state and the
 live accounting. :class:`TreeObserver` reads them from the search's context (``SearchContext`` or
 ``SpexContext``, duck-typed: ``tree``, and for SPEX ``store``, ``acc``, ``early``) each time it is asked, and
-returns what changed since the last call. It also reads every entry that has left the store (``SpecStore.left``),
+returns what changed since the last call. Each call reads the whole tree, so a watched search has one observer,
+asked at a bounded rate for all of its watchers (``srt/ui_routes.TreeFeed``), never one per watcher or per event. It also reads every entry that has left the store (``SpecStore.left``),
 so a speculative node issued and cancelled between two calls (BFS strict cancel often aborts one before its first
 token), or before the observer attached, is still drawn as cancelled.
 """
