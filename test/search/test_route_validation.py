@@ -103,6 +103,12 @@ def test_a_bad_history_since_is_a_400_in_the_plugins_shape(spex_server, since):
     )
 
 
+@pytest.mark.parametrize("wait", ["abc", "nan", "inf"])
+def test_a_bad_tree_view_wait_is_a_400_in_the_plugins_shape(spex_server, wait):
+    r = requests.get(spex_server.url + "/tot/ui/events/nobody", params={"wait": wait}, timeout=30)
+    _refused(r, "wait")
+
+
 def test_stats_report_the_profiler_state(spex_server):
     prof = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["profile"]
     assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total", "measured_under_load"}

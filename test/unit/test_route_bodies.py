@@ -22,6 +22,7 @@ from sglang_spex.srt.http_api import (
     SearchBody,
     json_body,
     parse_body,
+    query_number,
 )
 
 SEARCH = {"spec": {"policy": {"name": "rebase"}}, "question": "What is 2 + 2?"}
@@ -148,3 +149,20 @@ def test_json_body_answers_the_error_shape(app_client):
     assert app_client.post("/budget", json={"k": 4}).json() == {"ok": True, "k": 4}
     assert app_client.post("/profile").json() == {"force": True}  # the body is optional here
     assert app_client.post("/profile", json={"force": False}).json() == {"force": False}
+
+
+@pytest.mark.parametrize(
+    "text, kind, expected",
+    [(None, int, None), ("7", int, 7), (" -3 ", int, -3), ("2.5", float, 2.5), ("1e3", float, 1000.0)],
+)
+def test_query_numbers_parse(text, kind, expected):
+    assert query_number(text, "q", kind) == expected
+
+
+@pytest.mark.parametrize(
+    "text, kind", [("abc", int), ("1.5", int), ("9" * 30, int), ("nan", float), ("-inf", float), ("1" * 40, float)]
+)
+def test_bad_query_numbers_name_the_parameter(text, kind):
+    with pytest.raises(BodyError) as e:
+        query_number(text, "q", kind)
+    assert e.value.field == "q" and e.value.status_code == 400

@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sglang_spex.srt import batch_stats, control
 from sglang_spex.srt.http_api import (
+    BodyError,
     BudgetBody,
     CancelBody,
     KnobsBody,
@@ -44,6 +45,7 @@ from sglang_spex.srt.http_api import (
     ReleaseBody,
     error_response,
     json_body,
+    query_number,
 )
 from sglang_spex.srt.http_state import http_state
 
@@ -104,16 +106,16 @@ async def post_knobs(request: Request, body: KnobsBody) -> Response:
 
 async def get_stats(request: Request, history_since: Optional[str] = None) -> Response:
     state = http_state(request)
-    since = history_since.strip() if history_since is not None else None
-    if since is not None and not (since.lstrip("-").isdigit() and len(since) <= 19):
-        return error_response("history_since", "must be an integer (a batch-stats step)")
-    history_since = int(since) if since is not None else None
+    try:
+        since = query_number(history_since, "history_since")
+    except BodyError as e:
+        return error_response(e.field, e.reason)
     if not state.cfg.enabled:
         return error_response(*SPECULATION_OFF, status_code=409)
     states = await control.scheduler_states(state.tokenizer_manager)
     out = {"scheduler": states[0], "dp_ranks": states if len(states) > 1 else None}
-    out["batch"] = batch_stats.read_stats(history_since=history_since)
-    out["batch_ranks"] = batch_stats.read_all_ranks(history_since=history_since) if len(states) > 1 else None
+    out["batch"] = batch_stats.read_stats(history_since=since)
+    out["batch_ranks"] = batch_stats.read_all_ranks(history_since=since) if len(states) > 1 else None
     out["profile"] = state.profile.status()  # a benchmark waits while the roofline is being measured
     out["payoff"] = state.searches.spex.payoff_report() if state.searches.spex is not None else []
     return JSONResponse(out)

@@ -12,6 +12,7 @@ can use it.
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional, Type, TypeVar
 
 from fastapi import Request
@@ -106,6 +107,21 @@ async def read_json(
     nesting too deep to decode, or a body over ``limit`` bytes (``"server"``: ``--tot-max-body-bytes``; None: no
     limit, for admin-scoped weight uploads; a number: the limit ``setting`` names)."""
     return decode_json(await read_body(request, body_limit(request) if limit == "server" else limit, setting), optional)
+
+
+def query_number(text: Optional[str], name: str, kind: type = int, default: Any = None) -> Any:
+    """A query parameter as ``kind`` (an int64, or a finite float), ``default`` when absent; :class:`BodyError`
+    naming ``name`` otherwise (FastAPI's own check would answer in its shape, not the plugin's)."""
+    if text is None:
+        return default
+    try:
+        value = kind(text.strip()) if len(text) <= 32 else None
+    except ValueError:
+        value = None
+    ok = value is not None and (math.isfinite(value) if kind is float else abs(value) < 2**63)
+    if not ok:
+        raise BodyError(name, f"{text[:40]!r}: must be {'an integer' if kind is int else 'a finite number'}")
+    return value
 
 
 def decode_json(data: bytes, optional: bool = False) -> Any:

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from sglang_spex.srt.http_api import error_response
+from sglang_spex.srt.http_api import BodyError, error_response, query_number
 from sglang_spex.srt.http_state import http_state
 from sglang_spex.srt.search_service import SearchHandle, sse_frame
 from sglang_spex.ui import ASSETS, asset_path
@@ -243,14 +243,18 @@ async def get_asset(request: Request, name: str) -> Response:
     return FileResponse(asset_path(name), media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
 
 
-async def get_events(request: Request, search_id: str, wait: float = 0.0) -> Response:
+async def get_events(request: Request, search_id: str, wait: Optional[str] = None) -> Response:
     """``wait``: seconds to wait for a search of that id to start (the page opens this before starting it)."""
+    try:
+        wait_s = query_number(wait, "wait", float, 0.0)
+    except BodyError as e:
+        return error_response(e.field, e.reason)
     watchers = watchers_of(request.app)
     watcher = watchers.admit()  # a waiting request holds its place too
     if watcher is None:
         return _busy("search_id", f"{watchers.total} tree-view watchers are open on this server")
     searches = http_state(request).searches.searches
-    deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
+    deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
     while search_id not in searches and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
     handle = searches.get(search_id)
