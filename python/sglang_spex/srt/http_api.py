@@ -109,11 +109,12 @@ async def read_json(
     return decode_json(await read_body(request, body_limit(request) if limit == "server" else limit, setting), optional)
 
 
-def query_number(text: Optional[str], name: str, kind: type = int, default: Any = None) -> Any:
+def query_number(text: Any, name: str, kind: type = int, default: Any = None) -> Any:
     """A query parameter as ``kind`` (an int64, or a finite float), ``default`` when absent; :class:`BodyError`
     naming ``name`` otherwise (FastAPI's own check would answer in its shape, not the plugin's)."""
     if text is None:
         return default
+    text = str(text)  # (a caller in process may pass the number itself)
     try:
         value = kind(text.strip()) if len(text) <= 32 else None
     except ValueError:
