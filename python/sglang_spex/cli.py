@@ -41,7 +41,11 @@ class InputError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sglang_spex search", description=__doc__.split("\n\n")[1])
+    ap = argparse.ArgumentParser(
+        prog="python -m sglang_spex search",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("question")
     ap.add_argument("--policy", default="rebase-8", help="a policy or preset (rebase-8, ets-8, rstar-5, rest-5, ...)")
     ap.add_argument("--url", help="a running server; default: start the default one")

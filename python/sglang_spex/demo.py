@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,7 +34,7 @@ CHAT = (
     "<|im_start|>assistant\n"
 )
 # the first "The answer is N" or "= N" of a step: a step that writes the sum out states its answer
-ANSWER = r"(?:[Tt]he answer is|=)[:\s\"*$]*(-?[\d,]+(?:\.\d+)?)"
+ANSWER = r"(?:[Tt]he answer is|=)[:\s\"*$]*(-?\d+(?:,\d{3})*(?:\.\d+)?)"  # "9," is 9, "1,000" is 1000
 ARITH = {"type": "verifier", "name": "arith"}
 SINGLE, BASELINE, SPEX = "single sample", "tree search", "tree search + SPEX"
 
@@ -67,6 +68,10 @@ def search_spec(
     return spec
 
 
+class DemoError(RuntimeError):
+    """The server answered a search with an error."""
+
+
 def run_arm(
     url: str, spec: Dict[str, Any], questions: Sequence[Question], concurrency: int = 4, timeout: float = 900.0
 ) -> Dict[str, Any]:
@@ -75,7 +80,8 @@ def run_arm(
     def one(q: Question) -> Dict[str, Any]:
         body = {"spec": spec, "question": q.text, "reference": q.reference}
         r = httpx.post(url + "/tot/search", json=body, timeout=timeout)
-        r.raise_for_status()
+        if r.status_code != 200:  # the plugin's {"error": {"field", "reason"}}, or whatever the URL answers
+            raise DemoError(f"{url}/tot/search: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()
 
     t0 = time.monotonic()
@@ -198,7 +204,9 @@ def write_outputs(summary: Dict[str, Any], out_dir: Path) -> Tuple[Path, Path]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m sglang_spex.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("-n", type=int, default=8, help="questions (toy_add dev split)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--width", type=int, default=8, help="REBASE width of the tree search")
@@ -211,10 +219,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     srv = None if args.url else ServerProcess(["--tot-speculation"]).start()
     url = args.url or srv.url
     try:
-        print(f"server ready in {time.monotonic() - t0:.0f}s at {url}; searching {args.n} questions ...", flush=True)
+        ready = f"using {url}" if args.url else f"server ready in {time.monotonic() - t0:.0f}s at {url}"
+        print(f"{ready}; searching {args.n} questions ...", flush=True)
         summary = story(
             url, n=args.n, seed=args.seed, width=args.width, repeats=args.repeats, concurrency=args.concurrency
         )
+    except (DemoError, httpx.HTTPError) as e:  # one line, not a traceback (a wrong --url, a server without SPEX)
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
     finally:
         if srv is not None:
             srv.stop()

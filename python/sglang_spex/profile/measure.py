@@ -48,6 +48,7 @@ from sglang_spex.tot.engine import EnginePort, GenRequest
 from sglang_spex.tot.validation import FieldError
 
 PROFILE_RID_PREFIX = "spexprof:"
+STOP_POLL_S = 0.5  # how often a running batch checks whether the server is shutting down
 IDLE_RID_PREFIXES = (PROFILE_RID_PREFIX, "HEALTH_CHECK")  # ours, and sglang.srt.constants.HEALTH_CHECK_RID_PREFIX
 logger = logging.getLogger(__name__)
 _WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
@@ -162,6 +163,18 @@ def _prompt(nonce: str, i: int, words: int = 0, prefix: str = "") -> str:
     return f"{prefix}{filler} {nonce}{i}:".strip()
 
 
+class ProfileStopped(RuntimeError):
+    """The server began to shut down during a measurement: the sweep stops (SGLang waits for no request of ours)."""
+
+
+async def _abort_on_stop(port: EnginePort, prefix: str) -> None:
+    """Abort a batch's requests once the server is shutting down: SGLang's SIGTERM drain waits for every request,
+    and a sweep at batch 512 would hold it for minutes."""
+    while not port.stopping():
+        await asyncio.sleep(STOP_POLL_S)
+    await port.abort(prefix)
+
+
 async def _batch_wall(
     port: EnginePort, prompts: Sequence[str], new_tokens: int, watch: Optional[_LoadWatch] = None
 ) -> Tuple[float, List[int]]:
@@ -172,9 +185,17 @@ async def _batch_wall(
         _ProfileRequest(prompt=p, rid=f"{PROFILE_RID_PREFIX}{tag}:{i}", max_new_tokens=new_tokens, temperature=0.0)
         for i, p in enumerate(prompts)
     ]
+    if port.stopping():
+        raise ProfileStopped("the server is shutting down")
+    guard = asyncio.ensure_future(_abort_on_stop(port, f"{PROFILE_RID_PREFIX}{tag}:"))
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(port.generate(r) for r in reqs))
+    try:
+        results = await asyncio.gather(*(port.generate(r) for r in reqs))
+    finally:
+        guard.cancel()
     wall = time.perf_counter() - t0
+    if port.stopping():
+        raise ProfileStopped("the server is shutting down")
     bad = [r for r in results if r.completion_tokens and r.completion_tokens != new_tokens]
     if bad:
         raise RuntimeError(f"profile request stopped early ({bad[0].completion_tokens} != {new_tokens} tokens)")

@@ -83,3 +83,7 @@ class TokenizerManagerPort(EnginePort):
 
     async def stats(self) -> Dict[str, Any]:
         return {"inflight": len(self.tm.rid_to_state)}
+
+    def stopping(self) -> bool:
+        """SIGTERM reached SGLang: it drains its requests (``sigterm_watchdog``) and exits once none is left."""
+        return bool(getattr(self.tm, "gracefully_exit", False))

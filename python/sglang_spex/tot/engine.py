@@ -153,5 +153,9 @@ class EnginePort(abc.ABC):
         """Engine-side load figures where available (batch size, KV use)."""
         return {}
 
+    def stopping(self) -> bool:
+        """The engine is shutting down (long-running work of ours should stop submitting); False where unknown."""
+        return False
+
     async def close(self) -> None:
         pass
