@@ -39,7 +39,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--servers", type=_at_least_one, default=2, help="how many servers (default 2)")
     p.add_argument("--policy", choices=POLICIES, default="manual", help="router policy (default manual: affinity)")
-    p.add_argument("--assignment-mode", choices=ASSIGNMENT_MODES, default="min_load", help="manual: new keys go to")
+    p.add_argument(
+        "--assignment-mode",
+        choices=ASSIGNMENT_MODES,
+        default="min_load",
+        help="manual policy: which worker a new routing key goes to",
+    )
     p.add_argument("--port", type=int, default=30000, help="the router's port (default 30000)")
     p.add_argument("--no-bind", action="store_true", help="do not give each CPU server its own core range")
     args = p.parse_args(ours)

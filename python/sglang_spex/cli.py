@@ -176,7 +176,7 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
     spec = result.get("speculation")
     if spec and spec.get("settings", {}).get("enabled", True):
         lines.append(
-            f"speculation: {spec['hits']}/{spec['issued']} hits ({spec['in_flight_adopted']} in flight), "
+            f"speculation: {spec['hits']}/{spec['issued']} hits ({spec['in_flight_adopted']} adopted while running), "
             f"{spec['cancelled']} cancelled, {spec['never_used']} never used, {spec['spec_tokens']} speculative "
             f"tokens, {spec['wasted_tokens']} wasted"
         )

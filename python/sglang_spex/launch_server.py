@@ -10,13 +10,17 @@ they inherit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import difflib
 import glob
+import io
 import os
+import re
 import socket
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sglang_spex.config import (
     FORCE_CPU_ENV_VAR,
@@ -315,6 +319,31 @@ def print_help() -> None:
     prepare_server_args(["--help"])  # prints SGLang's flags and exits
 
 
+def sglang_server_args(parse: Callable[[List[str]], Any], args: List[str]) -> Any:
+    """SGLang's ``ServerArgs`` from ``args``; a flag SGLang refuses exits 2 with its one error line and the closest
+    flags it knows, instead of SGLang's usage text (hundreds of lines)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            server_args = parse(args)
+    except SystemExit as e:
+        text = captured.getvalue()
+        if e.code != 2 or "usage:" not in text:
+            sys.stderr.write(text)
+            raise
+        before, usage = text.split("usage:", 1)
+        sys.stderr.write(before)  # warnings printed before the parser gave up
+        error = next((ln for ln in reversed(usage.splitlines()) if "error:" in ln), usage.strip()[-300:])
+        bad = re.findall(r"--[a-z0-9][a-z0-9-]*", error.split("error:", 1)[-1])
+        known = set(re.findall(r"--[a-z0-9][a-z0-9-]*", usage.replace(error, ""))) - set(bad)
+        near = difflib.get_close_matches(bad[0], known, n=3) if bad else []
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        print(f"sglang_spex.launch_server: SGLang {error.strip()}{hint}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.stderr.write(captured.getvalue())
+    return server_args
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
@@ -336,7 +365,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     if not has_gpu() and not _given(args, DISABLE_OVERLAP):
         allow_spec_overlap_on_cpu()
-    server_args = prepare_server_args(args)
+    server_args = sglang_server_args(prepare_server_args, args)
     try:
         launch_server(server_args)
     finally:
