@@ -502,7 +502,7 @@ class LearnerSpec(_Section):
 class PluginConfig(_Section):
     """Everything the plugin's processes need: one object, one env var (``SGLANG_SPEX_CONFIG``)."""
 
-    _flag_group = "sglang-spex"
+    _flag_group = "sglang-spex: the learner spec (ReSpec) and the profile cache (SPEX, ReSpec)"
 
     spex: SpexConfig = field(default_factory=SpexConfig)
     respec: RespecConfig = field(default_factory=RespecConfig)
