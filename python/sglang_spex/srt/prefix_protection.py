@@ -164,10 +164,10 @@ class PrefixProtection:
     def _held_out(self, scheduler: Any) -> int:
         """Tokens the longest waiting prompt lacks in the free and evictable KV while nothing is scheduled that
         would free some (0: none lacks any, or something runs)."""
-        waiting = sa.waiting(scheduler)
-        if not self.locks or not waiting or getattr(scheduler, "chunked_req", None) is not None:
+        if not self.locks or sa.reqs_view(sa.running_batch(scheduler)) or sa.chunked_req(scheduler) is not None:
             return 0
-        if sa.scheduled_reqs(sa.running_batch(scheduler), sa.last_batch(scheduler)):
+        waiting = sa.waiting(scheduler)
+        if not waiting or sa.scheduled_reqs(None, sa.last_batch(scheduler)):  # (a prefill launched last step)
             return 0
         _, free, evictable, _ = sa.kv_figures(scheduler)
         return max(max(len(r.origin_input_ids) for r in waiting) + 1 - free - evictable, 0)
