@@ -1,6 +1,6 @@
 """Policy weights as one binary body for ``POST /respec/policy`` (``Content-Type: application/octet-stream``).
 
-The body is a safetensors file of the named tensors (HF names, what ``PolicyTarget.load_weights`` takes) with
+The body is a safetensors file of the named tensors (HF names, what ``TargetFeatures.load_weights`` takes) with
 metadata ``{"version": "<int>"}``. SGLang's own payload (``serialized_named_tensors``: pickled tensors in base64
 inside JSON) costs a JSON parse, a base64 decode and an unpickle of the whole policy, seconds per 200 MB with
 Python's GIL held for most of it; this body decodes with one copy per tensor and no pickle.
