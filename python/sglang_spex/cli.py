@@ -6,7 +6,9 @@ The spec is the demo's (SmolLM2 chat prompt, one line per step, ``arith`` verifi
 :func:`sglang_spex.demo.search_spec`). ``--stream`` prints each node as the server reports it.
 
 Exit status: 0 with an answer, 1 when the search ends without one (or fails), 2 for bad input (a one-line
-message naming the field, checked before any server starts; the server's 400 answers are reported the same way).
+message naming the field, checked before any server starts; the server's 400 answers are reported the same way),
+3 when the URL cannot be reached or has no ``/tot/search`` (nothing was searched), 130 after Ctrl-C; an HTTP error
+answer from the server or a stream that ends early counts as a failed search (1).
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ import httpx
 
 from sglang_spex.demo import search_spec
 from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.http_port import NotASpexServer, check_search_answer
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 REWARDS = {"arith": {"type": "verifier", "name": "arith"}, "logprob": {"type": "logprob"}}
+EXIT_NO_ANSWER = 1
 EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3  # connection refused, timed out, or not a sglang-spex server: nothing was searched
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 
-class NotASpexServer(RuntimeError):
-    """The URL answers, but has no ``/tot/search``."""
+class StreamEnded(RuntimeError):
+    """A streamed search ended without its ``result`` event."""
 
 
 class InputError(Exception):
@@ -93,26 +98,6 @@ def check_url(url: str) -> None:
         raise InputError("--url", f"{url!r}: expected http://HOST:PORT")
 
 
-def _refused(r: httpx.Response) -> InputError:
-    try:
-        err = r.json()["error"]
-        return InputError(err["field"], err["reason"])
-    except (ValueError, KeyError, TypeError):
-        return InputError("request", f"HTTP {r.status_code}: {r.text[:200]}")
-
-
-def _check_answer(r: httpx.Response) -> None:
-    """Raise for an answer that is not the search: a 400 as :class:`InputError`, a 404 with what it means."""
-    if r.status_code == 400:
-        raise _refused(r)
-    if r.status_code == 404:
-        raise NotASpexServer(
-            f"{r.url} not found: not a sglang-spex server (sglang-router and plain SGLang have no server-side "
-            "search; search client-side through them with sglang_spex.tot.search and HttpPort)"
-        )
-    r.raise_for_status()
-
-
 def node_line(event: Dict[str, Any]) -> str:
     """One ``node`` progress event as a line."""
     reward = "-" if event.get("reward") is None else f"{event['reward']:.3f}"
@@ -124,12 +109,12 @@ def run_search(url: str, body: Dict[str, Any], headers: Dict[str, str], out=sys.
     """POST the search; with ``stream`` print nodes, frontiers and answers as they come. Returns the result."""
     if not body.get("stream"):
         r = httpx.post(url + "/tot/search", json=body, headers=headers, timeout=None)
-        _check_answer(r)
+        check_search_answer(r)
         return r.json()
     with httpx.stream("POST", url + "/tot/search", json=body, headers=headers, timeout=None) as r:
         if r.status_code != 200:
             r.read()
-        _check_answer(r)
+        check_search_answer(r)
         for line in r.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -143,7 +128,7 @@ def run_search(url: str, body: Dict[str, Any], headers: Dict[str, str], out=sys.
                 print(f"answer {event['answer']!r} at {event['path']}", file=out, flush=True)
             elif kind == "result":
                 return event["result"]
-    raise RuntimeError("the server closed the stream before the result")
+    raise StreamEnded("the server closed the stream before the result")
 
 
 def best_path(result: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -212,12 +197,15 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     url = (args.url or srv.url).rstrip("/")
     try:
         result = run_search(url, body, headers)
-    except InputError as e:
+    except (InputError, SearchSpecError) as e:  # the server's 400 names the field
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (httpx.HTTPError, NotASpexServer) as e:
+    except (httpx.TransportError, NotASpexServer) as e:
         print(f"error: {url}: {e}", file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE
+    except (httpx.HTTPStatusError, StreamEnded) as e:  # the server took the search and failed it
+        print(f"error: {url}: {e}", file=sys.stderr)
+        return EXIT_NO_ANSWER
     finally:
         if srv is not None:
             srv.stop()
@@ -225,4 +213,4 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         print(json.dumps(result, indent=1))
     else:
         print("\n".join(summary_lines(result)))
-    return 0 if result["status"] == "done" and result["answer"] is not None else 1
+    return 0 if result["status"] == "done" and result["answer"] is not None else EXIT_NO_ANSWER

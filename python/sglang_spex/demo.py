@@ -26,7 +26,9 @@ import httpx
 
 from sglang_spex.config import cache_dir
 from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.http_port import NotASpexServer, check_search_answer
 from sglang_spex.tot.tasks import Question, get_task
+from sglang_spex.tot.validation import SearchSpecError
 
 TASK = "toy_add"
 CHAT = (
@@ -80,8 +82,10 @@ def run_arm(
     def one(q: Question) -> Dict[str, Any]:
         body = {"spec": spec, "question": q.text, "reference": q.reference}
         r = httpx.post(url + "/tot/search", json=body, timeout=timeout)
-        if r.status_code != 200:  # the plugin's {"error": {"field", "reason"}}, or whatever the URL answers
-            raise DemoError(f"{url}/tot/search: HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            check_search_answer(r)
+        except (SearchSpecError, NotASpexServer, httpx.HTTPStatusError) as e:
+            raise DemoError(f"{url}/tot/search: {e}") from None
         return r.json()
 
     t0 = time.monotonic()

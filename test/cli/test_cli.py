@@ -85,9 +85,31 @@ def test_a_url_without_tot_search_says_what_it_is(monkeypatch, capsys):
         return httpx.Response(404, request=httpx.Request("POST", url), json={"detail": "Not Found"})
 
     monkeypatch.setattr(cli_mod.httpx, "post", not_found)
-    assert cli_mod.main(["1+1?", "--url", "http://127.0.0.1:1"]) == 1
+    assert cli_mod.main(["1+1?", "--url", "http://127.0.0.1:1"]) == cli_mod.EXIT_UNREACHABLE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a sglang-spex server" in err[0] and "client-side" in err[0]
+
+
+def test_unreachable_server_and_failed_search_exit_differently(capsys):
+    """Connection refused means nothing was searched (3); a server error answer is a failed search (1)."""
+    assert cli_mod.main(["1+1?", "--url", "http://127.0.0.1:1"]) == cli_mod.EXIT_UNREACHABLE == 3
+    assert capsys.readouterr().err.startswith("error: http://127.0.0.1:1: ")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_error_or_cut_stream_is_a_failed_search(monkeypatch, capsys, stream):
+    def handler(request):
+        if stream:  # a 200 stream that ends before its result event
+            return httpx.Response(200, content=b'data: {"event": "node", "path": "r.0", "status": "done"}\n\n')
+        return httpx.Response(500, json={"detail": "boom"})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    monkeypatch.setattr(cli_mod.httpx, "post", client.post)
+    monkeypatch.setattr(cli_mod.httpx, "stream", client.stream)
+    argv = ["1+1?", "--url", "http://127.0.0.1:1"] + (["--stream"] if stream else [])
+    assert cli_mod.main(argv) == cli_mod.EXIT_NO_ANSWER
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: http://127.0.0.1:1: "), err
 
 
 def test_best_path_follows_the_best_candidate_of_the_answer():

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from sglang_spex.tot.http_port import HttpPort, check_status
+from sglang_spex.tot.http_port import HttpPort, check_search_answer
 from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import SearchResult, check_batch_text, check_text, gather_or_cancel, run_batch
 from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
@@ -277,15 +277,12 @@ def check_client_keywords(kw: Dict[str, Any], server_side: bool) -> None:
 async def post_search(
     client: httpx.AsyncClient, url: str, payload: Dict[str, Any], reference: Optional[str]
 ) -> SearchResult:
-    """One ``POST /tot/search``; a 400 raises :class:`SearchSpecError` naming the server's field, another error
-    answer :class:`httpx.HTTPStatusError` with its body (e.g. 429: the server is busy)."""
+    """One ``POST /tot/search``; error answers raise as :func:`~sglang_spex.tot.http_port.check_search_answer` maps
+    them (a 400 as :class:`SearchSpecError` naming the server's field)."""
     if reference is not None:
         payload["reference"] = reference
     r = await client.post(url.rstrip("/") + "/tot/search", json=payload)
-    if r.status_code == 400:
-        err = r.json().get("error", {})
-        raise SearchSpecError(err.get("field", "spec"), err.get("reason", r.text))
-    check_status(r, "search")
+    check_search_answer(r)
     return SearchResult.from_dict(r.json())
 
 

@@ -31,6 +31,7 @@ import httpx
 
 from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
 from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
+from sglang_spex.tot.validation import SearchSpecError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,32 @@ def check_status(r: httpx.Response, what: str) -> None:
             request=r.request,
             response=r,
         )
+
+
+class NotASpexServer(RuntimeError):
+    """The URL answers, but has no ``/tot/search``."""
+
+
+def check_search_answer(r: httpx.Response) -> None:
+    """Map an error answer of ``POST /tot/search`` to one exception with a one-line message: a 400 to
+    :class:`SearchSpecError` naming the server's field, a 404 to :class:`NotASpexServer` (what the URL is instead),
+    any other to :class:`httpx.HTTPStatusError` with the start of the body (e.g. 429: the server is busy)."""
+    if r.status_code == 400:
+        try:
+            err = r.json()["error"]
+            field, reason = str(err["field"]), str(err["reason"])
+        except (ValueError, KeyError, TypeError):
+            pass  # not the plugin's body: reported as the HTTP error below
+        else:
+            raise SearchSpecError(field, reason)
+    elif r.status_code == 404:
+        raise NotASpexServer(
+            f"{r.url} not found: not a sglang-spex server (sglang-router and plain SGLang have no server-side "
+            "search; search client-side through them with sglang_spex.tot.search and HttpPort)"
+        )
+    if r.is_error:
+        said = " ".join(r.text[:ERROR_BODY_CHARS].split())
+        raise httpx.HTTPStatusError(f"search: HTTP {r.status_code}: {said}", request=r.request, response=r)
 
 
 class WorkerLost(EngineLost):
