@@ -152,6 +152,16 @@ def test_json_body_answers_the_error_shape(app_client):
 
 
 @pytest.mark.parametrize(
+    "raw, field",
+    [(b'{"k": 1, "k": 2}', "k"), (b'{"spec": {"policy": {"name": "a", "name": "b"}}, "question": "q"}', "name")],
+)
+def test_a_key_given_twice_is_refused_naming_it(app_client, raw, field):
+    r = app_client.post("/budget", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["field"] == field
+    assert "twice" in r.json()["error"]["reason"]
+
+
+@pytest.mark.parametrize(
     "text, kind, expected",
     [(None, int, None), ("7", int, 7), (" -3 ", int, -3), ("2.5", float, 2.5), ("1e3", float, 1000.0)],
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional, Type, TypeVar
+from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, Type, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -131,9 +131,28 @@ def decode_json(data: bytes, optional: bool = False) -> Any:
     if optional and not data.strip():
         return {}
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_unique_keys)
+    except DuplicateKey as e:
+        raise BodyError(e.key[:100], "given twice in one JSON object (which one counts is ambiguous)") from None
     except (ValueError, RecursionError) as e:  # (a JSON integer past Python's digit limit is a ValueError too)
         raise BodyError("body", f"must be valid JSON, nested less deeply, numbers in range ({e})"[:300]) from None
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: Set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DuplicateKey(k)
+            seen.add(k)
+    return out
 
 
 def json_body(
