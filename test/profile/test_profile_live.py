@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import time
 
+import pytest
 import requests
+from server_modes import TINY
 
 from sglang_spex.profile import cache
 from sglang_spex.profile.measure import ProfileSpec, ensure_profile, profile_key
+from sglang_spex.serve import ServerProcess
 from sglang_spex.tot.http_port import HttpPort
 
 SMALL = {
@@ -66,3 +73,26 @@ def test_client_side_profile_is_cached(spex_server, tmp_path, monkeypatch):
     assert not first.measured_under_load and first.meta["load"]["others_in_flight"] is None  # HttpPort: unknown
     assert second.created_at == first.created_at  # served from the cache, not re-measured
     assert cache.load(key) is not None
+
+
+def test_ctrl_c_during_the_first_sweep_stops_the_server(tiny_model, tmp_path):
+    """The auto profile runs as a task, not inside an HTTP request that uvicorn's shutdown waits for: one Ctrl-C
+    (SIGINT to the launcher) ends a server mid-sweep at once, without finishing (and caching) the sweep first."""
+    srv = ServerProcess(
+        [*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "auto"],
+        env={"SPEX_CACHE_DIR": str(tmp_path)},  # a fresh profile cache: the server starts measuring at once
+    ).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not requests.get(srv.url + "/spex/stats", timeout=30).json()["profile"]["measuring"]:
+            assert time.monotonic() < deadline, "the auto profile never started"
+            time.sleep(0.2)
+        os.kill(srv.proc.pid, signal.SIGINT)
+        try:
+            srv.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("one Ctrl-C did not stop a server measuring its first profile")
+    finally:
+        srv.stop()
+    saved = list((tmp_path / "profiles").glob("*.json")) if (tmp_path / "profiles").exists() else []
+    assert saved == [], "the server finished its sweep before it stopped"

@@ -8,12 +8,15 @@
   sweep's ceiling (512 and ``--max-running-requests``), tokens and words by the model's context, at most 16
   sizes and 8 repeats; past a bound a 400 names the field and nothing changes. A measurement that fails keeps
   the spec in use.
-- With ``--tot-speculation --tot-k-total auto`` a background thread asks for a (cached) profile once the
-  server is healthy, so the first search finds the roofline knee ready.
+- With ``--tot-speculation --tot-k-total auto`` a background thread waits until the server is healthy, then
+  loads the cached profile or measures one as a task on the server's event loop, so the first search finds the
+  roofline knee ready.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -61,23 +64,35 @@ async def post_profile(request: Request, body: ProfileBody) -> Response:
 
 
 def _auto_profile_when_ready(state: SpexHttpState, poll_s: float = 1.0, timeout_s: float = 1800.0) -> None:
-    """Thread body: wait for ``/health_generate`` on our own port, then ask for a (cached) profile."""
+    """Thread body: wait for ``/health_generate`` on our own port, then measure (or load the cached) profile as a
+    task on the server's event loop. Not as an HTTP request: uvicorn's shutdown waits for open requests, so a sweep
+    inside one would hold a Ctrl-C for minutes."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=60) as client:
         while time.monotonic() < deadline:
+            tm = None
             try:
-                args = state.tokenizer_manager.server_args
-                base = f"http://127.0.0.1:{args.port}"
-                key = args.admin_api_key or args.api_key  # POST /spex/profile is admin-scoped (srt/admin_scope)
-                headers = {"Authorization": f"Bearer {key}"} if key else {}
-                if client.get(base + "/health_generate").status_code == 200:
-                    r = client.post(base + "/spex/profile", json={"force": False}, headers=headers, timeout=600)
-                    logger.info("spex: auto profile %s: %s", r.status_code, r.json().get("summary"))
-                    return
+                tm = state.tokenizer_manager
+                ready = client.get(f"http://127.0.0.1:{tm.server_args.port}/health_generate").status_code == 200
             except (RuntimeError, ValueError, httpx.HTTPError):  # SGLang's state or server not up yet
-                pass
+                ready = False
+            loop = getattr(tm, "event_loop", None) if ready else None  # set by the first request SGLang handled
+            if loop is not None:
+                _measure_on(loop, state)
+                return
             time.sleep(poll_s)
     logger.warning("spex: auto profile gave up waiting for the server")
+
+
+def _measure_on(loop: asyncio.AbstractEventLoop, state: SpexHttpState) -> None:
+    try:
+        prof = asyncio.run_coroutine_threadsafe(state.profile.get(force=False), loop).result()
+    except (asyncio.CancelledError, concurrent.futures.CancelledError, RuntimeError):  # the server is stopping
+        logger.info("spex: auto profile stopped with the server")
+    except Exception:
+        logger.exception("spex: auto profile failed")
+    else:
+        logger.info("spex: auto profile: %s", prof.summary())
 
 
 def install(app: FastAPI, state: SpexHttpState) -> None:
