@@ -19,7 +19,7 @@ import torch
 from workloads import COMMON, LOAD, N_LOAD, WORKLOADS, generate
 
 from sglang_spex.respec.drafter import Eagle3Drafter
-from sglang_spex.respec.hotswap import WEIGHT_VERSION_PREFIX, HotSwapClient
+from sglang_spex.respec.hotswap import WEIGHT_VERSION_PREFIX, HotSwapClient, HotSwapError
 from sglang_spex.serve import ServerProcess
 
 EAGLE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
@@ -113,4 +113,21 @@ def test_hot_swap_under_load(eagle3_server, eagle3_outputs, respec_reference, ti
     print("weight_versions:", spans)
     assert ["default", f"{WEIGHT_VERSION_PREFIX}7"] in spans
     # after the swap, new requests still decode greedily with the new drafter
+    assert [x["output_ids"] for x in generate(url, WORKLOADS["b4_mixed"])] == respec_reference["workloads"]["b4_mixed"]
+
+
+def test_a_drafter_push_the_model_cannot_load_fails_and_the_server_serves_on(
+    eagle3_server, respec_reference, tiny_target
+):
+    """U1: a wrong-shaped tensor in a drafter update is a failed update (HotSwapError), not a dead scheduler."""
+    url = eagle3_server.url
+    before = _weight_version(url)
+    name, tensor = _drafter(tiny_target, seed=2).hot_swap_tensors(torch.float32)[0]
+    with pytest.raises(HotSwapError) as e:
+        HotSwapClient(url, tag_weight_version=True).push(8, [(name, tensor[:1])])
+    assert e.value.step == "update_weights_from_tensor" and "Failed to update parameters" in str(e.value)
+    assert requests.get(url + "/health_generate", timeout=120).status_code == 200
+    assert _weight_version(url) == before  # a failed update records no version
+    # the drafter is back to a full, valid set: greedy output is the reference again
+    HotSwapClient(url, tag_weight_version=True).push(9, _drafter(tiny_target, seed=0).hot_swap_tensors(torch.float32))
     assert [x["output_ids"] for x in generate(url, WORKLOADS["b4_mixed"])] == respec_reference["workloads"]["b4_mixed"]

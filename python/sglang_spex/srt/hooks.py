@@ -111,6 +111,7 @@ FEATURES: Tuple[Feature, ...] = (
     Feature("cpu_attention", "sgl-kernel-ext installed", f"{KERNEL_EXT}:register"),
     Feature("lossless_verify", "always"),
     Feature("cpu_spec_overlap", "always"),
+    Feature("weight_update_guard", "always"),
     Feature("respec_ngram", "--respec-adaptive"),
     Feature("respec_report", "--respec-adaptive"),
     Feature("respec_eagle", "--respec-adaptive"),
@@ -170,6 +171,11 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("V2", "sglang.srt.managers.overlap_utils.gather_spec_extras", "AROUND", "cpu_spec_overlap",
        "the overlap scheduler's EAGLE draft-state relay gathers rows on CPU without SGLang's Triton kernel",
        "sglang_spex.srt.cpu_overlap:v2_gather_spec_extras"),
+    # ---- weight_update_guard (always: a crash fix; it changes nothing while loading succeeds)
+    _T("U1", "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+       ".update_weights_from_tensor", "AROUND", "weight_update_guard",
+       "a tensor update the model cannot load (shape, name) answers success false instead of killing the scheduler",
+       "sglang_spex.srt.weight_update_guard:u1_update_weights_from_tensor"),
     # ---- respec_* (--respec-adaptive), independent of --tot-speculation
     _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
        "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",
