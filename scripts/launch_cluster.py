@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
+import time
 from typing import List, Optional, Sequence
 
+from sglang_spex.config import ConfigError
 from sglang_spex.scale.cluster import Cluster
 from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES
 
@@ -52,6 +53,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     cluster = Cluster(
@@ -62,18 +67,20 @@ def main(argv: Optional[List[str]] = None) -> None:
         bind=not args.no_bind,
         router_port=args.port,
     )
+    signal.signal(signal.SIGTERM, _interrupt)  # from here on, as Ctrl-C: a start under way stops what it started
     print(f"starting {args.servers} servers and the router ...", flush=True)
-    with cluster:
-        for srv in cluster.servers:
-            print(f"worker {srv.url}  (log {srv.log_path})")
-        print(f"router {cluster.url}  policy {args.policy}  (log {cluster.router.log_path})", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            while not stop.wait(1.0):
-                pass
-        except KeyboardInterrupt:
-            pass
+    try:
+        with cluster:
+            for srv in cluster.servers:
+                print(f"worker {srv.url}  (log {srv.log_path})")
+            print(f"router {cluster.url}  policy {args.policy}  (log {cluster.router.log_path})", flush=True)
+            while True:
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    except ConfigError as e:
+        print(f"launch_cluster.py: error: --servers {args.servers}: {e}", file=sys.stderr)
+        sys.exit(2)  # as argparse's errors
     print("stopped")
 
 

@@ -1,10 +1,15 @@
-"""``scripts/launch_cluster.py`` refuses a server count below 1 with argparse's one-line error, before any start."""
+"""``scripts/launch_cluster.py``: a server count it cannot start is refused in one line before any start; a SIGTERM
+during the start stops the servers started so far."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -19,3 +24,54 @@ def test_a_server_count_below_one_exits_2_with_one_line(servers):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert "argument --servers:" in last and last.endswith("expected an integer >= 1"), last
+
+
+def test_more_bound_servers_than_cores_exits_2_naming_servers():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--servers", "999"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("launch_cluster.py: error: --servers 999: 999 servers") and "--no-bind" in last, last
+
+
+def _children(pid: int) -> List[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_while_the_servers_start_stops_them(tiny_model):
+    """The servers run in their own sessions: a SIGTERM to the script during their start must stop them too."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--servers", "2", "--no-bind", "--port", "1", "--", "--model-path", tiny_model],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2:  # both launchers started (their model loads take far longer)
+        assert proc.poll() is None and time.monotonic() < deadline, "the servers never started"
+        time.sleep(0.2)
+    launchers = _children(proc.pid)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=90)
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in launchers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [p for p in launchers if _alive(p)]
+    for p in left:
+        os.killpg(p, signal.SIGKILL)
+    assert left == [], "servers outlived the script"

@@ -7,6 +7,7 @@ import os
 import signal
 from typing import List, Optional, Sequence
 
+from sglang_spex.config import ConfigError
 from sglang_spex.launch_server import THREAD_BIND_ENV, cpu_thread_binding
 from sglang_spex.scale.router import RouterProcess
 from sglang_spex.serve import ServerProcess
@@ -15,7 +16,13 @@ from sglang_spex.serve import ServerProcess
 def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
     """One core list per server for ``n`` servers: the launcher's split of this machine's cores for ``n`` DP ranks
     (so N one-rank servers share the machine like one server with N ranks); [] for one server."""
-    binding = cpu_thread_binding(["--dp-size", str(n)], sorted(cores if cores is not None else os.sched_getaffinity(0)))
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if n > len(cores):
+        raise ConfigError(
+            f"{n} servers, but only {len(cores)} CPU cores are available: each bound CPU server needs a core of its "
+            "own (--no-bind lets them share)"
+        )
+    binding = cpu_thread_binding(["--dp-size", str(n)], cores)
     return binding.split("|") if binding else []
 
 
@@ -31,7 +38,8 @@ def _threads(cores: str) -> int:
 class Cluster:
     """``n`` servers (``python -m sglang_spex.launch_server SERVER_ARGS``) and a router in front; ``url`` is the
     router's. On CPU each server is bound to its own core range and runs that many torch threads (``bind``).
-    Servers start together (each waits for its own health check); a context manager."""
+    Servers start together (each waits for its own health check); a failure or interrupt during the start stops
+    every server already started; a context manager."""
 
     def __init__(
         self,
@@ -76,9 +84,12 @@ class Cluster:
                 ServerProcess(self.server_args, env=self._env(i, groups), startup_timeout=self.startup_timeout)
                 for i in range(self.n)
             ]
-            with cf.ThreadPoolExecutor(self.n) as pool:
+            pool = cf.ThreadPoolExecutor(self.n)
+            try:
                 for fut in [pool.submit(s.start) for s in self.servers]:
                     fut.result()
+            finally:  # an interrupt stops the servers now: a start still waiting then sees its server exit
+                pool.shutdown(wait=False, cancel_futures=True)
             self.router = RouterProcess(
                 self.worker_urls,
                 policy=self.policy,
