@@ -52,6 +52,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.server
 def test_sigterm_while_the_servers_start_stops_them(tiny_model):
     """The servers run in their own sessions: a SIGTERM to the script during their start must stop them too."""
     proc = subprocess.Popen(
