@@ -20,7 +20,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, HotSwapClient, serialize_named_tensors
+from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, HotSwapClient, HotSwapError, serialize_named_tensors
 from sglang_spex.srt import dp_drafter_update
 from sglang_spex.srt.http_state import attach
 
@@ -96,8 +96,12 @@ class _Evil:
         ({"serialized_named_tensors": _payload() * 2}, "serialized_named_tensors"),  # 2 payloads, tp 1
         ({"serialized_named_tensors": []}, "serialized_named_tensors"),
         ({"serialized_named_tensors": _payload(), "selector": "target"}, "selector"),  # the drafter only
+        ({"serialized_named_tensors": serialize_named_tensors([("fc.weight", torch.full((2, 2), float("nan")))])},
+         "serialized_named_tensors[0]"),  # fmt: skip
+        ({"serialized_named_tensors": serialize_named_tensors([("fc.weight", torch.ones(2, 2, dtype=torch.int64))])},
+         "serialized_named_tensors[0]"),  # fmt: skip
     ],
-    ids=["base64", "unsafe_pickle", "not_pairs", "tp_count", "empty", "selector"],
+    ids=["base64", "unsafe_pickle", "not_pairs", "tp_count", "empty", "selector", "nan", "int64"],
 )
 def test_a_bad_body_is_a_400_naming_the_field_and_reaches_no_scheduler(body, field):
     app, sent, _ = _app()
@@ -139,3 +143,12 @@ def test_the_client_sends_a_dp_servers_drafter_update_to_the_plugin_route(dp_siz
         assert set(body) == {"serialized_named_tensors", "load_format"}
     else:
         assert body["selector"] == "draft" and body["flush_cache"] is False
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1.0, float("inf")]), torch.ones(2, dtype=torch.bool)])
+def test_the_client_refuses_weights_that_are_not_finite_floats_before_any_call(bad):
+    app, calls = _replica(1)
+    c = TestClient(app)
+    with pytest.raises(HotSwapError, match="fc.weight") as e:
+        HotSwapClient("http://testserver", post=c.post, get=c.get).push(3, [("fc.weight", bad)])
+    assert e.value.step == "check" and calls == []  # not even paused

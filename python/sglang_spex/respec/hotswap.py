@@ -75,6 +75,16 @@ def deserialize_named_tensors(data: str) -> List[Tuple[str, torch.Tensor]]:
     return named
 
 
+def check_weights(named: Sequence[Tuple[str, torch.Tensor]]) -> None:
+    """Raise ``ValueError`` naming the first tensor that is not floating point or holds NaN/inf: such a push would
+    load (SGLang casts and copies) and leave a drafter that never proposes a token the target accepts."""
+    for name, tensor in named:
+        if not tensor.is_floating_point():
+            raise ValueError(f"{name}: dtype {tensor.dtype} is not a floating-point type")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{name}: holds NaN or infinite values")
+
+
 def _auth(api_key: Optional[str]) -> Optional[Dict[str, str]]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else None
 
@@ -150,7 +160,13 @@ class HotSwapClient:
 
     def push(self, version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> None:
         """Run the session; raises :class:`HotSwapError` naming the failed step (the replica then keeps the
-        weights it had unless the update step itself failed part-way, see :class:`ReplicaPublisher`)."""
+        weights it had unless the update step itself failed part-way, see :class:`ReplicaPublisher`). Drafter weights
+        that are not floating point or not finite fail step ``check`` before anything is sent."""
+        if self.selector == "draft":
+            try:
+                check_weights(named)
+            except ValueError as e:
+                raise HotSwapError("check", str(e)) from None
         body = {
             "serialized_named_tensors": serialize_named_tensors(named, self.tp_size),
             "load_format": None,

@@ -10,7 +10,8 @@ SGLang's method (paused in place: at once; otherwise under the model-update writ
 its session when the server runs ``--dp-size`` > 1.
 
 Body ``{"serialized_named_tensors": [b64 per TP rank], "load_format": null}``. Each payload is decoded with SGLang's
-safe unpickler here first, so a payload the schedulers could not read is a 400 that reaches none of them. Answers
+safe unpickler here first, so a payload the schedulers could not read, or weights that are not floating point or
+not finite, are a 400 that reaches none of them. Answers
 200 ``{"success": true, "message", "ranks": [{"success", "message"}, ...]}`` (one entry per rank, in arrival
 order), 400 ``{"success": false, ...}`` when a rank failed (the publisher then restores that replica), 400
 ``{"error": {"field", "reason"}}`` for a bad body. Admin-scoped (W5).
@@ -28,7 +29,7 @@ from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
 from starlette.concurrency import run_in_threadpool
 
-from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, deserialize_named_tensors
+from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, check_weights, deserialize_named_tensors
 from sglang_spex.srt.http_api import Body, BodyError, error_response, parse_body, read_json
 from sglang_spex.srt.http_state import http_state
 
@@ -43,8 +44,8 @@ class DrafterWeightsBody(Body):
 def _check_payloads(payloads: List[str]) -> None:
     for i, data in enumerate(payloads):
         try:
-            deserialize_named_tensors(data)
-        except Exception as e:  # bad base64, a pickle the safe unpickler refuses, not (name, tensor) pairs
+            check_weights(deserialize_named_tensors(data))
+        except Exception as e:  # bad base64, a refused pickle, not (name, tensor) pairs, not float, not finite
             raise BodyError(f"serialized_named_tensors[{i}]", f"{type(e).__name__}: {e}") from None
 
 
