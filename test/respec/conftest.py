@@ -3,13 +3,18 @@ greedy reference outputs of one plain server shared by every ReSpec server test 
 
 from __future__ import annotations
 
+import copy
 from typing import Dict
 
 import pytest
 import torch
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from workloads import COMMON, reference_outputs
 
+from sglang_spex.respec import routes
 from sglang_spex.respec.drafter import Eagle3Drafter
+from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
 from sglang_spex.respec.target import TargetFeatures
 from sglang_spex.serve import ServerProcess
 
@@ -72,3 +77,16 @@ def tiny_features(tiny_target, tiny_drafter) -> TargetFeatures:
 @pytest.fixture
 def tiny_batch(tiny_features, tiny_seqs):
     return tiny_features.batch(tiny_seqs)
+
+
+@pytest.fixture
+def served(tiny_target, tiny_drafter):
+    """``(client, policy copy, learner)``: an app with the learner routes whose policy copy is its own (the session's
+    tiny target stays as it is); server errors come back as 500 answers."""
+    feats = TargetFeatures(copy.deepcopy(tiny_target), tiny_drafter.cfg.aux_layer_ids, tiny_drafter.t2d)
+    lrn = OnlineLearner(
+        tiny_drafter, feats.batch, LearnerConfig(variant="frozen", mode="sync"), policy_sync=feats.load_weights
+    )
+    app = FastAPI()
+    routes.install(app, lrn)
+    return TestClient(app, raise_server_exceptions=False), feats.model, lrn

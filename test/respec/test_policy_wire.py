@@ -3,32 +3,14 @@ learner's policy copy, and a bad body is a 400 naming the field with the copy un
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
-from sglang_spex.respec import policy_wire, routes
+from sglang_spex.respec import policy_wire
 from sglang_spex.respec.hotswap import serialize_named_tensors
-from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
-from sglang_spex.respec.target import TargetFeatures
 from sglang_spex.srt.http_api import BodyError
 
 BINARY = {"content-type": policy_wire.CONTENT_TYPE}
-
-
-@pytest.fixture
-def served(tiny_target, tiny_drafter):
-    """A learner app whose policy copy is its own (the session's tiny target stays as it is)."""
-    feats = TargetFeatures(copy.deepcopy(tiny_target), tiny_drafter.cfg.aux_layer_ids, tiny_drafter.t2d)
-    lrn = OnlineLearner(
-        tiny_drafter, feats.batch, LearnerConfig(variant="frozen", mode="sync"), policy_sync=feats.load_weights
-    )
-    app = FastAPI()
-    routes.install(app, lrn)
-    return TestClient(app), feats.model
 
 
 def moved(model: torch.nn.Module, delta: float):
@@ -56,7 +38,7 @@ def test_encode_refuses_a_version_out_of_range(version):
 
 
 def test_binary_body_loads_the_same_weights_as_the_json_payload(served, tiny_target):
-    (client, model), named = served, moved(tiny_target, 0.25)
+    (client, model, _), named = served, moved(tiny_target, 0.25)
     r = client.post("/respec/policy", content=policy_wire.encode(3, named), headers=BINARY)
     assert r.status_code == 200 and r.json() == {"loaded": len(named), "policy_version": 3}
     after_binary = weights(model)
@@ -92,7 +74,7 @@ def _body_with_version(text: str) -> bytes:
     ids=["empty", "text", "bad-header", "negative", "float", "5000-digits", "2**63", "arabic-digit"],
 )
 def test_a_bad_body_is_400_naming_the_field_and_the_copy_is_unchanged(served, body, field):
-    client, model = served
+    client, model, _ = served
     before = weights(model)
     r = client.post("/respec/policy", content=body, headers=BINARY)
     assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
@@ -101,7 +83,7 @@ def test_a_bad_body_is_400_naming_the_field_and_the_copy_is_unchanged(served, bo
 
 @pytest.mark.parametrize("bad", ["unknown name", "shape", "nan"])
 def test_tensors_that_do_not_fit_the_copy_are_400_and_change_nothing(served, tiny_target, bad):
-    client, model = served
+    client, model, _ = served
     before = weights(model)
     named = moved(tiny_target, 1.0)
     name, t = named[-1]

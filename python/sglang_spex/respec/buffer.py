@@ -116,9 +116,19 @@ def _ids(value: Any, field: str, vocab_size: Optional[int], max_len: int) -> Seq
 def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RolloutError(field, f"must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise RolloutError(field, f"must be finite, got {value}")
-    return float(value)
+    x = _as_float(value)
+    if x is None or not math.isfinite(x):
+        shown = value if isinstance(value, float) else f"an integer of {value.bit_length()} bits, past a float's range"
+        raise RolloutError(field, f"must be finite, got {shown}")
+    return x
+
+
+def _as_float(value: Any) -> Optional[float]:
+    """``float(value)``, or None for an integer past the float range (``float`` raises OverflowError there)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def validate_rollout(payload: Any, vocab_size: Optional[int] = None, max_len: int = 32768, where: str = "") -> Rollout:
@@ -216,7 +226,10 @@ def _logp7(x: float) -> float:
 
 
 def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    value = _as_float(x)
+    return value is not None and math.isfinite(value)
 
 
 def _entry(e: Any) -> bool:

@@ -3,8 +3,10 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 
 - variants: ``frozen`` (never update), ``unweighted`` (KD, w = 1), ``reward`` (reward-weighted KD, see kd.py; the
   weight rule is ``weight_mode``: the constructor's argument when given, else the config's);
-- modes: ``sync`` (the update runs inside ``submit``) or ``async`` (a background thread; ``submit`` returns at
-  once; updates due while one runs are coalesced into one follow-up update);
+- modes: ``sync`` (the update runs inside ``submit``; concurrent submits run their updates one at a time, each
+  from the drafter the one before published) or ``async`` (a background thread; ``submit`` returns at once; updates
+  due while one runs are coalesced into one follow-up update); ``state()["updating"]`` is true while an update runs
+  or waits to run, in either mode;
 - a candidate is rolled back (never published; the old version keeps serving) on a non-finite loss or weight,
   on an acceptance collapse on the held-out probe (accepted draft tokens after < ``collapse_ratio`` × before),
   or when publishing fails;
@@ -65,6 +67,16 @@ PublishFn = Callable[[int, List[Tuple[str, torch.Tensor]]], Optional[dict]]  # a
 PolicySyncFn = Callable[[List[Tuple[str, torch.Tensor]]], int]
 KD_TARGETS = ("auto", "copy")
 HISTORY_LEN = 256  # update records kept (``history``, ``state()["updates"]``); a long RL run posts one per step
+POLICY_VALUE_BYTES = 8  # the widest dtype a policy push may carry (float64; ``policy_wire.check_tensors``)
+POLICY_TENSOR_FRAMING = 64 << 10  # bytes of pickle/zip or safetensors framing allowed per tensor of a policy push
+
+
+class NoPolicyCopyError(RuntimeError):
+    """``set_policy`` on a learner without a policy copy."""
+
+
+class StalePolicyError(ValueError):
+    """``set_policy`` with a version at or below the one the copy holds."""
 
 
 @dataclass
@@ -134,8 +146,11 @@ class OnlineLearner:
         self._drafter = drafter.eval()
         self._version = 0
         self._lock = threading.Lock()
+        self._update_lock = threading.Lock()  # one update at a time, drain to publish
+        self._policy_lock = threading.Lock()  # a policy push's version check, copy and version, together
         self._idle = threading.Event()
         self._idle.set()
+        self._sync_updates = 0  # sync-mode updates running or waiting for ``_update_lock``
         self._pending = False
         self._thread: Optional[threading.Thread] = None
         self._rng = torch.Generator().manual_seed(self.config.seed)
@@ -181,7 +196,7 @@ class OnlineLearner:
                 self.skipped_updates += 0 if due else 1
         if due:
             if self.config.mode == "sync":
-                self._update_once()
+                self._update_sync()
             else:
                 self._start_async()
         blocked = time.perf_counter() - t0
@@ -226,12 +241,33 @@ class OnlineLearner:
 
     def set_policy(self, version: int, named: List[Tuple[str, torch.Tensor]]) -> int:
         """The RL trainer pushed new policy weights: later updates distill from them (the KD target moves with the
-        policy). Returns the number of tensors loaded."""
+        policy). Returns the number of tensors loaded. Raises :class:`NoPolicyCopyError` without a policy copy,
+        :class:`StalePolicyError` (copy unchanged) for a version at or below the current one; the check, the copy
+        and the new version happen under one lock."""
         if self.policy_sync is None:
-            raise RuntimeError("this learner has no policy copy to update")
-        n = self.policy_sync(named)
-        self.policy_version = version
+            raise NoPolicyCopyError("this learner has no policy copy to update")
+        with self._policy_lock:
+            if self.policy_version is not None and version <= self.policy_version:
+                raise StalePolicyError(
+                    f"policy version {version} is not newer than the copy's version {self.policy_version}"
+                )
+            n = self.policy_sync(named)
+            self.policy_version = version
         return n
+
+    def policy_max_bytes(self) -> Optional[int]:
+        """The largest policy push body this learner's copy can take: every value of its state dict as float64,
+        base64-encoded, with ``POLICY_TENSOR_FRAMING`` bytes per tensor and 1 MiB more; None where the copy's
+        model is not found (``policy_sync`` not a bound ``load_weights`` of an object with a ``model``), 0 without
+        a policy copy."""
+        if self.policy_sync is None:
+            return 0
+        model = getattr(getattr(self.policy_sync, "__self__", None), "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return None
+        state = model.state_dict()
+        raw = sum(t.numel() for t in state.values()) * POLICY_VALUE_BYTES + len(state) * POLICY_TENSOR_FRAMING
+        return raw * 4 // 3 + (1 << 20)
 
     def wait_idle(self, timeout: Optional[float] = None) -> bool:
         """Block until no update is running or queued (tests, shutdown)."""
@@ -288,6 +324,19 @@ class OnlineLearner:
         }
 
     # -- updates --------------------------------------------------------------------------------------------------
+    def _update_sync(self) -> None:
+        """One update in the caller's thread (``_update_once`` serialises it); ``updating`` is true meanwhile."""
+        with self._lock:
+            self._sync_updates += 1
+            self._idle.clear()
+        try:
+            self._update_once()
+        finally:
+            with self._lock:
+                self._sync_updates -= 1
+                if not self._sync_updates:
+                    self._idle.set()
+
     def _start_async(self) -> None:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
@@ -308,6 +357,12 @@ class OnlineLearner:
                 self._pending = False
 
     def _update_once(self) -> UpdateRecord:
+        """Drain, train and publish, one update at a time (``_update_lock``): each starts from the drafter and
+        version the one before left."""
+        with self._update_lock:
+            return self._update_locked()
+
+    def _update_locked(self) -> UpdateRecord:
         rollouts = self.buffer.drain()
         with self._lock:
             self.attempts += 1

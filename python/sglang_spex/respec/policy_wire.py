@@ -16,8 +16,9 @@ from safetensors.torch import load, save
 from sglang_spex.respec.rollout_wire import CONTENT_TYPE, header_metadata
 from sglang_spex.srt.http_api import BodyError
 
-__all__ = ["CONTENT_TYPE", "decode", "encode"]
+__all__ = ["CONTENT_TYPE", "check_tensors", "decode", "encode"]
 VERSION_MAX = 2**63 - 1  # as the JSON body's ``version`` (``http_api.Version``)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # what a policy push may carry
 
 
 def encode(version: int, named: Sequence[Tuple[str, torch.Tensor]]) -> bytes:
@@ -48,6 +49,18 @@ def decode(data: bytes) -> Tuple[int, List[Tuple[str, torch.Tensor]]]:
     text = header.get("version", "")
     if not (text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= VERSION_MAX):
         raise BodyError("version", f"{text!r} in the safetensors metadata: must be an integer in [0, {VERSION_MAX}]")
-    if not named:
-        raise BodyError("body", "no tensors")
+    check_tensors(named, "body")
     return int(text), named
+
+
+def check_tensors(named: Sequence[Tuple[str, torch.Tensor]], field: str) -> None:
+    """Raise :class:`BodyError` naming ``field`` for no tensors or a tensor whose dtype is not in ``DTYPES`` (an
+    integer, bool or complex tensor would be cast into the float copy; float8 has no finiteness check)."""
+    if not named:
+        raise BodyError(field, "no tensors")
+    for name, t in named:
+        if t.dtype not in DTYPES:
+            allowed = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+            raise BodyError(
+                field, f"tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; allowed: {allowed}"
+            )

@@ -10,12 +10,15 @@
   metadata), which decodes in milliseconds where JSON's nested lists take a large step's fraction of a second.
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
-  400 on a bad payload, the copy unchanged. Or the binary body (``Content-Type: application/octet-stream``, a
-  safetensors file with the version in its metadata, ``policy_wire.py``; what ``ServerClient.post_policy`` sends):
-  one copy per tensor to decode, no base64 or pickle.
+  400 on a bad payload (no tensors, a tensor that is not float16/bfloat16/float32/float64, or one that does not fit
+  the copy), 409 for a version at or below the copy's, 413 for a body larger than a push of the copy's weights can
+  be (``OnlineLearner.policy_max_bytes``); the copy unchanged in each case. Or the binary body (``Content-Type:
+  application/octet-stream``, a safetensors file with the version in its metadata, ``policy_wire.py``; what
+  ``ServerClient.post_policy`` sends): one copy per tensor to decode, no base64 or pickle.
 - ``GET /respec/state``: drafter version, buffer size, last loss, acceptance before/after each update, …
 - on every server (a replica, learner or not; :func:`install_drafter`): ``POST /respec/drafter {"version": int}``,
-  sent by a publisher after its drafter push landed, and ``GET /respec/drafter`` → ``{"drafter_version": v | null,
+  sent by a publisher after its drafter push landed (409 for a version below the recorded one; the same version
+  again is a publisher's restore and is recorded), and ``GET /respec/drafter`` → ``{"drafter_version": v | null,
   "recorded_at": unix time | null}`` (null: the drafter the server started with). This is the drafter's own version,
   separate from SGLang's ``weight_version`` (the policy's, ``/model_info``).
 
@@ -43,7 +46,7 @@ from sglang_spex.respec.adaptive import best_case, drafter_never_pays
 from sglang_spex.respec.buffer import RolloutError
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.hotswap import HotSwapClient, ReplicaPublisher, deserialize_named_tensors
-from sglang_spex.respec.learner import OnlineLearner
+from sglang_spex.respec.learner import NoPolicyCopyError, OnlineLearner, StalePolicyError
 from sglang_spex.respec.target import TargetFeatures
 from sglang_spex.srt.http_api import (
     Body,
@@ -110,14 +113,20 @@ def decode_policy(data: bytes, content_type: str) -> Tuple[int, Any]:
         return policy_wire.decode(data)
     body = parse_body(PolicyBody, decode_json(data))
     try:
-        return body.version, deserialize_named_tensors(body.serialized_named_tensors[0])
+        named = deserialize_named_tensors(body.serialized_named_tensors[0])
     except Exception as e:  # whatever the payload decodes to (pickle, base64): the learner stays unchanged
         raise BodyError("serialized_named_tensors", f"{type(e).__name__}: {e}") from None
+    policy_wire.check_tensors(named, "serialized_named_tensors")
+    return body.version, named
 
 
 async def post_policy(request: Request) -> Response:
+    learner = _learner(request)
+    if learner.policy_sync is None:  # nothing could be loaded: the body is not read
+        return _bad("learner", "this learner has no policy copy to update")
+    limit = learner.policy_max_bytes()  # None: a copy whose size is unknown (a custom ``policy_sync``)
     try:
-        data = await read_body(request, None)  # weights: admin-scoped, no limit
+        data = await read_body(request, limit, "a push of the learner's policy copy: float64 values, base64, framing")
         # a policy is hundreds of MB: decoded off the event loop (the JSON payload's base64 and pickle steps still
         # hold the GIL while they run, in C; the binary body is one copy per tensor)
         content_type = _content_type(request)
@@ -125,9 +134,11 @@ async def post_policy(request: Request) -> Response:
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)
     try:
-        n = await run_in_threadpool(_learner(request).set_policy, version, named)
-    except RuntimeError as e:
+        n = await run_in_threadpool(learner.set_policy, version, named)
+    except NoPolicyCopyError as e:
         return _bad("learner", str(e))
+    except StalePolicyError as e:
+        return error_response("version", str(e), 409)
     except Exception as e:  # tensors that do not fit the learner's policy copy: 400, the copy unchanged
         where = "body" if content_type == policy_wire.CONTENT_TYPE else "serialized_named_tensors"
         return _bad(where, f"{type(e).__name__}: {e}")
@@ -148,6 +159,9 @@ async def post_drafter(request: Request) -> Response:
         body = parse_body(DrafterVersionBody, await read_json(request))
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
+    current = drafter_version(request.app)
+    if current is not None and body.version < current:  # (no await since the read: the check and the set are one)
+        return error_response("version", f"drafter version {body.version} is older than the recorded {current}", 409)
     setattr(request.app.state, DRAFTER_ATTR, {"drafter_version": body.version, "recorded_at": time.time()})
     return JSONResponse(getattr(request.app.state, DRAFTER_ATTR))
 
