@@ -135,7 +135,9 @@ class Runtime:
         self.configs = switchable_configs(cfg, plan, profile)
         self.reprofiler: Optional[OnlineReprofiler] = None
         if plan is not None and profile is not None and cfg.drift > 0:
-            self.reprofiler = OnlineReprofiler(profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift)
+            self.reprofiler = OnlineReprofiler(
+                profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift, base=plan
+            )
         self.ledger: Optional[Any] = None  # EAGLE plain mode: the drafter's DraftLedger (respec/eagle_catchup.py)
         self.decode_steps = 0
         self.plain_steps = 0
@@ -169,12 +171,14 @@ class Runtime:
             k = max(1, int(force.split(":", 1)[1]))
             state = self.on_state if ((self.decode_steps - 1) // k) % 2 == 0 else None
         elif self.fsm is not None:
-            state = self.fsm.observe(batch_size)
+            state = self._fsm_observe(batch_size)
         else:
             state = self.on_state  # no profile: SGLang as configured
         if opted_out and state is not None:
             state = None
             self.opt_out_steps += 1
+        if self.fsm is not None and self.reprofiler is not None and self.reprofiler.probe.count(batch_size, state):
+            self.fsm.replan(self.plan)  # type: ignore[arg-type]  # probe over: back to the live plan
         if state is None:
             self.plain_steps += 1
         else:
@@ -183,6 +187,16 @@ class Runtime:
         self.last_state = state
         self.metrics.step(state is not None, switched, self.steps_of(state))
         return state
+
+    def _fsm_observe(self, batch_size: int) -> State:
+        """The FSM's state for this step; where a drift probe starts (:class:`~.drift.DriftProbe`), the FSM
+        follows the probe's plan from this step on, with its hysteresis."""
+        fsm, rp = self.fsm, self.reprofiler
+        if rp is not None and self.plan is not None:
+            probe_plan = rp.probe.begin(batch_size, fsm.state, self.plan, fsm.vote)  # type: ignore[union-attr]
+            if probe_plan is not None:
+                fsm.replan(probe_plan)  # type: ignore[union-attr]
+        return fsm.observe(batch_size)  # type: ignore[union-attr]
 
     def speculate(self, batch_size: int) -> bool:
         return self.decide(batch_size) is not None

@@ -70,11 +70,13 @@ class AdaptiveFSM:
         self.steps_per_state: Dict[str, int] = {}
         self.transitions: List[Tuple[int, State, State, int]] = []  # (step, from, to, batch size), last 64
 
-    def vote(self, batch: int) -> State:
-        """The state batch size ``batch`` asks for under the band rule (the current state near a boundary)."""
+    def vote(self, batch: int, plan: Optional[Callable[[int], State]] = None) -> State:
+        """The state batch size ``batch`` asks for under the band rule (the current state near a boundary), under
+        the plan the machine follows or, when given, ``plan``."""
+        choose = self._choose if plan is None else plan
         lo, hi = max(1, batch - self.hyst.margin), min(self.max_batch, batch + self.hyst.margin)
-        want = self._choose(batch)
-        if any(self._choose(b) != want for b in range(lo, max(hi, lo) + 1)):
+        want = choose(batch)
+        if any(choose(b) != want for b in range(lo, max(hi, lo) + 1)):
             return self.state
         return want
 
