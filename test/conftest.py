@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import os
 import pkgutil
+import socket
 import tempfile
 import types
 from typing import Iterator, List, Set
@@ -153,3 +154,13 @@ def smollm2_server(smollm2_model) -> Iterator[ServerProcess]:
     srv = ServerProcess(["--model-path", smollm2_model, "--tot-speculation"]).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def hung_worker() -> Iterator[str]:
+    """The URL of a worker that accepts connections and never answers (its backlog; nothing reads)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()

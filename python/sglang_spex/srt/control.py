@@ -18,12 +18,17 @@ command reaches every rank (a cancel or release acts where the search's requests
 or knob applies to each rank alike), and the acknowledgement waits for all of them. A command with ``dp_rank`` set
 is applied by that rank only (the others still acknowledge it). Each rank's report carries its ``dp_rank``;
 :func:`scheduler_states` orders the replies by it.
+
+A rank that died (or hangs) never answers, and SGLang's round trip waits for every rank: each round trip here is
+abandoned after ``SCHEDULER_TIMEOUT_S`` (the command itself is already sent), so a release, cancel or state read
+returns instead of hanging; SGLang's replies do not say which rank is missing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Awaitable, Dict, List, Optional
 
 from sglang.srt.managers.io_struct import BaseReq, hook_custom_types
 from sglang.utils import TypeBasedDispatcher
@@ -40,6 +45,9 @@ logger = logging.getLogger(__name__)
 OPS = ("budget", "cancel", "protect", "release", "set", "promote")
 KNOBS = ("immediate_cancel", "protect_ttl_s", "protect_max_fraction", "knee", "live_knee", "spec_prefill_share")
 G_CONTROL = HookGuard("control_channel")
+# One get_internal_state round trip: a live scheduler answers between two steps (each state request queued ahead
+# adds one more), well under this even for a long prefill chunk; past it the schedulers are taken as not answering.
+SCHEDULER_TIMEOUT_S = 10.0
 
 
 class SpexControlReq(BaseReq, kw_only=True):
@@ -155,7 +163,8 @@ async def send(tokenizer_manager: Any, req: SpexControlReq) -> Dict[str, Any]:
 
 
 async def send_all(tokenizer_manager: Any, req: SpexControlReq) -> List[Dict[str, Any]]:
-    """Send ``req`` to every rank's scheduler; their states once all of them applied it, ordered by DP rank."""
+    """Send ``req`` to every rank's scheduler; their states once all of them applied it, ordered by DP rank
+    (:func:`scheduler_states`: error entries when not all answered in time; the command is sent all the same)."""
     post(tokenizer_manager, req)
     return await scheduler_states(tokenizer_manager)
 
@@ -170,10 +179,37 @@ def rank_order(states: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return sorted(states, key=rank)  # stable: replies without a rank keep their order
 
 
+async def ranked_states(
+    round_trip: Awaitable[List[Dict[str, Any]]], timeout: Optional[float] = None
+) -> Optional[List[Dict[str, Any]]]:
+    """The replies of a ``get_internal_state`` round trip, by DP rank; None (logged) when not all ranks answered
+    within ``timeout`` (default ``SCHEDULER_TIMEOUT_S``), the round trip then cancelled."""
+    timeout = SCHEDULER_TIMEOUT_S if timeout is None else timeout
+    try:
+        return rank_order(await asyncio.wait_for(round_trip, timeout))
+    except asyncio.TimeoutError:
+        logger.warning("spex: the schedulers did not all answer within %g s (a DP rank dead or stuck?)", timeout)
+        return None
+
+
+def unanswered(tokenizer_manager: Any, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+    """What :func:`scheduler_states` returns when the schedulers did not all answer: per DP rank (one entry
+    without DP) its ``dp_rank`` and an ``error``."""
+    timeout = SCHEDULER_TIMEOUT_S if timeout is None else timeout
+    dp_size = int(getattr(getattr(tokenizer_manager, "server_args", None), "dp_size", 1) or 1)
+    if dp_size <= 1:
+        return [{"error": f"the scheduler did not answer within {timeout:g} s"}]
+    error = f"not every DP rank's scheduler answered within {timeout:g} s (which did is not known)"
+    return [{"dp_rank": rank, "error": error} for rank in range(dp_size)]
+
+
 async def scheduler_states(tokenizer_manager: Any) -> List[Dict[str, Any]]:
     """Every rank's scheduler-side spex state, by DP rank (one ``get_internal_state`` round trip; H1 adds it);
-    one element without DP, ``[{}]`` when there is none."""
-    states = rank_order(await tokenizer_manager.get_internal_state())
+    one element without DP, ``[{}]`` when there is none, :func:`unanswered` when not all ranks answered within
+    ``SCHEDULER_TIMEOUT_S``."""
+    states = await ranked_states(tokenizer_manager.get_internal_state())
+    if states is None:
+        return unanswered(tokenizer_manager)
     return [((s.get("spex") or {}).get("sched") or {}) for s in states] or [{}]
 
 

@@ -7,6 +7,7 @@ the SGLang HTTP server process (``plugin.register``), where SGLang's ``http_serv
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from typing import Any, Dict, List, Optional
@@ -28,6 +29,7 @@ from sglang_spex.srt import (
     search_service,
     ui_routes,
 )
+from sglang_spex.srt.http_api import error_response
 from sglang_spex.srt.http_state import SpexHttpState, attach, http_state, installed
 
 
@@ -50,9 +52,17 @@ def _dp_ranks(states: List[Dict[str, Any]], searches: Dict[int, int]) -> Optiona
 
 async def get_info(request: Request) -> Response:
     """``GET /spex/info``: SGLang version, the parsed config, and the report made inside the scheduler (H1);
-    ``scheduler`` and ``respec`` are rank 0's under ``--dp-size``, ``dp_ranks`` has every rank's."""
+    ``scheduler`` and ``respec`` are rank 0's under ``--dp-size``, ``dp_ranks`` has every rank's. 503 when the
+    schedulers do not all answer within ``control.SCHEDULER_TIMEOUT_S`` (a DP rank dead or stuck)."""
     state = http_state(request)
-    states = control.rank_order(await state.tokenizer_manager.get_internal_state())
+    reason = f"not every scheduler answered within {control.SCHEDULER_TIMEOUT_S:g} s (a DP rank dead or stuck?)"
+    states = await control.ranked_states(state.tokenizer_manager.get_internal_state())
+    if states is None:
+        return error_response("scheduler", reason, status_code=503)
+    try:  # the limits ask the engine once (another round trip)
+        limits = await asyncio.wait_for(state.searches.limits(), control.SCHEDULER_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return error_response("scheduler", reason, status_code=503)
     scheduler = states[0].get("spex") if states else None
     searches = state.searches.info()
     return JSONResponse(
@@ -64,7 +74,7 @@ async def get_info(request: Request) -> Response:
             "speculation": state.cfg.enabled,
             "config": json.loads(state.cfg.to_json()),
             "respec": states[0].get("respec") if states else None,  # ReSpec adaptive server (R2), when enabled
-            "searches": {**searches, "limits": (await state.searches.limits()).to_dict()},
+            "searches": {**searches, "limits": limits.to_dict()},
             "dp_ranks": _dp_ranks(states, searches.get("searches_per_dp_rank") or {}),
             # the drafter version a ReSpec publisher last recorded here (None: the one the server started with),
             # separate from SGLang's weight_version (the policy's)

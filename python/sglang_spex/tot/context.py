@@ -49,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_REWARD_TIMEOUT = 120.0
 RETOKENIZE_MARGIN = 8  # tokens a path's text may gain when re-tokenized whole (the stop string, merges)
+# How long a search's end waits for the engine's release of its protection (acknowledged within a scheduler step
+# or so): past it the wait is dropped, so a hung worker or a dead DP rank cannot hold the search's result. A release
+# that never arrives leaves the protection to its lease (prefix_protection: ttl_s without the search's requests).
+RELEASE_TIMEOUT_S = 3.0
 STOP_PATTERN_BUDGET = "answer_pattern_budget"  # stop_reason: the answer pattern used its time on this search
 ProgressFn = Callable[[Dict[str, Any]], None]
 
@@ -394,9 +398,12 @@ class SearchContext:
 
     async def close(self) -> None:
         """The search ended: the engine stops protecting its cached prefixes (the scheduler protects any live
-        search's, baseline or SPEX, client- or server-side), and a reward client of its own closes."""
+        search's, baseline or SPEX, client- or server-side; waited for at most ``RELEASE_TIMEOUT_S``, a failure
+        logged), and a reward client of its own closes."""
         try:
-            await self.port.release(self.search_id)
+            await asyncio.wait_for(self.port.release(self.search_id), RELEASE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.warning("releasing search %s: no answer within %.0f s", self.search_id, RELEASE_TIMEOUT_S)
         except Exception:
             logger.exception("releasing search %s failed", self.search_id)
         if self._own_reward:

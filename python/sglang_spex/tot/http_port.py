@@ -8,14 +8,16 @@ they need that key, and without it they are refused and ignored (the search stil
 Behind sglang-router (``docs/scale.md``): every request of a search carries the router's affinity header
 ``X-SMG-Routing-Key: <search id>`` (``affinity=True``, the default; a plain SGLang server only logs it), so the
 router's ``manual`` policy keeps the search on one worker. The router proxies neither ``/abort_request`` nor
-``/spex/*``: when ``base_url`` answers ``GET /workers`` like a router, aborts and control calls go to every worker
-it lists (SGLang ignores an abort for a rid it does not hold, so only the holder acts). A search whose worker
-drops its connection, or that the router answers with an error of its own (HTTP 500 with ``x-smg-error-code:
-call_upstream_request_error`` when the worker died mid-request; 502/503/504), is *lost*: its later requests fail
-at once with :class:`WorkerLost` instead of landing on another worker with none of its cache.
+``/spex/*``: when ``base_url`` answers ``GET /workers`` like a router, aborts go to every worker it lists (SGLang
+ignores an abort for a rid it does not hold, so only the holder acts; one the router has just marked unhealthy may
+still hold the search's requests), control calls only to those it lists healthy. Each of these calls waits at most
+``CONTROL_TIMEOUT_S`` for a worker, so a hung worker that does not hold the search delays it by no more. A search
+whose worker drops its connection, or that the router answers with an error of its own (HTTP 500 with
+``x-smg-error-code: call_upstream_request_error`` when the worker died mid-request; 502/503/504), is *lost*: its
+later requests fail at once with :class:`WorkerLost` instead of landing on another worker with none of its cache.
 
-:meth:`HttpPort.capacity` asks the server (a router's first worker) once for the model's context length and
-longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
+:meth:`HttpPort.capacity` asks the server (a router's first healthy worker) once for the model's context length
+and longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
 (``tot/search.py``) checks a question and ends a path at the context as the server does. An error answer of
 ``/generate`` fails its node with SGLang's reason (the start of the body).
 """
@@ -40,6 +42,9 @@ logger = logging.getLogger(__name__)
 # a read error although the server is fine, and the search would be taken for lost.
 KEEPALIVE_EXPIRY_S = 2.0
 WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts and control calls
+# Per worker, for an abort or SPEX control call (and the router's /workers): they answer in milliseconds (a control
+# call's acknowledgement within a scheduler step or so), so this only cuts short a hung or stopped worker.
+CONTROL_TIMEOUT_S = 5.0
 LOST_STATUS = (502, 503, 504)  # no worker reached (any proxy)
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
 ERROR_BODY_CHARS = 500  # of an error answer's body kept in the error (SGLang's reason)
@@ -108,6 +113,7 @@ class HttpPort(EnginePort):
         self.affinity = affinity
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
         self._targets: Optional[List[str]] = None
+        self._healthy: List[str] = []  # of _targets, those the router lists healthy (all of them for a server)
         self._targets_at = 0.0
         self._targets_expire = False  # a router's worker list expires (so does an unanswered lookup); a server's not
         self._targets_lock = asyncio.Lock()
@@ -162,31 +168,39 @@ class HttpPort(EnginePort):
             return False
         return not self._targets_expire or time.monotonic() - self._targets_at <= WORKERS_TTL_S
 
-    async def targets(self) -> List[str]:
-        """Where aborts and control calls go: the workers of an sglang-router at ``base_url`` (it does not proxy
-        them), else ``base_url`` itself. One lookup at a time (concurrent callers share it); a router's list is
-        reused for ``WORKERS_TTL_S``, a plain server is asked once."""
-        if self._targets_fresh():
-            return self._targets
-        async with self._targets_lock:
-            if not self._targets_fresh():
-                try:
-                    workers = parse_workers(await self.client.get(self.base_url + "/workers"))
-                    self._targets_expire = workers is not None
-                except httpx.HTTPError:  # not known yet: ask again after the TTL
-                    workers, self._targets_expire = None, True
-                self._targets = [w["url"].rstrip("/") for w in workers] if workers is not None else [self.base_url]
-                self._targets_at = time.monotonic()
-        return self._targets
+    async def targets(self, healthy: bool = False) -> List[str]:
+        """Where aborts (and, ``healthy``: control calls) go: the workers of an sglang-router at ``base_url`` (it
+        does not proxy them), with ``healthy`` only those it lists ``is_healthy`` (a worker without the field
+        counts as healthy), else ``base_url`` itself. One lookup at a time (concurrent callers share it); a
+        router's list is reused for ``WORKERS_TTL_S``, a plain server is asked once."""
+        if not self._targets_fresh():
+            async with self._targets_lock:
+                if not self._targets_fresh():
+                    await self._lookup_targets()
+        return self._healthy if healthy else self._targets
+
+    async def _lookup_targets(self) -> None:
+        try:
+            r = await self.client.get(self.base_url + "/workers", timeout=CONTROL_TIMEOUT_S)
+            workers = parse_workers(r)
+            self._targets_expire = workers is not None
+        except httpx.HTTPError:  # not known yet: ask again after the TTL
+            workers, self._targets_expire = None, True
+        if workers is None:
+            self._targets, self._healthy = [self.base_url], [self.base_url]
+        else:
+            self._targets = [w["url"].rstrip("/") for w in workers]
+            self._healthy = [w["url"].rstrip("/") for w in workers if w.get("is_healthy", True)]
+        self._targets_at = time.monotonic()
 
     async def capacity(self) -> Dict[str, Optional[int]]:
         """The model's context length and longest prompt (``context_len``, ``max_input_len``, as
-        ``TokenizerManagerPort.capacity`` names them), asked once of the server or a router's first worker:
+        ``TokenizerManagerPort.capacity`` names them), asked once of the server or a router's first healthy worker:
         ``/tokenize``'s ``max_model_len`` and ``/server_info``'s ``max_req_input_len``; None where it does not say
         (then nothing is checked against it)."""
         async with self._capacity_lock:
             if self._capacity is None:
-                url = (await self.targets())[0]
+                url = await self._first_worker()
                 tokenize, info = await asyncio.gather(
                     self._get_json("POST", url + "/tokenize", {"prompt": ""}),
                     self._get_json("GET", url + "/server_info"),
@@ -200,8 +214,12 @@ class HttpPort(EnginePort):
     async def count_tokens(self, text: str) -> Optional[int]:
         """``text``'s length in the served model's tokens (``/tokenize``, special tokens added as ``/generate``
         adds them); None when the server cannot say."""
-        out = await self._get_json("POST", (await self.targets())[0] + "/tokenize", {"prompt": text})
+        out = await self._get_json("POST", await self._first_worker() + "/tokenize", {"prompt": text})
         return _int_at_least(out.get("count"), 0)
+
+    async def _first_worker(self) -> str:
+        """The server, or a router's first healthy worker (its first worker when none is healthy)."""
+        return ((await self.targets(healthy=True)) or (await self.targets()))[0]
 
     async def _get_json(self, method: str, url: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """The JSON object ``url`` answers; ``{}`` for an error, a non-object or no answer (an older or other
@@ -213,18 +231,21 @@ class HttpPort(EnginePort):
             return {}
         return out if isinstance(out, dict) else {}
 
-    async def _post_all(self, route: str, bodies: List[Dict[str, Any]]) -> None:
+    async def _post_all(self, route: str, bodies: List[Dict[str, Any]], healthy: bool = False) -> None:
+        """POST each body to every target (``healthy``: every healthy one), concurrently, each waiting at most
+        ``CONTROL_TIMEOUT_S``; a worker that fails or does not answer is logged and skipped."""
+
         async def one(url: str, body: Dict[str, Any]) -> None:
-            try:  # a dead worker must not keep the others from acting
-                await self.client.post(url + route, json=body)
-            except httpx.HTTPError:
-                pass
+            try:  # a dead or hung worker must not keep the others from acting
+                await self.client.post(url + route, json=body, timeout=CONTROL_TIMEOUT_S)
+            except httpx.HTTPError as e:
+                logger.info("%s to %s failed: %s", route, url, type(e).__name__)
 
         if self.client.is_closed:  # close() has run: nothing can be sent any more
             logger.warning("%s not sent: the client of %s is closed", route, self.base_url)
             return
         try:
-            urls = await self.targets()
+            urls = await self.targets(healthy=healthy)
             await asyncio.gather(*(one(u, b) for u in urls for b in bodies))
         except RuntimeError:  # httpx's "client has been closed", if close() ran meanwhile
             if not self.client.is_closed:
@@ -247,7 +268,7 @@ class HttpPort(EnginePort):
 
     async def _spex_control(self, route: str, body: Dict[str, Any]) -> None:
         # a sglang-spex server acts on it; any other server answers 404 (or 409 without SPEX): ignored
-        await self._post_all(route, [body])
+        await self._post_all(route, [body], healthy=True)
 
     async def promote(self, rid: str) -> None:
         await self._spex_control("/spex/promote", {"rid": rid, "ack": False})  # queued, not waited for
