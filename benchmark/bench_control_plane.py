@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import httpx
 from overlap import fmt, spread, stop_servers_on_sigterm
+from sched_trace import stats_history
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import dfs_lookahead
@@ -123,12 +124,12 @@ def live_run(url: str, n: int, seed: int, k_total: int) -> Dict[str, float]:
             share.restore()
         wall = time.perf_counter() - t0
         time.sleep(0.5)  # the last step's time is written when the next step (or idle) is recorded
-        last = _stats(client, url, seq0)
+        last = stats_history(url, seq0, lambda since: _stats(client, url, since))
         hist, by1 = last["batch"]["history"], last["scheduler"].get("hook_by", {})
-    rows = hist["rows"]
+    rows = [r for r in hist["rows"] if r["batch_size"]]  # the steps (an idle row, batch_size 0, is none)
     steps = len(rows)
     step_s = sum(r["step_s"] for r in rows if r["step_s"] is not None)
-    hook_s = sum(r["hook_s"] for r in rows if r["hook_s"] is not None)
+    hook_s = sum(r["hook_s"] for r in hist["rows"] if r["hook_s"] is not None)  # the idle rows' hook time too
     done = sum(1 for r in results if r.status == "done")
     issued = sum((r.speculation or {}).get("issued", 0) for r in results)
     return {

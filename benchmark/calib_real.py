@@ -30,6 +30,7 @@ import bench_tot
 import numpy as np
 import psutil
 import requests
+from sched_trace import stats_history
 
 from sglang_spex.profile.cache import Profile
 from sglang_spex.tot.engine import GenRequest, GenResult
@@ -114,11 +115,11 @@ def stats_seq(url: str) -> int:
 
 
 def stats_rows(url: str, since: int) -> List[Dict[str, Any]]:
-    d = requests.get(url + "/spex/stats", params={"history_since": since}, timeout=30).json()
-    hist = d["batch"]["history"]
+    """The batch-stats rows of the steps that ran a batch since ``since`` (read page by page; idle rows left out)."""
+    hist = stats_history(url, since)["batch"]["history"]
     if hist["lost"]:
         raise RuntimeError(f"stats ring overran by {hist['lost']} rows: the run is too long for it")
-    return hist["rows"]
+    return [r for r in hist["rows"] if r["batch_size"]]
 
 
 def engine_summary(rows: List[Dict[str, Any]], wall: float, profile: Optional[Profile] = None) -> Dict[str, Any]:

@@ -5,7 +5,7 @@ and every step compacted for :mod:`step_cost`."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import psutil
 import requests
@@ -29,12 +29,29 @@ def spex_stats(url: str, since: Optional[int] = None) -> Dict[str, Any]:
     return requests.get(url + "/spex/stats", params=params, timeout=120).json()
 
 
+def stats_history(url: str, since: int, get: Optional[Callable[[int], Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """The ``/spex/stats`` answer for ``since`` (``get(since)``, default :func:`spex_stats`) with ``batch.history``
+    holding every row from ``since`` to the ring's ``seq`` at that first read: an answer holds at most a page of
+    rows (1,024), so the rest are read page by page from ``history.next`` (``lost`` sums the pages')."""
+    get = get or (lambda s: spex_stats(url, s))
+    first = get(since)
+    hist = dict(first["batch"]["history"])
+    rows = list(hist["rows"])
+    while hist["rows"] and hist["next"] < first["batch"]["history"]["seq"]:
+        hist = get(hist["next"])["batch"]["history"]
+        rows += hist["rows"]
+        first["batch"]["history"]["lost"] += hist["lost"]
+    first["batch"]["history"].update(rows=rows, next=hist["next"])
+    return first
+
+
 def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
     """What the scheduler did during a run, from the batch-stats rows written since ``before`` (a
     ``/spex/stats`` answer): steps by kind, their time, batch sizes, speculative work, primaries left waiting,
-    and the gate's counters (deltas)."""
-    after = spex_stats(url, before["batch"]["seq"])
+    and the gate's counters (deltas). The idle rows (``batch_size`` 0: a rank that went idle) are left out."""
+    after = stats_history(url, before["batch"]["seq"])
     hist = after["batch"]["history"]
+    hist["rows"] = [r for r in hist["rows"] if r["batch_size"]]
     rows = [r for r in hist["rows"] if r["step_s"] is not None and r["step_s"] == r["step_s"]]
     decode = [r for r in rows if r["mode"] == 2]
     prefill = [r for r in rows if r["mode"] in (1, 3)]

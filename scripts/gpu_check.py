@@ -396,8 +396,16 @@ class GpuCheck:
             httpx.post(url + "/flush_cache", timeout=60)
             body = self._search_body(policy, q, spx, reward="verifier:arith")
             out[mode] = httpx.post(url + "/tot/search", json=body, timeout=0.8 * self.sizes.timeouts["mixed"]).json()
-        rows = httpx.get(url + "/spex/stats", params={"history_since": seq0}, timeout=60).json()["batch"]["history"]
-        mixed = sum(1 for r in rows["rows"] if r["mode"] == 3 and r["n_spec"] > 0 and r["n_primary"] > 0)
+        rows, since = [], seq0
+        while True:  # an answer holds a page of rows (batch_stats.HISTORY_PAGE): read on from its cursor
+            page = httpx.get(url + "/spex/stats", params={"history_since": since}, timeout=60).json()["batch"][
+                "history"
+            ]
+            rows += page["rows"]
+            if not page["rows"] or page["next"] >= page["seq"]:
+                break
+            since = page["next"]
+        mixed = sum(1 for r in rows if r["mode"] == 3 and r["n_spec"] > 0 and r["n_primary"] > 0)
         same = _tree(out["baseline"]) == _tree(out["spex"])
         done = all(r.get("status") == "done" for r in out.values())
         flags = self.state.get("server_flags", {})

@@ -17,6 +17,7 @@ import glob
 import io
 import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from sglang_spex.config import (
     default_stats_path,
     export,
     flag_value,
+    stats_channel,
 )
 from sglang_spex.flags import add_flags, parse_args
 from sglang_spex.serve import PORT_TAKEN
@@ -258,21 +260,39 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_rings(directory: str) -> List[str]:
-    """Unlink the rings in ``directory`` of servers whose launcher is gone (``sglang-spex-stats-<pid>[.<rank>]``,
-    ``config.default_stats_path``): SGLang ends its scheduler processes with a signal, so their writers' ``atexit``
-    never runs, and each ring left behind holds ~2 MB of ``/dev/shm`` (memory). Returns the paths removed."""
+RING_NAME = re.compile(r"(\d+)(?:\.\d+)?(?:\.tmp(\d+))?")  # <launcher pid>[.<rank>][.tmp<writer pid>]
+RING_SUFFIX = re.compile(r"(?:\.\d+)?(?:\.tmp\d+)?")  # what follows a stats path: [.<rank>][.tmp<writer pid>]
+
+
+def _unlink(paths: Sequence[str]) -> List[str]:
     removed = []
-    for path in glob.glob(os.path.join(glob.escape(directory), STATS_FILE_PREFIX + "*")):
-        pid, _, rank = os.path.basename(path)[len(STATS_FILE_PREFIX) :].partition(".")
-        if not pid.isdigit() or (rank and not rank.isdigit()) or _pid_alive(int(pid)):
-            continue
+    for path in paths:
         try:
             os.unlink(path)
             removed.append(path)
         except OSError:
             pass
     return removed
+
+
+def remove_stale_rings(directory: str) -> List[str]:
+    """Unlink the rings in ``directory`` of servers whose launcher is gone (``sglang-spex-stats-<pid>[.<rank>]``,
+    ``config.default_stats_path``), and the ``.tmp<pid>`` files of ring writers that died before renaming theirs
+    (the writer's pid is gone): SGLang ends its scheduler processes with a signal, so their writers' ``atexit`` never
+    runs, and each ring left behind holds ~2 MB of ``/dev/shm`` (memory). Returns the paths removed."""
+    stale = []
+    for path in glob.glob(os.path.join(glob.escape(directory), STATS_FILE_PREFIX + "*")):
+        m = RING_NAME.fullmatch(os.path.basename(path)[len(STATS_FILE_PREFIX) :])
+        if m is not None and not _pid_alive(int(m.group(2) or m.group(1))):
+            stale.append(path)
+    return _unlink(stale)
+
+
+def remove_rings(stats_path: str) -> List[str]:
+    """Unlink this server's rings: ``<stats_path>``, ``<stats_path>.<rank>`` and their writers' ``.tmp<pid>`` files
+    (call once the scheduler processes are gone). Returns the paths removed."""
+    found = glob.glob(glob.escape(stats_path) + "*")
+    return _unlink([p for p in found if RING_SUFFIX.fullmatch(p[len(stats_path) :])])
 
 
 def allow_spec_overlap_on_cpu() -> None:
@@ -366,10 +386,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not has_gpu() and not _given(args, DISABLE_OVERLAP):
         allow_spec_overlap_on_cpu()
     server_args = sglang_server_args(prepare_server_args, args)
+    rings = stats_channel()
+    # SGLang replaces this handler once it serves (its own drains, then ends launch_server): both reach the cleanup
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         launch_server(server_args)
     finally:
-        kill_process_tree(os.getpid(), include_parent=False)
+        try:
+            kill_process_tree(os.getpid(), include_parent=False)
+        finally:
+            remove_rings(rings)  # the schedulers' writers never unlink theirs (they end by a signal)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM before SGLang handles it: exit through ``main``'s cleanup (children killed, rings removed)."""
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

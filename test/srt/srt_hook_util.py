@@ -61,10 +61,19 @@ def step_seq(url: str) -> int:
 
 
 def step_rows(url: str, since: int) -> List[Dict[str, float]]:
-    """The scheduler's batch-stats rows of every step since ``since`` (none lost, none skipped)."""
-    hist = requests.get(url + "/spex/stats", params={"history_since": since}, timeout=60).json()["batch"]["history"]
-    assert hist["lost"] == 0
-    rows = hist["rows"]
+    """The scheduler's batch-stats rows of every step since ``since`` (none lost, none skipped), read page by page
+    (an answer holds at most ``batch_stats.HISTORY_PAGE`` rows) up to the ring's ``seq`` at the first read."""
+    rows: List[Dict[str, float]] = []
+    cursor, end = since, None
+    while end is None or cursor < end:
+        params = {"history_since": cursor}
+        hist = requests.get(url + "/spex/stats", params=params, timeout=60).json()["batch"]["history"]
+        assert hist["lost"] == 0
+        end = hist["seq"] if end is None else end
+        rows += hist["rows"]
+        if not hist["rows"]:
+            break
+        cursor = hist["next"]
     assert [r["step"] for r in rows] == list(range(since, since + len(rows)))  # every step was recorded
     return rows
 

@@ -4,7 +4,9 @@ The scheduler writes one row per scheduled batch into a ring of ``RING`` rows (`
 counters, in a file under ``/dev/shm`` named by the plugin config's ``stats_path`` (``config.stats_channel``:
 picked by the launcher, or by the first process that asks, and inherited by SGLang's subprocesses). Reading costs
 one ``mmap`` slice: no IPC round trip, no lock. The writer bumps ``seq`` after a row is complete; a reader that lags
-by more than ``RING`` rows sees overwritten rows (``history`` reports the gap).
+by more than ``RING`` rows sees overwritten rows (``history`` reports the gap). The first step without a batch after
+one ran writes one idle row (``batch_size`` 0, ``mode`` 0; the KV pool, queue and gate's census as they are now) and
+sets the rank's gauges from it; further steps without a batch write nothing.
 
 Under ``--dp-size N`` every rank's scheduler writes its own ring, ``<stats_path>.<dp_rank>`` (:func:`rank_path`;
 header slot 7 holds ``dp_rank + 1``); without DP the one ring is ``<stats_path>`` itself. A reader given no rank
@@ -48,11 +50,12 @@ MAGIC = 0x5350455853544154  # "SPEXSTAT"
 VERSION = 4  # 2: the speculative gate fields (spec_room .. hook_s) and counters; 3: the live curve's line;
 # 4: prefill tokens per step, decode rows and the speculative prefill allowance
 RING = 8192
+HISTORY_PAGE = 1024  # rows of one ring a GET /spex/stats answer holds at most (read on from ``history.next``)
 FIELDS = (
     "time",  # wall clock (time.time()) when the batch was chosen
     "step",  # scheduler step counter (only steps that run a batch)
     "mode",  # 1 prefill/extend, 2 decode, 3 mixed, 0 other
-    "batch_size",  # requests in the batch that runs this step
+    "batch_size",  # requests in the batch that runs this step (0: the rank's idle row, see above)
     "n_primary",  # ... of which primary (or unlabelled)
     "n_spec",  # ... of which speculative
     "spec_total",  # speculative requests in the running batch and the batch to run together
@@ -299,6 +302,13 @@ class StatsReader:
         vals = self.ring[i % RING].copy()
         return {k: (None if np.isnan(v) else float(v)) for k, v in zip(FIELDS, vals)}
 
+    def _rows(self, start: int, end: int) -> List[Dict[str, Optional[float]]]:
+        """Rows ``[start, end)`` (one copy of the ring slice; NaN as None)."""
+        if end <= start:
+            return []
+        block = self.ring[np.arange(start, end) % RING].tolist()
+        return [dict(zip(FIELDS, [None if v != v else v for v in vals])) for vals in block]
+
     def latest(self) -> Optional[Dict[str, float]]:
         seq = self.seq
         return self._row(seq - 1) if seq > 0 else None
@@ -311,12 +321,18 @@ class StatsReader:
         vals = self.counters_arr.copy()
         return {k: float(v) for k, v in zip(COUNTERS, vals)}
 
-    def history(self, since: int = 0) -> Dict[str, Any]:
-        """Rows with sequence numbers in ``[since, seq)``; ``lost`` counts rows already overwritten."""
+    def history(self, since: int = 0, limit: Optional[int] = None) -> Dict[str, Any]:
+        """Rows with sequence numbers in ``[since, seq)``, the first ``limit`` of them (None: all); ``start``: the
+        first row's number, ``lost``: rows from ``since`` on already overwritten, ``next``: the ``since`` that
+        continues after the last row (more rows follow while ``next < seq``). ValueError for ``since < 0``."""
+        if since < 0:
+            raise ValueError(f"history since {since}: must be >= 0")
         seq = self.seq
         start = max(since, seq - RING)
-        rows = [self._row(i) for i in range(start, seq)]
-        return {"seq": seq, "start": start, "lost": start - since if since < start else 0, "rows": rows}
+        end = seq if limit is None else min(seq, start + limit)
+        rows = self._rows(start, end)
+        lost = start - since if since < start else 0
+        return {"seq": seq, "start": start, "lost": lost, "rows": rows, "next": start + len(rows)}
 
 
 G_STATS = HookGuard("batch_stats")
@@ -337,6 +353,10 @@ def _publish(plan: Any, scheduler: Any) -> None:
     batch = plan.batch_to_run
     reqs = sa.reqs_view(batch)
     if not reqs:
+        if writer.last_t is not None:  # the first step without a batch since one ran
+            writer.idle()  # (the step before stays untimed, as before any idle gap)
+            _publish_idle(plan, scheduler, state, writer)
+            sa.charge_hook_time(scheduler, t0, "publish")
         writer.idle()
         return
     n_spec = sa.count_spec(reqs)
@@ -380,23 +400,7 @@ def _publish(plan: Any, scheduler: Any) -> None:
         decode_rows,  # decode_rows
         sa.context_tokens(batch),  # kv_tokens
     )
-    pg, curve, hist, counts = state.protection, state.curve, state.extra_hist, state.counters
-    line = curve.line()
-    counters = [  # COUNTERS in order; the writer fills in last_step_s and ema_step_s
-        *hist["immediate"],
-        *hist["plain"],
-        counts.get("preempt_for_primary", 0),
-        counts.get("spec_retracted_for_budget", 0),
-        pg.num_locks,
-        pg.locked_tokens,
-        0.0,  # last_step_s
-        0.0,  # ema_step_s
-        counts.get("spec_before_primary", 0),
-        state.hook_s,  # hook_s_total
-        curve.knee() or -1,  # live_knee
-        -1 if line is None else line[0],  # curve_a_s
-        -1 if line is None else line[1],  # curve_b_s
-    ]
+    counters = _counters(state)
     state.hook_s_published = state.hook_s
     gate.step_done()  # a step without a prefill attempt holds nothing and has no allowance
     done = writer.write_step(values, counters)
@@ -416,6 +420,68 @@ def _publish(plan: Any, scheduler: Any) -> None:
     sa.charge_hook_time(scheduler, t0, "publish")
 
 
+def _publish_idle(plan: Any, scheduler: Any, state: scheduling.SpexSchedulerState, writer: StatsWriter) -> None:
+    """The row of a rank that went idle: no batch (``batch_size`` 0, ``mode`` 0), the KV pool and queue as they
+    are, the gate's census taken again (readers of ``primary_live`` see the load the rank has now); the
+    ``spex_rank_*`` gauges are set from it at once."""
+    gate = state.gate
+    counts = scheduling.census(scheduler, plan.running_batch, full=False)
+    room = scheduling.spec_room(state, counts)  # sets the gate's primary_live, knee and room
+    total, available, evictable, protected = sa.kv_figures(scheduler)
+    waiting = sa.waiting(scheduler)
+    values = dict.fromkeys(FIELDS, 0.0)
+    values.update(
+        time=time.time(),
+        step=writer.seq,
+        spec_total=counts.spec_running,
+        budget=-1 if state.budget is None else state.budget,
+        kv_used=total - available - evictable,
+        kv_available=available,
+        kv_evictable=evictable,
+        kv_protected=protected,
+        kv_total=total,
+        waiting=len(waiting),
+        waiting_spec=sa.count_spec(waiting),
+        step_s=math.nan,
+        spec_room=-1 if room is None else room,
+        knee=-1 if gate.knee is None else gate.knee,
+        primary_live=gate.primary_live,
+        spec_held=gate.held,
+        decode_protected=int(gate.decode_protected),
+        hook_s=state.hook_s - state.hook_s_published,
+        spec_prefill_credit_s=-1,
+    )
+    counters = _counters(state)
+    state.hook_s_published = state.hook_s
+    gate.step_done()
+    writer.write_step([values[k] for k in FIELDS], counters)
+    gauges = writer.gauges
+    if gauges is not None:
+        # (update() is rate-limited: an idle rank's gauges must not wait for its next step)
+        gauges.update(values, {**dict(zip(COUNTERS, counters)), "ema_step_s": writer.ema}, force=True)
+
+
+def _counters(state: scheduling.SpexSchedulerState) -> List[float]:
+    """``COUNTERS`` in order; the writer fills in ``last_step_s`` and ``ema_step_s``."""
+    pg, curve, hist, counts = state.protection, state.curve, state.extra_hist, state.counters
+    line = curve.line()
+    return [
+        *hist["immediate"],
+        *hist["plain"],
+        counts.get("preempt_for_primary", 0),
+        counts.get("spec_retracted_for_budget", 0),
+        pg.num_locks,
+        pg.locked_tokens,
+        0.0,  # last_step_s
+        0.0,  # ema_step_s
+        counts.get("spec_before_primary", 0),
+        state.hook_s,  # hook_s_total
+        curve.knee() or -1,  # live_knee
+        -1 if line is None else line[0],  # curve_a_s
+        -1 if line is None else line[1],  # curve_b_s
+    ]
+
+
 def h_publish(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER Scheduler.get_next_batch_to_run: publish this step's batch statistics."""
     G_STATS.run(_publish, plan, scheduler)
@@ -423,10 +489,13 @@ def h_publish(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def read_stats(
-    path: Optional[str] = None, history_since: Optional[int] = None, dp_rank: Optional[int] = None
+    path: Optional[str] = None,
+    history_since: Optional[int] = None,
+    dp_rank: Optional[int] = None,
+    history_limit: Optional[int] = HISTORY_PAGE,
 ) -> Dict[str, Any]:
-    """Latest row + counters (+ history) of one ring (see :class:`StatsReader` for which);
-    ``{"available": False}`` if there is none."""
+    """Latest row + counters (+ history: at most ``history_limit`` rows, see :meth:`StatsReader.history`) of one
+    ring (see :class:`StatsReader` for which); ``{"available": False}`` if there is none."""
     try:
         reader = StatsReader(path, dp_rank)
     except (OSError, ValueError) as e:
@@ -435,7 +504,7 @@ def read_stats(
     out["latest"] = reader.latest()
     out["counters"] = reader.counters()
     if history_since is not None:
-        out["history"] = reader.history(history_since)
+        out["history"] = reader.history(history_since, history_limit)
     return out
 
 
@@ -473,10 +542,15 @@ class RankReaders:
         return aggregate_rows(self.latest_by_rank().values())
 
 
-def read_all_ranks(base: Optional[str] = None, history_since: Optional[int] = None) -> Dict[str, Any]:
+def read_all_ranks(
+    base: Optional[str] = None, history_since: Optional[int] = None, history_skip: Sequence[Optional[int]] = ()
+) -> Dict[str, Any]:
     """Every rank's :func:`read_stats`, by rank, and their sum (``aggregate``: latest rows' :data:`SUM_FIELDS`
-    and :data:`SUM_COUNTERS`). ``history_since`` applies to every rank (each ring has its own sequence numbers)."""
-    ranks: List[Dict[str, Any]] = [read_stats(p, history_since) for p in rank_paths(base).values()]
+    and :data:`SUM_COUNTERS`). ``history_since`` applies to every rank (each ring has its own sequence numbers)
+    but those in ``history_skip``, whose entries carry no ``history``."""
+    ranks: List[Dict[str, Any]] = [
+        read_stats(p, None if rank in history_skip else history_since) for rank, p in rank_paths(base).items()
+    ]
     up = [r for r in ranks if r["available"]]
     agg = {
         "latest": aggregate_rows(r["latest"] for r in up),

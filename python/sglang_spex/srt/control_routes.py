@@ -15,8 +15,10 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
   "live_knee": bool, "spec_prefill_share": f}`` (any of them). ``/spex/budget {"k": null}`` lifts only the budget; the gate's knee stays
   (``knee: -1`` and ``live_knee: false`` open it fully).
 - ``GET /spex/stats?history_since=N``: scheduler-side state (one IPC round trip) and the shared-memory
-  batch statistics (latest step, counters, optionally the per-step rows since sequence number N); ``profile``: the
-  roofline profiler's state (``measuring``, ``reprofile_due``, ``reprofiles``, ``k_total``).
+  batch statistics (latest step, counters, optionally ``history``: the per-step rows from sequence number N >= 0 on,
+  at most ``batch_stats.HISTORY_PAGE`` (1,024) per ring; ``history.next`` is the N that reads on, and more rows
+  follow while it is below ``history.seq``); ``profile``: the roofline profiler's state (``measuring``,
+  ``reprofile_due``, ``reprofiles``, ``k_total``). The rings are read and the answer encoded in a worker thread.
 
 Every POST answers ``{"ok": true, "scheduler": ...}``, the scheduler-side state after the command was applied
 (see :mod:`.control`); without ``--tot-speculation`` 409.
@@ -24,15 +26,17 @@ Every POST answers ``{"ok": true, "scheduler": ...}``, the scheduler-side state 
 Under ``--dp-size N`` a command reaches every rank (see :mod:`.control`); ``scheduler`` and ``batch`` stay rank 0's
 (the single-rank shape), and ``dp_ranks`` lists each rank's scheduler state by rank (null without DP).
 ``/spex/stats`` adds ``batch_ranks``: each rank's ring by rank and their ``aggregate`` (sums of the latest rows and
-counters; ``history_since`` applies to every ring, each with its own sequence numbers).
+counters; ``history_since`` applies to every ring, each with its own sequence numbers, but rank 0's entry has no
+``history``: it is ``batch.history``).
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from sglang_spex.srt import batch_stats, control
 from sglang_spex.srt.http_api import (
@@ -104,21 +108,29 @@ async def post_knobs(request: Request, body: KnobsBody) -> Response:
     return await _run(request, reqs)
 
 
+def _stats_answer(out: Dict[str, Any], since: Optional[int], dp: bool) -> JSONResponse:
+    """``out`` with the batch-stats rings added, encoded (run off the event loop: a page of rows per ring)."""
+    out["batch"] = batch_stats.read_stats(history_since=since)
+    out["batch_ranks"] = batch_stats.read_all_ranks(history_since=since, history_skip=(0,)) if dp else None
+    return JSONResponse(out)
+
+
 async def get_stats(request: Request, history_since: Optional[str] = None) -> Response:
     state = http_state(request)
     try:
         since = query_number(history_since, "history_since")
     except BodyError as e:
         return error_response(e.field, e.reason)
+    if since is not None and since < 0:
+        return error_response("history_since", f"{history_since!r}: must be an integer >= 0 (a row's sequence number)")
     if not state.cfg.enabled:
         return error_response(*SPECULATION_OFF, status_code=409)
     states = await control.scheduler_states(state.tokenizer_manager)
-    out = {"scheduler": states[0], "dp_ranks": states if len(states) > 1 else None}
-    out["batch"] = batch_stats.read_stats(history_since=since)
-    out["batch_ranks"] = batch_stats.read_all_ranks(history_since=since) if len(states) > 1 else None
+    out: Dict[str, Any] = {"scheduler": states[0], "dp_ranks": states if len(states) > 1 else None}
+    out["batch"] = out["batch_ranks"] = None  # (filled in by _stats_answer)
     out["profile"] = state.profile.status()  # a benchmark waits while the roofline is being measured
     out["payoff"] = state.searches.spex.payoff_report() if state.searches.spex is not None else []
-    return JSONResponse(out)
+    return await run_in_threadpool(_stats_answer, out, since, len(states) > 1)
 
 
 def install(app: FastAPI) -> None:

@@ -136,11 +136,12 @@ class RankGauges:
         skip building its arguments."""
         return bool(self._g) and time.monotonic() >= self._next
 
-    def update(self, row: Mapping[str, Any], counters: Mapping[str, Any]) -> None:
+    def update(self, row: Mapping[str, Any], counters: Mapping[str, Any], force: bool = False) -> None:
+        """Set the gauges (at most every ``interval`` s unless ``force``: e.g. a rank that just went idle)."""
         if not self._g:
             return
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next and not force:
             return
         self._next = now + self.interval
         for key, gauge in self._g.items():
