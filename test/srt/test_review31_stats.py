@@ -215,18 +215,17 @@ class _Plan:
 
 
 class _Gauges:
-    """RankGauges' interface: ``update`` is rate-limited by ``_next`` (set far ahead: only a forced update lands)."""
+    """RankGauges' interface, its rate limit never passing: only a forced update lands."""
 
     def __init__(self):
-        self._next, self.rows = 1e18, []
+        self.rows = []
 
     def due(self) -> bool:
         return False
 
-    def update(self, row, counters) -> None:
-        if self._next <= 0:
+    def update(self, row, counters, force: bool = False) -> None:
+        if force:
             self.rows.append(dict(row))
-            self._next = 1e18
 
 
 def test_a_rank_that_goes_idle_writes_one_idle_row_and_sets_its_gauges(tmp_path):
