@@ -15,13 +15,16 @@ from types import SimpleNamespace
 from typing import List
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from sglang.srt.managers.communicator import FanOutCommunicator
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.srt import control, routes
+from sglang_spex.srt import control, control_routes, routes
+from sglang_spex.srt.engine_port import TokenizerManagerPort
 from sglang_spex.srt.http_state import SpexHttpState, attach
 from sglang_spex.tot import http_port
+from sglang_spex.tot.engine import EngineLost
 from sglang_spex.tot.http_port import HttpPort
 
 ROUTER, W0, W_DOWN = "http://router:1", "http://w0:1", "http://w9:1"
@@ -147,3 +150,24 @@ async def test_spex_info_answers_503_when_a_rank_never_answers(monkeypatch):
         r = await asyncio.wait_for(client.get("/spex/info"), 5.0)  # old: never answered
     assert r.status_code == 503
     assert r.json()["error"]["field"] == "scheduler"
+
+
+async def test_a_control_post_not_acknowledged_in_time_is_a_503_naming_the_scheduler(monkeypatch):
+    monkeypatch.setattr(control, "SCHEDULER_TIMEOUT_S", 0.3, raising=False)
+    tm = StandInTokenizerManager(dp_size=2, answering=1)
+    app = FastAPI()
+    attach(app, SpexHttpState(SpexConfig(enabled=True), lambda: SimpleNamespace(tokenizer_manager=tm)))
+    control_routes.install(app)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://spex") as client:
+        r = await asyncio.wait_for(client.post("/spex/cancel", json={"search_id": "s1"}), 5.0)
+    assert r.status_code == 503 and r.json()["error"]["field"] == "scheduler", r.text  # old: 200 "ok": true
+    assert "not acknowledged" in r.json()["error"]["reason"] and len(tm.sent) == 1  # it was sent all the same
+
+
+async def test_the_engines_capacity_is_bounded_and_a_search_then_gets_a_503(monkeypatch):
+    monkeypatch.setattr(control, "SCHEDULER_TIMEOUT_S", 0.3, raising=False)
+    tm = StandInTokenizerManager(dp_size=2, answering=1)
+    tm.context_len = 2048
+    with pytest.raises(EngineLost, match="did not all answer"):
+        await asyncio.wait_for(TokenizerManagerPort(tm).capacity(), 5.0)  # old: never returned

@@ -21,7 +21,8 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
   ``reprofile_due``, ``reprofiles``, ``k_total``). The rings are read and the answer encoded in a worker thread.
 
 Every POST answers ``{"ok": true, "scheduler": ...}``, the scheduler-side state after the command was applied
-(see :mod:`.control`); without ``--tot-speculation`` 409.
+(see :mod:`.control`); without ``--tot-speculation`` 409; 503 naming ``scheduler`` when the schedulers did not all
+acknowledge it within ``control.SCHEDULER_TIMEOUT_S`` (it was sent and may still apply).
 
 Under ``--dp-size N`` a command reaches every rank (see :mod:`.control`); ``scheduler`` and ``batch`` stay rank 0's
 (the single-rank shape), and ``dp_ranks`` lists each rank's scheduler state by rank (null without DP).
@@ -72,6 +73,9 @@ async def _run(request: Request, reqs: List[control.SpexControlReq], ack: bool =
     states: List[dict] = [{}]
     for req in reqs:
         states = await control.send_all(state.tokenizer_manager, req)
+        missing = [s["error"] for s in states if "error" in s]
+        if missing:  # sent, but not acknowledged in time (a DP rank dead or stuck): it may still apply
+            return error_response("scheduler", f"sent, not acknowledged: {missing[0]}", status_code=503)
     return JSONResponse({"ok": True, "scheduler": states[0], "dp_ranks": states if len(states) > 1 else None})
 
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 from sglang_spex.srt import control
-from sglang_spex.tot.engine import EnginePort, GenRequest, GenResult
+from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
 
 
 class TokenizerManagerPort(EnginePort):
@@ -44,8 +44,11 @@ class TokenizerManagerPort(EnginePort):
 
     async def capacity(self) -> Dict[str, Optional[int]]:
         """What the engine can hold: the model's context length and longest prompt, the scheduler's
-        running-request slots and its KV pool in tokens (one ``get_internal_state`` round trip, W3)."""
-        states = await self.tm.get_internal_state()
+        running-request slots and its KV pool in tokens (one ``get_internal_state`` round trip, W3); raises
+        :class:`EngineLost` when the schedulers do not all answer within ``control.SCHEDULER_TIMEOUT_S``."""
+        states = await control.ranked_states(self.tm.get_internal_state())
+        if states is None:
+            raise EngineLost(f"the schedulers did not all answer within {control.SCHEDULER_TIMEOUT_S:g} s")
         state = states[0] if states else {}
         return {
             "context_len": int(self.tm.context_len),

@@ -42,7 +42,7 @@ from sglang_spex.srt.engine_port import TokenizerManagerPort
 from sglang_spex.srt.http_api import STATE_ATTR, BodyError, SearchBody, error_response, json_body
 from sglang_spex.srt.spex_wiring import SpexWiring
 from sglang_spex.tot.context import SearchContext
-from sglang_spex.tot.engine import search_rid_prefix
+from sglang_spex.tot.engine import EngineLost, search_rid_prefix
 from sglang_spex.tot.limits import SearchLimits, derive
 from sglang_spex.tot.search import ContextFactory, SearchResult
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
@@ -373,6 +373,8 @@ async def post_search(request: Request, body: SearchBody) -> Response:
         response = error_response("search", f"{e}; retry later", status_code=429)
         response.headers["Retry-After"] = str(e.retry_after)
         return response
+    except EngineLost as e:  # the engine's limits could not be read (a scheduler not answering)
+        return error_response("engine", str(e), status_code=503)
     if body.stream:
         return StreamingResponse(
             _stream(svc, handle, handle.subscribe()),
