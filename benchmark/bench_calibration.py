@@ -36,6 +36,7 @@ import bench_tot
 import calib_fit as cf
 import calib_real as cr
 import simbench as sb
+from overlap import stop_servers_on_sigterm
 from tqdm import tqdm
 
 from sglang_spex.profile.cache import Profile
@@ -322,6 +323,7 @@ def plot(table: List[Dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="rebase-8,rstar-5")
     ap.add_argument("--concurrency", default="1,4")

@@ -26,6 +26,7 @@ from typing import Dict, List
 
 import requests
 import simbench as sb
+from overlap import stop_servers_on_sigterm
 from tqdm import tqdm
 
 from sglang_spex.respec.profiler import SpecConfig, default_drafter, flush, prompt_set
@@ -75,6 +76,7 @@ def plot(res: Dict[str, dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'smollm2' or a model path")
     ap.add_argument("--drafter", default="bootstrap", help="EAGLE3 draft model path or 'bootstrap'")

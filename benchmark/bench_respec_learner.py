@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import requests
+from overlap import stop_servers_on_sigterm
 from simbench import save_figure, write_results
 
 RESULTS = Path(__file__).parent / "results"
@@ -176,6 +177,7 @@ def plot(variants: Dict[str, Dict], fresh: Dict, stall: Dict, path: Path) -> Non
 
 
 def main(argv=None) -> int:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the servers this run started
     from sglang_spex.respec.grpo_setup import add_run_args
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from bench_tot import MODES, build_spec, flush_cache
+from overlap import stop_servers_on_sigterm
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
@@ -151,6 +152,7 @@ def table(summary: List[Dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the servers this run started
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     p.add_argument("--setups", default=",".join(SETUPS), help=f"comma list of {SETUPS}")

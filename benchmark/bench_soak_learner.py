@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List
 import httpx
 import torch
 from bench_soak import rss_by_process, summarize_rss
+from overlap import stop_servers_on_sigterm
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from sglang_spex.models import prepare_tiny_llama
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the servers this run started
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--posters", type=int, default=3)
