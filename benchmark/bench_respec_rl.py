@@ -8,14 +8,20 @@ on every step, which ReSpec's switching hides where its plan says plain.
 
 Setup (once, or reused from ``--work-dir``): the initial policy (supervised warm start), a bootstrap EAGLE-3
 drafter fitted on its samples (``grpo_setup.prepare_run``) and, for ReSpec's adaptive server, a profile of plain
-vs EAGLE3 decode at a few batch sizes (``respec.profiler.profile_configs``). Then per repeat the three modes run
-one after another (never two servers at once), each a full RL run on its own server (``respec/rl_loop.py``).
+vs EAGLE3 decode at a few batch sizes (``respec.profiler.profile_configs``). Then for every (repeat, seed) the modes
+run one after another (never two servers at once), each a full RL run on its own server (``respec/rl_loop.py``),
+in an order rotated by one place for each successive (repeat, seed) (:func:`mode_order`): the ``--modes`` order for
+the first, so with one repeat and one seed (the default) every mode runs once in the ``--modes`` order, and it takes
+as many (repeat, seed) pairs as there are modes for each mode to run once in every position. The raw runs are
+written to ``--out`` after every run (``"partial": true``), so an interrupted run or a failing summary loses
+nothing; the summary works for any subset of ``--modes`` (speedups and reward gaps need ``none`` among them).
 
 Per step: wall-clock split into generation / drafter update (the loop's learner calls; ReSpec's async updates
 run inside the server, overlapping the next generation, and their own seconds are reported separately) / policy
 update (optimizer + push), active batch (time-averaged running requests), acceptance length (completion tokens /
 verify passes), reward, distinct responses per group (1 would mean argmax, not sampling). Speedup of a mode =
-no-speculation seconds / mode seconds, per step (median, min–max) and over the whole run (ratio of sums).
+no-speculation seconds / mode seconds of the run with the same (repeat, seed), per step (median, min–max) and over
+the whole run (ratio of sums).
 Reward trend per mode (``reward_trend``): the least-squares slope of step reward on step index pooled over seeds,
 with its standard error and the one-sided p-value of "no rise"; the same for acceptance (``accept_trend``).
 ReSpec's learner state says how many updates its payback gate skipped (``learner_skipped``, ``learner_payback``).
@@ -32,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from overlap import stop_servers_on_sigterm
 from simbench import save_figure, write_results
 
 RESULTS = Path(__file__).parent / "results"
@@ -167,16 +174,36 @@ def reward_trend(reps: List[Dict], key: str = "reward_mean") -> Dict:
     }
 
 
+def mode_order(modes: List[str], k: int) -> List[str]:
+    """The order the modes run in for the ``k``-th (repeat, seed): ``modes`` rotated left by ``k`` places, so no mode
+    always runs first (or last); over ``len(modes)`` successive pairs each mode takes every position once."""
+    if not modes:
+        return []
+    k %= len(modes)
+    return list(modes[k:]) + list(modes[:k])
+
+
+def _pair_key(r: Dict, i: int):
+    """What pairs a run with no speculation's: its (repeat, seed); runs written before the ``repeat`` tag pair by
+    their position in the mode's list (the order they ran in, one per (repeat, seed))."""
+    return (r.get("repeat", i), r.get("seed"))
+
+
 def summarize(runs: Dict[str, List[Dict]]) -> Dict:
-    """Per mode: mean step seconds and split, acceptance start/end, reward; speedup vs ``none`` per step."""
+    """Per mode: mean step seconds and split, acceptance start/end, reward; when ``none`` ran, speedup vs ``none``
+    (per step, pairing each run with no speculation's run of the same repeat and seed) and reward gap. Any subset of
+    modes, in any order; runs without steps are left out."""
     out: Dict = {}
-    base = runs.get("none", [])
-    for mode, reps in runs.items():
+    base = {_pair_key(r, i): r for i, r in enumerate(runs.get("none", [])) if r["steps"]}
+    base_reward = statistics.mean(s["reward_mean"] for r in base.values() for s in r["steps"]) if base else None
+    for mode, all_reps in runs.items():
+        keyed = [(_pair_key(r, i), r) for i, r in enumerate(all_reps) if r["steps"]]
+        reps = [r for _, r in keyed]
         steps = [s for r in reps for s in r["steps"]]
         if not steps:
             continue
         acc = [s["accept_length"] for s in steps if s["accept_length"]]
-        n = len(reps[0]["steps"])
+        n = min(len(r["steps"]) for r in reps)  # the reward curve over the steps every run has
         first_acc = [r["steps"][0]["accept_length"] for r in reps if r["steps"][0]["accept_length"]]
         last_acc = [r["steps"][-1]["accept_length"] for r in reps if r["steps"][-1]["accept_length"]]
         m = {
@@ -208,17 +235,20 @@ def summarize(runs: Dict[str, List[Dict]]) -> Dict:
             m["learner_update_s_mean"] = statistics.mean(u["seconds"] for u in ups) if ups else None
             m["learner_skipped"] = sum(st.get("skipped_updates", 0) for st in learners)
             m["learner_payback"] = [st.get("payback") for st in learners]
-        if base and mode != "none":
+        if base_reward is not None and mode != "none":
+            pairs = [(base[key], r) for key, r in keyed if key in base]
             ratios = [
                 b["steps"][i]["seconds"] / r["steps"][i]["seconds"]
-                for b, r in zip(base, reps)
+                for b, r in pairs
                 for i in range(min(len(b["steps"]), len(r["steps"])))
             ]
-            total_b = sum(s["seconds"] for b in base for s in b["steps"])
-            m["speedup_per_step_median"] = statistics.median(ratios)
-            m["speedup_per_step_min_max"] = [min(ratios), max(ratios)]
-            m["speedup_total"] = total_b / sum(s["seconds"] for s in steps)
-            m["reward_gap_vs_none"] = m["reward_mean"] - out["none"]["reward_mean"]
+            if ratios:
+                total_b = sum(s["seconds"] for b, _ in pairs for s in b["steps"])
+                m["speedup_per_step_median"] = statistics.median(ratios)
+                m["speedup_per_step_min_max"] = [min(ratios), max(ratios)]
+                m["speedup_total"] = total_b / sum(s["seconds"] for _, r in pairs for s in r["steps"])
+                m["speedup_pairs"] = len(pairs)
+            m["reward_gap_vs_none"] = m["reward_mean"] - base_reward
         out[mode] = m
     return out
 
@@ -296,6 +326,7 @@ def plot(runs: Dict[str, List[Dict]], path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the servers this run started
     from sglang_spex.respec.grpo_setup import add_run_args
     from sglang_spex.respec.rl_loop import MODES
 
@@ -305,7 +336,12 @@ def main(argv=None) -> int:
         "--modes", nargs="+", default=[m for m in MODES if m != "learner"], choices=MODES
     )
     ap.add_argument("--steps", type=int, default=30, help="RL (policy) steps per run")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per mode and seed, modes interleaved")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per mode and seed; the mode order rotates by one place per (repeat, seed)",
+    )
     ap.add_argument(
         "--seeds",
         type=int,
@@ -337,6 +373,8 @@ def main(argv=None) -> int:
         help="no run: pool the acceptance drift of these result files (per mode and KD variant) and print it",
     )
     a = ap.parse_args(argv)
+    if len(set(a.modes)) != len(a.modes):
+        ap.error(f"--modes: a mode given twice: {a.modes}")
     if a.pool:
         pooled = pooled_acceptance(a.pool)
         for name, m in pooled["modes"].items():
@@ -365,11 +403,15 @@ def main(argv=None) -> int:
     setup, profile = prepare(a, task, work)
     print(f"setup in {work}: {json.dumps(setup.info)}; profile {profile} ({time.monotonic() - t0:.0f} s)", flush=True)
     runs: Dict[str, List[Dict]] = {m: [] for m in a.modes}
+    k = 0
     for rep in range(a.repeats):
         for seed in a.seeds or [a.seed]:
-            for mode in a.modes:
-                print(f"repeat {rep} seed {seed} mode {mode}", flush=True)
-                runs[mode].append(run_mode(mode, a, setup, profile, task, seed))
+            for pos, mode in enumerate(mode_order(a.modes, k)):
+                print(f"repeat {rep} seed {seed} mode {mode} (position {pos})", flush=True)
+                runs[mode].append({**run_mode(mode, a, setup, profile, task, seed), "repeat": rep, "position": pos})
+                # the raw runs so far, before any summary: an interrupted run or a failing summary loses nothing
+                write_results(a.out, __file__, a, t0, None, partial=True, runs=runs, profile=str(profile))
+            k += 1
     summary = summarize(runs)
     noise = seed_noise(runs)
     if len(a.seeds or []) > 1:

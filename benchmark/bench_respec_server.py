@@ -3,7 +3,7 @@
     python benchmark/bench_respec_server.py --model smollm2 --profile NGRAM.json --eagle-profile EAGLE3.json \
         --drafter bootstrap --prompts task:toy_add --batch-sizes 1 2 4 8 16 32
 
-For each mode one server (one at a time):
+The modes (each its own server):
 
 * ``nospec``: no speculation;
 * ``ngram`` / ``respec``: SGLang's NGRAM as is / the same server with ``--respec-adaptive --respec-profile``;
@@ -12,21 +12,26 @@ For each mode one server (one at a time):
   ``respec_eagle3``: the same with ``--respec-adaptive --respec-profile EAGLE_PROFILE`` (our plan + FSM).
 
 Each batch is a long-tailed length mix like an RL rollout (most sequences stop early, a few run long); tokens/s
-and the ratio to ``nospec`` are printed and written as JSON (+ PNG).
+(median, min-max over the repeats) and the ratio to ``nospec`` are printed and written as JSON (+ PNG).
 
-``--overlap on,off`` (default both): each mode's servers for both overlap-scheduler settings run together
-(default overlap / ``--disable-overlap-schedule``), repeats interleave them (order alternating), and
-every repeat counts: medians with min-max. A server whose ``/get_server_info`` reports another setting than asked
-(SGLang turns overlap off for speculative decoding on CPU) is stopped and its column reads ``n/a``.
+Modes are interleaved and ratios paired. By default (``--alternate``, one server alive at a time, for a shared
+machine) every repeat starts each mode's server in turn, the order reversed every other repeat, and runs every
+batch size on it once. The ratio of a mode is taken per (overlap, repeat, batch size) against the ``nospec`` run of
+the same repeat -- runs from the same stretch of time, so a load change on the machine moves both -- and reported
+as the median (min-max) of those per-pair ratios (``paired_ratio`` in the JSON), never as a ratio of medians taken
+at different times.
 
-``--together``: the servers of *all* modes run at once and every (repeat, batch size) runs each of them in turn
-(order alternating per repeat), so mode ratios are measured side by side -- the never-slower check:
+``--together`` (instead of ``--alternate``; giving both is an error): the servers of *all* modes run at once and
+every (repeat, batch size) runs each of them in turn (order alternating per repeat), so the paired runs are even
+closer in time -- the never-slower check:
 
     python benchmark/bench_respec_server.py --together --modes nospec respec_eagle3 respec_eagle3_off \
         --eagle-profile P.json --batch-sizes 1 4 16 64 --overlap on --repeats 3
 
-``--alternate``: the same side-by-side comparison with one server alive at a time (a shared machine): every
-repeat starts each mode's server in turn (order alternating per repeat) and runs every batch size on it once.
+``--overlap on,off`` (default both): each mode's servers for both overlap-scheduler settings run together
+(default overlap / ``--disable-overlap-schedule``), in an order alternating per repeat; a mode is paired with the
+``nospec`` server of the same overlap setting. A server whose ``/get_server_info`` reports another setting than
+asked (SGLang turns overlap off for speculative decoding on CPU) is stopped and its column reads ``n/a``.
 
 ``respec_eagle3_off`` is the ReSpec EAGLE3 server forced off (``--respec-force plain``): its every decode step is
 ReSpec's off step, so its ratio to ``nospec`` is the off state's cost; ``eagle3_steps0`` is the same server with
@@ -96,8 +101,9 @@ def _run_once(url: str, batch: int, short: int, long: int, prompts: List[str]) -
     return {"batch": batch, "tokens": tokens, "seconds": dt, "tok_s": tokens / dt}
 
 
-def plot(summary: Dict[str, Dict[str, dict]], modes: List[str], batch_sizes: List[int], path: Path) -> None:
-    """Median throughput ratio to no speculation (same overlap setting) per batch size, one line per column."""
+def plot(paired: Dict[str, Dict[str, dict]], batch_sizes: List[int], path: Path) -> None:
+    """Median of the paired throughput ratios to no speculation (same overlap setting and repeat, see
+    :func:`paired_ratios`) per batch size, min-max as error bars, one line per column."""
     try:
         import matplotlib
 
@@ -106,17 +112,18 @@ def plot(summary: Dict[str, Dict[str, dict]], modes: List[str], batch_sizes: Lis
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for mode in modes:
-        for ov, per in summary[mode].items():
-            base = summary["nospec"].get(ov)
-            if per is None or base is None:
-                continue
-            ratios = [per[b]["median"] / base[b]["median"] for b in batch_sizes]
-            ax.plot(batch_sizes, ratios, marker="o", label=f"{mode} overlap {ov}")
+    for mode, per_ov in paired.items():
+        for ov, per in per_ov.items():
+            med = [per[b]["median"] for b in batch_sizes]
+            err = [
+                [m - per[b]["min"] for m, b in zip(med, batch_sizes)],
+                [per[b]["max"] - m for m, b in zip(med, batch_sizes)],
+            ]
+            ax.errorbar(batch_sizes, med, yerr=err, marker="o", capsize=2, label=f"{mode} overlap {ov}")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (rollout, long-tailed lengths)")
-    ax.set_ylabel("tokens/s vs no speculation")
+    ax.set_ylabel("tokens/s vs no speculation (paired runs)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -130,6 +137,12 @@ def _server_facts(url: str, mode: str) -> dict:
     if mode.startswith("respec"):
         out["respec"] = info["internal_states"][0].get("respec")
     return out
+
+
+def mode_order(names: List[Any], rep: int) -> List[Any]:
+    """The order modes (or servers) run in, in repeat ``rep``: as given in even repeats, reversed in odd ones, so
+    none of them always runs first or last."""
+    return list(names) if rep % 2 == 0 else list(names)[::-1]
 
 
 def measure_together(
@@ -154,8 +167,9 @@ def measure_together(
         keys = list(servers)
         for rep in range(a.repeats):
             for b in a.batch_sizes:
-                for mode, ov in keys if rep % 2 == 0 else keys[::-1]:
-                    out[mode]["runs"][ov][b].append(run_batch(servers[(mode, ov)].url, b, a.short, a.long, prompts))
+                for mode, ov in mode_order(keys, rep):
+                    r = run_batch(servers[(mode, ov)].url, b, a.short, a.long, prompts)
+                    out[mode]["runs"][ov][b].append({**r, "repeat": rep})
             line = "  ".join(
                 f"{m}/{ov} " + " ".join(f"B={b}:{out[m]['runs'][ov][b][-1]['tok_s']:.0f}" for b in a.batch_sizes)
                 for m, ov in keys
@@ -174,13 +188,14 @@ def measure_alternating(
     modes: Dict[str, List[str]], overlaps: List[str], a: argparse.Namespace, prompts: List[str]
 ) -> Dict[str, dict]:
     """One server at a time: each repeat runs every mode once (a fresh server, order reversed every other repeat)
-    and appends its runs, so run ``r`` of every mode comes from the same stretch of time."""
+    and appends its runs, tagged ``repeat``, so run ``r`` of every mode comes from the same stretch of time. The
+    results so far are rewritten to ``a.out`` after every mode (kept if the run is cut short)."""
     once = argparse.Namespace(**{**vars(a), "repeats": 1})
     out: Dict[str, dict] = {}
     names = list(modes)
     for rep in range(a.repeats):
-        for mode in names if rep % 2 == 0 else names[::-1]:
-            r = measure_mode(mode, modes[mode], overlaps, once, prompts)
+        for mode in mode_order(names, rep):
+            r = measure_mode(mode, modes[mode], overlaps, once, prompts, first_repeat=rep)
             if mode not in out:
                 out[mode] = r
             else:
@@ -193,8 +208,11 @@ def measure_alternating(
     return out
 
 
-def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Namespace, prompts: List[str]) -> dict:
-    """This mode's servers, one per overlap setting, alive together; interleaved repeats (see module doc)."""
+def measure_mode(
+    mode: str, args: List[str], overlaps: List[str], a: argparse.Namespace, prompts: List[str], first_repeat: int = 0
+) -> dict:
+    """This mode's servers, one per overlap setting, alive together; ``a.repeats`` repeats, numbered from
+    ``first_repeat`` (the ``repeat`` tag of each run; the overlap settings' order alternates with it)."""
     servers: Dict[str, ServerProcess] = {}
     out: Dict[str, Any] = {"runs": {}, "overlap_actual": {}, "state": {}}
     try:
@@ -208,11 +226,11 @@ def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Na
                 continue
             out["runs"][ov] = {b: [] for b in a.batch_sizes}
             out.setdefault("server", {})[ov] = _server_facts(srv.url, mode)
-        for rep in range(a.repeats):
-            for ov in list(servers) if rep % 2 == 0 else list(servers)[::-1]:
+        for rep in range(first_repeat, first_repeat + a.repeats):
+            for ov in mode_order(list(servers), rep):
                 for b in a.batch_sizes:
                     r = run_batch(servers[ov].url, b, a.short, a.long, prompts)
-                    out["runs"][ov][b].append(r)
+                    out["runs"][ov][b].append({**r, "repeat": rep})
                 line = " ".join(f"B={b}:{out['runs'][ov][b][-1]['tok_s']:.1f}" for b in a.batch_sizes)
                 print(f"{mode:13s} overlap {ov:3s} repeat {rep}: {line} tok/s", flush=True)
         for ov, srv in servers.items():
@@ -226,20 +244,55 @@ def measure_mode(mode: str, args: List[str], overlaps: List[str], a: argparse.Na
 
 
 def paired_ratios(results: Dict[str, dict], batch_sizes: List[int]) -> Dict[str, Dict[str, dict]]:
-    """Each mode's tokens/s over the ``nospec`` run of the same (overlap, repeat, batch size), as median (min-max):
-    runs next to each other in time, so a load change on the machine moves both."""
+    """Each mode's tokens/s over the ``nospec`` run of the same (overlap, repeat, batch size), as median (min-max)
+    of those per-pair ratios (``n``: the pairs): runs from the same stretch of time, so a load change on the machine
+    moves both. Runs pair by their ``repeat`` tag (by position for rows without one); a repeat that only one side
+    has is left out."""
     base = results.get("nospec")
     out: Dict[str, Dict[str, dict]] = {}
+    if base is None:
+        return out
     for mode, res in results.items():
-        if mode == "nospec" or base is None:
+        if mode == "nospec":
             continue
         for ov, runs in res["runs"].items():
             if ov not in base["runs"]:
                 continue
-            out.setdefault(mode, {})[ov] = {
-                b: spread([x["tok_s"] / y["tok_s"] for x, y in zip(runs[b], base["runs"][ov][b])]) for b in batch_sizes
-            }
+            per = {}
+            for b in batch_sizes:
+                mine, ref = _by_repeat(runs.get(b, [])), _by_repeat(base["runs"][ov].get(b, []))
+                per[b] = spread([mine[k]["tok_s"] / ref[k]["tok_s"] for k in sorted(mine) if k in ref])
+            out.setdefault(mode, {})[ov] = per
     return out
+
+
+def _by_repeat(rows: List[dict]) -> Dict[int, dict]:
+    return {r.get("repeat", i): r for i, r in enumerate(rows)}
+
+
+def table_lines(
+    results: Dict[str, dict],
+    summary: Dict[str, Dict[str, Any]],
+    paired: Dict[str, Dict[str, dict]],
+    modes: List[str],
+    overlaps: List[str],
+    batch_sizes: List[int],
+) -> List[str]:
+    """The printed table: per (mode, overlap) and batch size tokens/s median (min-max) and, where ``nospec`` ran
+    with the same overlap, the paired ratio median (min-max) (:func:`paired_ratios`)."""
+    lines = []
+    for mode in modes:
+        for ov in overlaps:
+            per = summary[mode][ov]
+            if per is None:
+                lines.append(
+                    f"{mode:17s} overlap {ov:3s} n/a (server ran overlap {results[mode]['overlap_actual'][ov]})"
+                )
+                continue
+            ratio = paired.get(mode, {}).get(ov)
+            cells = [f"B={b}: {fmt(per[b], 0)}" + (f" {fmt(ratio[b], 2)}x" if ratio else "") for b in batch_sizes]
+            lines.append(f"{mode:17s} overlap {ov:3s} " + "  ".join(cells))
+    return lines
 
 
 MODES = ("nospec", "ngram", "respec", "eagle3", "eagle3_sglang", "respec_eagle3", "respec_eagle3_off", "eagle3_steps0")
@@ -259,16 +312,22 @@ def main(argv=None) -> int:
     ap.add_argument("--long", type=int, default=128)
     ap.add_argument("--hysteresis", default="1,8,2")
     ap.add_argument(
-        "--repeats", type=int, default=3, help="interleaved runs per (mode, overlap, batch size); all count"
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved runs per (mode, overlap, batch size), each paired with nospec's of the same repeat",
     )
     ap.add_argument("--overlap", default="on,off", help="overlap scheduler settings, comma list of on/off")
     ap.add_argument("--modes", nargs="+", default=list(MODES))
-    ap.add_argument("--together", action="store_true", help="all modes' servers at once, modes interleaved")
-    ap.add_argument("--alternate", action="store_true", help="modes interleaved, one server at a time")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--together", action="store_true", help="all modes' servers at once, modes interleaved")
+    how.add_argument("--alternate", action="store_true", help="modes interleaved, one server at a time (the default)")
     ap.add_argument("--server-args", default="", help="more launcher flags for every server, one string")
     ap.add_argument("--max-running", type=int, default=0, help="--max-running-requests for every server (0: none)")
     ap.add_argument("--out", type=Path, default=Path("respec_server_bench.json"))
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
     stop_servers_on_sigterm()
 
     from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
@@ -308,15 +367,10 @@ def main(argv=None) -> int:
     run_args = {
         m: modes[m] + (["--respec-hysteresis", a.hysteresis] if m.startswith("respec") else []) for m in a.modes
     }
-    results: Dict[str, dict] = {}
-    if a.together:
-        results = measure_together(run_args, overlaps, a, prompts)
-    elif a.alternate:
-        results = measure_alternating(run_args, overlaps, a, prompts)
+    measure = measure_together if a.together else measure_alternating
+    results = measure(run_args, overlaps, a, prompts)
     summary: Dict[str, Dict[str, Any]] = {}
     for mode in a.modes:
-        if mode not in results:
-            results[mode] = measure_mode(mode, run_args[mode], overlaps, a, prompts)
         summary[mode] = {
             ov: (
                 {b: spread([r["tok_s"] for r in results[mode]["runs"][ov][b]]) for b in a.batch_sizes}
@@ -325,31 +379,17 @@ def main(argv=None) -> int:
             )
             for ov in overlaps
         }
+    paired = paired_ratios(results, a.batch_sizes)
+    how = "all servers at once" if a.together else "one server at a time"
     print(
-        f"\ntokens/s, median (min-max) of {a.repeats} interleaved repeats; ratio = median / nospec median (same overlap)"
+        f"\ntokens/s, median (min-max) of {a.repeats} interleaved repeats ({how}); ratio to nospec (same overlap): "
+        "median (min-max) of the per-repeat ratios of paired runs"
     )
-    for mode in a.modes:
-        for ov in overlaps:
-            per = summary[mode][ov]
-            if per is None:
-                print(f"{mode:13s} overlap {ov:3s} n/a (server ran overlap {results[mode]['overlap_actual'][ov]})")
-                continue
-            base = summary.get("nospec", {}).get(ov)
-            cells = []
-            for b in a.batch_sizes:
-                ratio = f" {per[b]['median'] / base[b]['median']:.2f}x" if base else ""
-                cells.append(f"B={b}: {fmt(per[b], 0)}{ratio}")
-            print(f"{mode:13s} overlap {ov:3s} " + "  ".join(cells))
-    paired = paired_ratios(results, a.batch_sizes) if a.together or a.alternate else {}
-    if paired:
-        print("\nratio to nospec per (repeat, batch size), paired runs: median (min-max)")
-        for mode, per_ov in paired.items():
-            for ov, per in per_ov.items():
-                print(f"{mode:17s} overlap {ov:3s} " + "  ".join(f"B={b}: {fmt(per[b], 2)}x" for b in a.batch_sizes))
+    print("\n".join(table_lines(results, summary, paired, a.modes, overlaps, a.batch_sizes)))
     a.out.write_text(json.dumps({"summary": summary, "paired_ratio": paired, "results": results}, indent=1))
     print(f"written {a.out}")
-    if "nospec" in summary:
-        plot(summary, a.modes, a.batch_sizes, a.out.with_suffix(".png"))
+    if paired:
+        plot(paired, a.batch_sizes, a.out.with_suffix(".png"))
     return 0
 
 

@@ -6,6 +6,12 @@ chi-square homogeneity p-value of the first ``--tokens`` generated tokens (token
 rest by the speculative verify) and, over all prompts, the mean verifier reward of each server and their gap with
 its standard error. A sampler that is exactly on-policy shows uniform p-values and a gap within ~2 standard errors.
 
+Both tests assume two *independent* samples. The seeded arms therefore give each server its own, disjoint range of
+``sampling_seed`` values (:func:`request_seeds`: server ``k`` adds ``k * SEED_BLOCK``): with the same seeds on both
+servers, a server that samples by the seed would draw the same random numbers in both (token 1, sampled at prefill
+from the same logits, would agree by construction), the p-values would pile up near 1 and the standard error would be
+too large, so an off-policy verify could not be rejected. The seeded code path is still exercised on both servers.
+
     python benchmark/check_on_policy.py --work-dir /tmp/respec-rl --samples 1500 --questions 3
 
 ``--work-dir``: a ``bench_respec_rl.py`` setup (its ``setup.json`` names the policy and drafter).
@@ -30,6 +36,22 @@ Sample = Tuple[int, ...]
 ARMS = ("seeded", "unseeded", "logprobs")
 # "logprobs": seeded, and asking for the top-20 log-probs per token, as the GRPO loop's rollouts do while a learner trains
 LOGPROBS = {"return_logprob": True, "top_logprobs_num": 20}
+SERVERS = ("none", "naive")  # server k gets the seeds of block k
+SEED_BLOCK = 10**9  # the seeds of one server: 7919 * prompt + sample, below this (checked in main); int64-safe
+
+
+def request_seeds(server: int, qi: int, samples: int) -> List[int]:
+    """The ``sampling_seed`` of each of ``samples`` requests of prompt ``qi`` to server number ``server``: disjoint
+    between servers (block ``server`` of :data:`SEED_BLOCK`), so the two servers' samples are independent."""
+    return [server * SEED_BLOCK + 7919 * qi + i for i in range(samples)]
+
+
+def request_params(arm: str, server: int, qi: int, samples: int, max_new_tokens: int):
+    """Sampling params of one prompt's requests in ``arm``: one shared dict when unseeded, else one per request."""
+    base = {"temperature": 1.0, "max_new_tokens": max_new_tokens}
+    if arm == "unseeded":
+        return base
+    return [{**base, "sampling_seed": s} for s in request_seeds(server, qi, samples)]
 
 
 def homogeneity_pvalue(a: Sequence[Sample], b: Sequence[Sample], min_cell: int = 10) -> float:
@@ -51,8 +73,11 @@ def reward_gap(base: Sequence[float], other: Sequence[float]) -> Dict[str, float
             statistics.mean(base), "se": se}  # fmt: skip
 
 
-def sample_server(args: Sequence[str], prompts: List[List[int]], arms: Sequence[str], a, decode, reward) -> Dict:
-    """Per arm and prompt: (first-token tuples, rewards) of ``a.samples`` rollout requests."""
+def sample_server(
+    args: Sequence[str], server: int, prompts: List[List[int]], arms: Sequence[str], a, decode, reward
+) -> Dict:
+    """Per arm and prompt: (first-token tuples, rewards) of ``a.samples`` rollout requests; seeded arms use server
+    number ``server``'s seeds (:func:`request_seeds`)."""
     from sglang_spex.respec.grpo import ServerClient
     from sglang_spex.serve import ServerProcess
 
@@ -61,10 +86,7 @@ def sample_server(args: Sequence[str], prompts: List[List[int]], arms: Sequence[
         client = ServerClient(srv.url)
         for arm in arms:
             for qi, ids in enumerate(prompts):
-                base = {"temperature": 1.0, "max_new_tokens": a.max_new_tokens}
-                params = (
-                    base if arm == "unseeded" else [{**base, "sampling_seed": 7919 * qi + i} for i in range(a.samples)]
-                )
+                params = request_params(arm, server, qi, a.samples, a.max_new_tokens)
                 extra = LOGPROBS if arm == "logprobs" else None
                 outs = client.generate([ids] * a.samples, params, concurrency=a.concurrency, extra=extra)
                 out[(arm, qi)] = (
@@ -93,6 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", nargs="+", default=["seeded", "unseeded"], choices=ARMS)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "check_on_policy.json"))
     a = ap.parse_args(argv)
+    if min(a.questions, a.samples) < 1 or 7919 * (a.questions - 1) + a.samples > SEED_BLOCK:
+        ap.error(f"--questions/--samples: need >= 1 and 7919 * (questions - 1) + samples <= {SEED_BLOCK}")
 
     from transformers import AutoTokenizer
 
@@ -117,8 +141,8 @@ def main(argv=None) -> int:
 
     extra = ["--attention-backend", "spex_cpu"]
     got = {
-        mode: sample_server(mode_server_args(mode, policy, drafter, extra=extra), prompts, a.arms, a, decode, reward)
-        for mode in ("none", "naive")
+        mode: sample_server(mode_server_args(mode, policy, drafter, extra=extra), k, prompts, a.arms, a, decode, reward)
+        for k, mode in enumerate(SERVERS)
     }
     summary: Dict = {}
     for arm in a.arms:
@@ -127,7 +151,8 @@ def main(argv=None) -> int:
         summary[arm] = {"first_tokens_pvalues": pvals, "reward": gap}
         print(f"{arm}: first {a.tokens} tokens, p per prompt {[round(p, 4) for p in pvals]}; reward none "
               f"{gap['base']:.3f} naive {gap['other']:.3f} gap {gap['gap']:+.3f} (se {gap['se']:.3f})")  # fmt: skip
-    write_results(a.out, __file__, a, t0, None, summary=summary)
+    seeds = {m: f"{k * SEED_BLOCK} + 7919 * prompt + sample" for k, m in enumerate(SERVERS)}
+    write_results(a.out, __file__, a, t0, None, summary=summary, sampling_seeds=seeds)
     return 0
 
 

@@ -31,3 +31,18 @@ def test_reward_gap_and_its_standard_error():
     got = reward_gap([0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0])
     assert got["base"] == 0.5 and got["other"] == 0.75 and got["gap"] == 0.25
     assert got["se"] == pytest.approx(math.sqrt(0.25 / 4 + 0.1875 / 4))
+
+
+def test_the_two_servers_get_disjoint_seeds():
+    from check_on_policy import SEED_BLOCK, SERVERS, request_params, request_seeds
+
+    questions, samples = 3, 1500
+    per = [{s for q in range(questions) for s in request_seeds(k, q, samples)} for k in range(len(SERVERS))]
+    assert len(per[0]) == len(per[1]) == questions * samples  # no seed twice on one server
+    assert not per[0] & per[1]  # none shared between the servers: independent samples
+    assert max(per[1]) < 2 * SEED_BLOCK < 2**31
+    seeded = request_params("seeded", 1, 2, 3, 16)
+    assert [p["sampling_seed"] for p in seeded] == [SEED_BLOCK + 2 * 7919 + i for i in range(3)]
+    assert seeded[0]["temperature"] == 1.0 and seeded[0]["max_new_tokens"] == 16
+    assert request_params("logprobs", 0, 0, 2, 16)[1]["sampling_seed"] == 1
+    assert request_params("unseeded", 1, 2, 3, 16) == {"temperature": 1.0, "max_new_tokens": 16}
