@@ -33,6 +33,7 @@ from typing import Any, Dict, List
 
 import httpx
 import psutil
+from overlap import stop_servers_on_sigterm
 
 from sglang_spex.models import prepare_tiny_llama
 from sglang_spex.serve import ServerProcess
@@ -217,9 +218,11 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
     server = ServerProcess(
         ["--dtype", "float32", "--model-path", str(prepare_tiny_llama()), "--tot-speculation", "--tot-k-total", "8",
          "--tot-reward-timeout", str(args.reward_timeout), "--tot-max-concurrent-searches", str(args.concurrency)]
-    ).start()  # fmt: skip
-    slow = SlowReward(args.reward_timeout * 2)
-    try:
+    )  # fmt: skip
+    slow = None
+    try:  # the server starts inside: an error or Ctrl-C anywhere after it still stops it
+        server.start()
+        slow = SlowReward(args.reward_timeout * 2)
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             await client.post("/tot/search", json={"spec": {"policy": POLICIES[0], "step": STEP}, "question": QUESTION})
             start_pool = await wait_idle(client)
@@ -240,7 +243,8 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
             healthy = (await client.get("/health_generate", timeout=120)).status_code == 200
             searches = (await client.get("/tot/searches")).json()
     finally:
-        slow.close()
+        if slow is not None:
+            slow.close()
         server.stop()
     lat = sorted(soak.latency)
     leaked = (start_pool["kv_available"] + start_pool["kv_evictable"]) - (
@@ -278,6 +282,7 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a `timeout` or kill still stops the server this run started
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=64)

@@ -15,6 +15,10 @@ min–max of the per-repeat SPEX/baseline q/min ratio, the same ratio of the run
 (``priced x``: every scheduler step at one step price fitted over all runs, :mod:`step_cost`; it moves only with
 what was scheduled, not with the host's noise), hits/issued, wasted tokens, per-query p50/p99 completion
 time. T3 (early stop, changes the search) is off unless ``--t3``, and then reported as its own mode.
+Only searches that ended ``done`` count as finished queries (``/tot/search`` answers 200 for a failed one too);
+each cell reports its failed searches and its *flagged* runs (a search not done, a failed node, a cache left
+unflushed, batch-stats rows lost, the roofline profiler running during the run, k_total differing between runs),
+and flagged runs are left out of the ratios for both modes of their repeat (:func:`tot_report.summarise`).
 ``--gate-mode`` adds SPEX with the pay-off gate on (``spex_gate``; speculation/payoff.py), interleaved too;
 ``--variant NAME=JSON`` adds SPEX with more per-search settings (server-side), e.g. ``bfs2='{"bfs_lookahead": 2}'``;
 ``--knob-variant NAME=JSON`` adds SPEX run with these scheduler knobs (``POST /spex/knobs``, e.g.
@@ -88,6 +92,7 @@ DEFAULTS = dict(
     policies="rebase-8,rebase-16,rstar-10", concurrency="1,2,4", questions=4, max_depth=4, step_tokens=48, repeats=3
 )
 SEARCH_TIMEOUT_S = 1800.0
+OUT = "benchmark/results/bench_tot.json"
 
 
 def build_spec(
@@ -176,10 +181,10 @@ async def run_real(
 # ---------------------------------------------------------------- server-side (POST /tot/search)
 async def run_server_side(
     url: str, spec: SearchSpec, questions, concurrency: int
-) -> Tuple[List[SearchResult], List[float], float, float]:
-    """One measured server-side batch (radix cache flushed first): (results, per-query seconds, wall seconds,
-    seconds the flush waited)."""
-    flushed = flush_cache(url)
+) -> Tuple[List[SearchResult], List[float], float]:
+    """One measured server-side batch: (results, per-query seconds, wall seconds). The caller flushes the radix
+    cache first (:func:`measure`: then reads the stats ring's start, so nothing before the flush is charged to the
+    run). ``POST /tot/search`` answers 200 for a search that ended ``failed`` too: read each result's ``status``."""
     body_spec = spec.to_dict()
     sem = asyncio.Semaphore(concurrency)
     latencies: List[float] = [0.0] * len(questions)
@@ -198,13 +203,33 @@ async def run_server_side(
 
         t0 = time.monotonic()
         results = list(await asyncio.gather(*(one(i) for i in range(len(questions)))))
-    return results, latencies, time.monotonic() - t0, flushed
+    return results, latencies, time.monotonic() - t0
 
 
 def critical_path(result: SearchResult) -> int:
     """Tokens on the search's longest root-to-node chain: the decode steps it needs even if every node started
     the moment its parent finished (speculation's best case)."""
     return max((n["cum_tokens"] for n in result.nodes if n["status"] == DONE), default=0)
+
+
+def critical_path_steps(result: SearchResult) -> int:
+    """Decode steps on the search's longest root-to-node chain: each node's first token comes from its prefill
+    step, so a node of ``t`` tokens needs ``t - 1`` decode steps after it, Σ (tokens − 1) along the chain. This is
+    what the trace's steps that decode count (:func:`tot_report.decode_steps`), so the bound and the measured
+    steps count the same thing. Nodes without ``tokens``/``parent`` (older results): ``cum_tokens - depth``."""
+    by_path = {n.get("path"): n for n in result.nodes}
+
+    def steps(n: Dict[str, Any]) -> int:
+        if "tokens" not in n or "parent" not in n:
+            return max(n["cum_tokens"] - n.get("depth", 0), 0)
+        total, seen = 0, set()
+        while n is not None and n.get("path") not in seen:
+            seen.add(n.get("path"))
+            total += max(int(n.get("tokens") or 0) - 1, 0)
+            n = by_path.get(n["parent"]) if n.get("parent") is not None else None
+        return total
+
+    return max((steps(n) for n in result.nodes if n["status"] == DONE), default=0)
 
 
 RATES = ("hit_rate",)  # per-search ratios in a search's accounting: recomputed over the run, never summed
@@ -221,12 +246,16 @@ def _summary(
                 acc[key] = value
             elif isinstance(value, (int, float)) and not isinstance(value, bool) and key not in RATES:
                 acc[key] = acc.get(key, 0) + value
+    done = [r for r in results if r.status == DONE]
     if acc:
         acc["early_stops"] = sum(bool((r.speculation or {}).get("early_stopped")) for r in results)
         acc["hit_rate"] = round(acc["hits"] / acc["issued"], 4) if acc.get("issued") else 0.0
     return {
         "wall_s": round(wall, 2),
-        "q_per_min": round(len(results) / wall * 60, 3),
+        "q_per_min": round(len(done) / wall * 60, 3),  # finished queries only: a failed search ends early
+        "searches": len(results),
+        "failed_searches": len(results) - len(done),  # status other than done (cancelled, failed)
+        "node_failures": sum(len(r.failures or ()) for r in results),
         "accuracy": sum(bool(r.correct) for r in results) / len(results),
         "tokens": sum(r.tokens_generated for r in results),
         "requests": sum(r.num_requests for r in results),
@@ -234,6 +263,7 @@ def _summary(
         "statuses": sorted({r.status for r in results}),
         "latencies_s": [round(x, 3) for x in latencies],
         "critical_path_tokens": [critical_path(r) for r in results],
+        "critical_path_steps": [critical_path_steps(r) for r in results],
         "flush_wait_s": round(flush_wait_s, 2) if flush_wait_s != float("inf") else "unflushed",
         "speculation": acc or None,
     }
@@ -260,13 +290,42 @@ def measure(args, url: str, policy: str, conc: int, mode: str, questions, seed: 
         reward=args.reward,
         stop=args.stop,
     )
-    profile_wait_s = wait_for_profiler(url)
-    before, cpu0 = spex_stats(url), cpu_seconds(args.server_pid)
+    profile_wait_s, flushed, before = _quiet_start(url)
+    cpu0 = cpu_seconds(args.server_pid)
     _set_knobs(args, url, before["scheduler"]["knobs"], mode)
-    row = _summary(*asyncio.run(run_server_side(url, spec, questions, conc)))
+    results, latencies, wall = asyncio.run(run_server_side(url, spec, questions, conc))
+    row = _summary(results, latencies, wall, flushed)
     row["trace"] = {**scheduler_trace(url, before), "cpu_s": cpu_delta(cpu0, cpu_seconds(args.server_pid))}
-    row["profile_wait_s"], row["k_total"] = round(profile_wait_s, 2), spex_stats(url).get("profile", {}).get("k_total")
+    p0, p1 = before.get("profile") or {}, spex_stats(url).get("profile") or {}
+    row["profile_wait_s"], row["k_total"] = round(profile_wait_s, 2), p1.get("k_total")
+    row["reprofiled"] = profiled_during(p0, p1)
     return row
+
+
+def _quiet_start(url: str, tries: int = 3) -> Tuple[float, float, Dict[str, Any]]:
+    """Wait for the profiler, flush the radix cache, then read the stats ring's start (so a previous run's
+    lingering requests, which the flush waits for, are not charged to this run); again while a profile sweep
+    started in the meantime. Returns (seconds waited for the profiler, seconds the flush waited or inf, the
+    ``/spex/stats`` answer the run's trace starts at)."""
+    waited = 0.0
+    for _ in range(tries):
+        waited += wait_for_profiler(url)
+        flushed = flush_cache(url)
+        before = spex_stats(url)
+        if not (before.get("profile") or {}).get("measuring"):
+            break
+    return waited, flushed, before
+
+
+def profiled_during(p0: Dict[str, Any], p1: Dict[str, Any]) -> bool:
+    """Whether the roofline profiler ran during a run, from ``/spex/stats``'s ``profile`` before and after it: a
+    re-profile started (``reprofiles`` grew), a sweep was running at either end, or k_total changed."""
+    return bool(
+        (p1.get("reprofiles") or 0) > (p0.get("reprofiles") or 0)
+        or p0.get("measuring")
+        or p1.get("measuring")
+        or p0.get("k_total") != p1.get("k_total")
+    )
 
 
 def wait_for_profiler(url: str, wait_s: float = 900.0) -> float:
@@ -348,7 +407,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--first-repeat", type=int, default=0, help="number of the first repeat (to extend an earlier run)")
     ap.add_argument("--url", help="use a running --tot-speculation server instead of starting SmolLM2")
     ap.add_argument("--server-arg", action="append", default=[], help="extra launcher flag for the server (repeat)")
-    ap.add_argument("--out", default="benchmark/results/bench_tot.json")
+    ap.add_argument("--out", default=OUT)
     ap.add_argument("--summarise", metavar="JSON", help="only print the table of an earlier (or partial) run's JSON")
     ap.add_argument(
         "--price",
@@ -412,6 +471,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     stop_servers_on_sigterm()  # a killed run still stops the server it started
     if args.summarise:
+        if not Path(args.summarise).is_file():
+            raise SystemExit(f"--summarise {args.summarise}: no such file (a run writes its --out, default {OUT})")
         data = json.loads(Path(args.summarise).read_text())
         price = load_price(args.price) if args.price else None
         data["summary"] = summarise(data["rows"], price)
@@ -428,17 +489,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     questions = get_task(args.task).questions(n_questions, split="test", seed=args.seed)
     server_args = ["--tot-speculation", "--tot-k-total", str(args.k_total), "--dtype", args.dtype, *args.server_arg]
     prm = None
-    if args.reward_latency_ms:  # an external PRM, emulated: the verifier's score after a fixed latency
-        prm = delayed_verifier(args.reward.split(":", 1)[1], args.reward_latency_ms / 1000.0)
-        args.reward_name, args.reward = args.reward, {"type": "callback", "url": prm.url}
-    server = None if args.url else ServerProcess(server_args).start()
-    url = args.url or server.url
-    args.server_pid = server.proc.pid if server is not None else None
+    server = None if args.url else ServerProcess(server_args)
     rows: List[Dict[str, Any]] = []
     started = time.time()
-    if args.knob_variants:
-        args.server_knobs = spex_stats(url)["scheduler"]["knobs"]  # restored for every mode but a knob variant
-    try:
+    try:  # from the start on: an error or Ctrl-C anywhere below still stops the server and the PRM
+        if args.reward_latency_ms:  # an external PRM, emulated: the verifier's score after a fixed latency
+            prm = delayed_verifier(args.reward.split(":", 1)[1], args.reward_latency_ms / 1000.0)
+            args.reward_name, args.reward = args.reward, {"type": "callback", "url": prm.url}
+        if server is not None:
+            server.start()
+        url = args.url or server.url
+        args.server_pid = server.proc.pid if server is not None else None
+        if args.knob_variants:
+            args.server_knobs = spex_stats(url)["scheduler"]["knobs"]  # restored for every mode but a knob variant
         warm = argparse.Namespace(**{**vars(args), "max_depth": 1, "step_tokens": 4})
         for policy in policies:  # warm-up (not measured, tiny): first-request costs must land on no mode
             for mode in modes:
