@@ -59,8 +59,11 @@ async def _searches(url: str, bodies: List[dict]) -> List[dict]:
 
 
 def search_rate(url: str, spec: dict, questions) -> Dict[str, Any]:
-    """SPEX rSTAR q/min for ``questions`` searched concurrently on the server (radix cache flushed first)."""
-    httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
+    """SPEX rSTAR q/min for ``questions`` searched concurrently on the server (radix cache flushed first, with
+    bench_tot's bounded retry: SGLang refuses a flush while an earlier search's aborted speculative requests still
+    run). ``flush_wait_s``: the seconds the flush waited, ``"unflushed"`` when it gave up (the run then started
+    with a warm cache; :func:`main` reports how many)."""
+    waited = bench_tot.flush_cache(url)
     bodies = [{"spec": spec, "question": q.text, "reference": q.reference} for q in questions]
     t0 = time.monotonic()
     results = asyncio.run(_searches(url, bodies))
@@ -68,7 +71,11 @@ def search_rate(url: str, spec: dict, questions) -> Dict[str, Any]:
     bad = [r.get("status") for r in results if r.get("status") != "done"]
     if bad:
         raise RuntimeError(f"searches not done: {bad}")
-    return {"q_min": len(questions) / wall * 60, "tokens": sum(r["tokens_generated"] for r in results)}
+    return {
+        "q_min": len(questions) / wall * 60,
+        "tokens": sum(r["tokens_generated"] for r in results),
+        "flush_wait_s": round(waited, 2) if waited != float("inf") else "unflushed",
+    }
 
 
 def measure_backend(model: str, backend: str, overlaps: List[str], a: argparse.Namespace) -> Dict[str, Any]:
@@ -87,7 +94,12 @@ def measure_backend(model: str, backend: str, overlaps: List[str], a: argparse.N
             actual = actual_overlap(servers[ov].url)
             if actual != ov:
                 raise RuntimeError(f"{backend} overlap {ov}: the server runs with overlap {actual}")
-            out[ov] = {"decode": {b: [] for b in a.batch_sizes}, "search": [], "overlap_actual": actual}
+            out[ov] = {
+                "decode": {b: [] for b in a.batch_sizes},
+                "search": [],
+                "flush_wait_s": [],
+                "overlap_actual": actual,
+            }
             _run(servers[ov].url, 1, 4)  # warm-up (and prefix cache for the prompts)
             if a.search_questions:  # first-search costs must not land on one mode's first repeat
                 search_rate(
@@ -99,7 +111,9 @@ def measure_backend(model: str, backend: str, overlaps: List[str], a: argparse.N
                 for bs in a.batch_sizes:
                     out[ov]["decode"][bs].append(decode_rate(url, bs, a.n_short, a.n_long))
                 if a.search_questions:
-                    out[ov]["search"].append(search_rate(url, spec, questions)["q_min"])
+                    sr = search_rate(url, spec, questions)
+                    out[ov]["search"].append(sr["q_min"])
+                    out[ov]["flush_wait_s"].append(sr["flush_wait_s"])
                 dec = " ".join(f"B={b}:{out[ov]['decode'][b][-1]:.0f}" for b in a.batch_sizes)
                 srch = f" rSTAR-10 {out[ov]['search'][-1]:.2f} q/min" if a.search_questions else ""
                 print(f"  {backend:13s} overlap {ov:3s} repeat {rep}: {dec} tok/s{srch}", flush=True)
@@ -152,6 +166,9 @@ def main() -> None:
     res = {b: measure_backend(model, b, overlaps, args) for b in backends}
     print(f"\nmedian (min-max) of {args.repeats} interleaved repeats, {time.monotonic() - t0:.0f} s")
     print(table(res, args.batch_sizes, overlaps))
+    unflushed = sum(w == "unflushed" for per in res.values() for r in per.values() for w in r["flush_wait_s"])
+    if unflushed:
+        print(f"warning: {unflushed} search run(s) started unflushed (warm radix cache): their q/min reads high")
     if args.json:
         summary = {
             b: {

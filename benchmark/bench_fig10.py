@@ -16,9 +16,10 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import simbench as sb
+from overlap import stop_servers_on_sigterm
 from tqdm import tqdm
 
 from sglang_spex.sim.cost import RooflineCost
@@ -57,14 +58,34 @@ def sim_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
     return rows
 
 
-def real_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
-    """The subset on the real CPU server, through bench_tot's runner (its modes: baseline, T1+T2, T1+T2+T3)."""
+# The bench_tot modes the real subset runs, named as this figure's modes (its table and plot show these three;
+# bench_tot's other modes, e.g. the payoff gate, are not part of Fig 10).
+REAL_MODES = {"baseline": "baseline", "spex_t1t2": "spex_sched", "spex_t1t2t3": "spex_t3"}
+
+
+def real_modes(available: Dict[str, Any]) -> Dict[str, Any]:
+    """``{bench_tot mode: its speculation settings}`` for :data:`REAL_MODES`, taken from bench_tot's ``MODES``
+    (``available``); exits with a message naming the missing ones before any run when bench_tot lacks one."""
+    missing = [m for m in REAL_MODES if m not in available]
+    if missing:
+        raise SystemExit(
+            f"bench_fig10 --real: bench_tot.MODES has no {missing} (it has {sorted(available)}); update REAL_MODES"
+        )
+    return {m: available[m] for m in REAL_MODES}
+
+
+def real_rows(
+    args: argparse.Namespace, on_row: Optional[Callable[[List[Dict[str, Any]]], None]] = None
+) -> List[Dict[str, Any]]:
+    """The subset on the real CPU server, through bench_tot's client-side runner, in the modes of
+    :data:`REAL_MODES` (baseline, T1+T2, T1+T2+T3). ``on_row(rows)`` is called after every run with the rows so
+    far (speedups added), so a run cut short keeps what it measured."""
     import bench_tot
 
     from sglang_spex.serve import ServerProcess
     from sglang_spex.tot.tasks import get_task
 
-    name = {"baseline": "baseline", "spex_t1t2": "spex_sched", "spex_t1t2t3": "spex_t3"}
+    modes = real_modes(bench_tot.MODES)
     questions = get_task("toy_add").questions(args.real_questions, split="test", seed=args.seed)
     server = None if args.url else ServerProcess(["--tot-speculation", "--tot-k-total", str(args.real_k_total)]).start()
     url = args.url or server.url
@@ -74,20 +95,23 @@ def real_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
         for preset in policies:  # warm-up, not measured
             spec = bench_tot.build_spec(preset, 1, 4, args.seed + 1)
             asyncio.run(bench_tot.run_mode(url, spec, questions[:1], 1, None, args.real_k_total))
-        runs = [(p, c, m) for p in policies for c in sb.parse_list(args.real_concurrency, int) for m in bench_tot.MODES]
+        runs = [(p, c, m) for p in policies for c in sb.parse_list(args.real_concurrency, int) for m in modes]
         for preset, conc, mode in tqdm(runs, desc="fig10 real"):
             spec = bench_tot.build_spec(preset, args.real_max_depth, args.real_step_tokens, args.seed)
-            row = asyncio.run(bench_tot.run_mode(url, spec, questions, conc, bench_tot.MODES[mode], args.real_k_total))
+            row = asyncio.run(bench_tot.run_mode(url, spec, questions, conc, modes[mode], args.real_k_total))
             rows.append(
                 {
                     "source": "real",
                     "policy": preset,
                     "concurrency": conc,
-                    "mode": name[mode],
+                    "mode": REAL_MODES[mode],
                     "questions": len(questions),
                     **row,
                 }
             )
+            if on_row is not None:
+                sb.add_ratios(rows)
+                on_row(rows)
     finally:
         if server is not None:
             server.stop()
@@ -189,6 +213,7 @@ def plot(rows: List[Dict[str, Any]], path: Path, title: str) -> None:
 
 
 def main() -> None:
+    stop_servers_on_sigterm()  # a `timeout` or kill of a --real run still stops its server
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default=",".join(sb.FIG10_POLICIES))
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
@@ -215,24 +240,33 @@ def main() -> None:
     ap.add_argument("--out", default="benchmark/results/fig10.json")
     ap.add_argument("--plot", default="benchmark/results/fig10.png")
     args = ap.parse_args()
+    if args.real:  # an unknown mode stops the run now, not after the simulator grid
+        import bench_tot
+
+        real_modes(bench_tot.MODES)
     t0 = time.monotonic()
     rows = sim_rows(args)
     sim_title = f"Fig 10 (simulator {args.device} + {args.model}): questions/min, baseline vs SPEX"
     print_table(rows, sim_title + " — speedup over baseline and q/min")
     step_s = float(RooflineCost(args.device, args.model).decode_time(1, 512))
     why = print_why(rows, step_s)
+    source = f"simulator {args.device}/{args.model}" + (" + real CPU server" if args.real else "")
+
+    def write(real: List[Dict[str, Any]]) -> None:  # after the simulator and after every real run
+        sb.write_results(args.out, source, args, t0, args.plot, rows=rows, why=why, real_rows=real)
+
+    write([])
     plot(rows, Path(args.plot), sim_title)
     real: List[Dict[str, Any]] = []
     if args.real:
-        real = real_rows(args)
+        real = real_rows(args, on_row=write)
         print_table(real, "Fig 10 subset on the real CPU SGLang server (SmolLM2-135M)")
         plot(
             real,
             Path(args.plot).with_name(Path(args.plot).stem + "_real.png"),
             "Fig 10 subset, real CPU SGLang server (SmolLM2-135M)",
         )
-    source = f"simulator {args.device}/{args.model}" + (" + real CPU server" if args.real else "")
-    sb.write_results(args.out, source, args, t0, args.plot, rows=rows, why=why, real_rows=real)
+        write(real)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +27,22 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import httpx
+from gpu_check_server import (  # noqa: E402  (scripts/ is on the path: run as a script, or tests add it)
+    _flush_cache,
+    _generate,
+    _healthy,
+    _post_all,
+    _post_each,
+    _profile_note,
+    _profile_status,
+    _profiler_ran,
+    _ratio_spread,
+    _settle_profiler,
+    _start_and_cancel,
+    _timed_generate,
+    _tree,
+    _wait_idle,
+)
 
 from sglang_spex.profile.cache import PLAIN, Point, Profile
 from sglang_spex.respec.profiler import SpecConfig
@@ -86,6 +103,8 @@ class Sizes:
     step_tokens: int
     rebase_width: int
     respec_tokens: int
+    search_pairs: int  # timed baseline/SPEX pairs of the search stage (order alternating); median (min-max) ratio
+    profile_wait_s: float  # bound on waiting for the roofline profiler to finish before a timed stage
     timeouts: Dict[str, float]
 
 
@@ -97,12 +116,14 @@ GPU = Sizes(
     step_tokens=48,
     rebase_width=8,
     respec_tokens=96,
+    search_pairs=3,
+    profile_wait_s=90,
     timeouts={
         "env": 120,  # imports torch and sglang; an import cut short by the alarm breaks later stages
         "model": 120,
         "server_spex": 240,
-        "decode": 60,
-        "search": 120,
+        "decode": 150,  # the start-up roofline sweep (profile_wait_s, measured there before timing) + 60 s
+        "search": 180,  # warm-up of both modes + search_pairs pairs
         "cancel_kv": 60,
         "top_p": 60,
         "mixed": 90,
@@ -119,6 +140,8 @@ DRY = Sizes(
     step_tokens=8,
     rebase_width=3,
     respec_tokens=24,
+    search_pairs=3,
+    profile_wait_s=135,
     timeouts={k: v * 1.5 for k, v in GPU.timeouts.items()},
 )
 
@@ -278,19 +301,25 @@ class GpuCheck:
 
     def stage_decode(self) -> Dict[str, Any]:
         url = self.need_server("spex")
+        prof = _settle_profiler(url, self.sizes.profile_wait_s)  # the start-up roofline sweep runs after health
         short, long = self.sizes.decode_tokens
         steps, rates = {}, {}
+        # untimed warm-up on the timed prompts: both points of the two-point measure then find them cached
+        _generate(url, [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(max(self.sizes.decode_batches))], short)
+        before = _profile_status(url)
         for b in self.sizes.decode_batches:
             texts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(b)]
             t_s = _timed_generate(url, texts, short)
             t_l = _timed_generate(url, texts, long)
             steps[b] = max(t_l - t_s, 1e-6) / (long - short)
             rates[b] = b / steps[b]
+        ran = _profiler_ran(before, _profile_status(url))
         self.state["plain_step_s"] = steps
         refs = _generate(url, PROMPTS[:4], self.sizes.respec_tokens)
         self.state["greedy_ref"] = [o["output_ids"] for o in refs]
-        detail = ", ".join(f"B={b}: {rates[b]:.0f} tok/s" for b in rates)
-        return {"_detail": "decode " + detail, "tok_s": rates}
+        detail = "decode " + ", ".join(f"B={b}: {rates[b]:.0f} tok/s" for b in rates)
+        detail += f"; {_profile_note(prof, int(ran))}"
+        return {"_fail": not prof["settled"] or ran, "_detail": detail, "tok_s": rates, "profile": prof}
 
     def _search_body(
         self, policy: Dict[str, Any], q, speculation: Dict[str, Any], reward: str = "logprob", **step: Any
@@ -313,29 +342,57 @@ class GpuCheck:
         return {"spec": spec, "question": q.text, "reference": q.reference}
 
     def stage_search(self) -> Dict[str, Any]:
+        """rSTAR, baseline vs SPEX T1+T2 (the same seeds, so the same tree): once the roofline profiler is quiet,
+        one untimed search per mode (first-use costs of either mode land there), then ``search_pairs`` timed
+        pairs, the order alternating, each run on a flushed radix cache. Reports the median (min-max) of the
+        per-pair SPEX/baseline q/min ratios, and whether the profiler ran during a timed run."""
         url = self.need_server("spex")
+        prof = _settle_profiler(url, self.sizes.profile_wait_s)
         questions = get_task("toy_add").questions(self.sizes.questions, split="test", seed=0)
-        warm = {**self.sizes.rstar, "max_depth": 1}  # first-search costs must not land on the baseline
-        asyncio.run(_post_all(url + "/tot/search", [self._search_body(warm, questions[0], {"enabled": False})], 600))
-        runs = {}
-        for mode, spx in (("baseline", {"enabled": False}), ("spex", {"enabled": True, "components": ["t1", "t2"]})):
-            httpx.post(url + "/flush_cache", timeout=60)
-            bodies = [self._search_body(self.sizes.rstar, q, spx) for q in questions]
-            t0 = time.monotonic()
-            results = asyncio.run(_post_all(url + "/tot/search", bodies, timeout=600))
-            wall = time.monotonic() - t0
-            runs[mode] = {"q_min": len(questions) / wall * 60, "results": results}
-        bad = [r for m in runs.values() for r in m["results"] if r.get("status") != "done"]
-        same = sum(_tree(a) == _tree(b) for a, b in zip(runs["baseline"]["results"], runs["spex"]["results"]))
-        hits = sum((r.get("speculation") or {}).get("hits", 0) for r in runs["spex"]["results"])
-        base, spex = runs["baseline"]["q_min"], runs["spex"]["q_min"]
+        modes = {"baseline": {"enabled": False}, "spex": {"enabled": True, "components": ["t1", "t2"]}}
+        warm = {**self.sizes.rstar, "max_depth": min(2, self.sizes.rstar["max_depth"])}
+        for spx in modes.values():
+            _flush_cache(url)
+            asyncio.run(_post_all(url + "/tot/search", [self._search_body(warm, questions[0], spx)], 600))
+        runs: Dict[str, List[dict]] = {m: [] for m in modes}
+        ratios, ran = [], 0
+        for i in range(self.sizes.search_pairs):
+            q_min = {}
+            for mode in list(modes) if i % 2 == 0 else list(modes)[::-1]:
+                _flush_cache(url)
+                bodies = [self._search_body(self.sizes.rstar, q, modes[mode]) for q in questions]
+                before = _profile_status(url)
+                t0 = time.monotonic()
+                results = asyncio.run(_post_all(url + "/tot/search", bodies, timeout=600))
+                wall = time.monotonic() - t0
+                ran += _profiler_ran(before, _profile_status(url))
+                q_min[mode] = len(questions) / wall * 60
+                runs[mode].append({"q_min": q_min[mode], "results": results})
+            ratios.append(q_min["spex"] / q_min["baseline"])
+        bad = [r for m in runs.values() for run in m for r in run["results"] if r.get("status") != "done"]
+        same = sum(
+            _tree(a) == _tree(b)
+            for base, spex in zip(runs["baseline"], runs["spex"])
+            for a, b in zip(base["results"], spex["results"])
+        )
+        hits = sum((r.get("speculation") or {}).get("hits", 0) for run in runs["spex"] for r in run["results"])
+        q = {m: [run["q_min"] for run in v] for m, v in runs.items()}
         detail = (
-            f"rSTAR {self.sizes.rstar['num_rollouts']} rollouts, {len(questions)} q: baseline {base:.2f} q/min, "
-            f"SPEX {spex:.2f} q/min ({spex / base:.2f}x), same tree {same}/{len(questions)}, hits {hits}"
+            f"rSTAR {self.sizes.rstar['num_rollouts']} rollouts, {len(questions)} q, {len(ratios)} alternating pairs "
+            f"after a warm-up of both modes: baseline {statistics.median(q['baseline']):.2f} q/min, "
+            f"SPEX {statistics.median(q['spex']):.2f} q/min (medians); SPEX/baseline per pair {_ratio_spread(ratios)}; "
+            f"same tree {same}/{len(ratios) * len(questions)}, hits {hits}; {_profile_note(prof, ran)}"
         )
         if bad:
             detail += f"; not done: {[r.get('status', r.get('error')) for r in bad][:3]}"
-        return {"_fail": bool(bad), "_detail": detail, "q_min": {m: v["q_min"] for m, v in runs.items()}}
+        return {
+            "_fail": bool(bad) or not prof["settled"] or ran > 0,
+            "_detail": detail,
+            "q_min": q,
+            "ratios": ratios,
+            "ratio_median": statistics.median(ratios),
+            "profile": prof,
+        }
 
     def stage_cancel_kv(self) -> Dict[str, Any]:
         url = self.need_server("spex")
@@ -393,7 +450,7 @@ class GpuCheck:
         seq0 = httpx.get(url + "/spex/stats", timeout=60).json()["batch"]["seq"]
         out = {}
         for mode, spx in (("baseline", {"enabled": False}), ("spex", {"enabled": True, "components": ["t1", "t2"]})):
-            httpx.post(url + "/flush_cache", timeout=60)
+            _flush_cache(url)
             body = self._search_body(policy, q, spx, reward="verifier:arith")
             out[mode] = httpx.post(url + "/tot/search", json=body, timeout=0.8 * self.sizes.timeouts["mixed"]).json()
         rows, since = [], seq0
@@ -484,77 +541,6 @@ class GpuCheck:
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
-
-
-def _generate(url: str, texts: List[str], n: int) -> List[dict]:
-    body = {"text": texts, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
-    r = httpx.post(url + "/generate", json=body, timeout=600)
-    r.raise_for_status()
-    return r.json()
-
-
-def _timed_generate(url: str, texts: List[str], n: int) -> float:
-    t0 = time.perf_counter()
-    _generate(url, texts, n)
-    return time.perf_counter() - t0
-
-
-async def _post_all(url: str, bodies: List[dict], timeout: float) -> List[dict]:
-    """``bodies`` posted together to ``url``; each answer's JSON (a non-200 as ``{"status": "HTTP n", ...}``)."""
-    rs = await _post_each(url, [("", b) for b in bodies], timeout)
-    return [
-        r.json() if r.status_code == 200 else {"status": f"HTTP {r.status_code}", "error": r.text[:200]} for r in rs
-    ]
-
-
-async def _post_each(url: str, posts: List[tuple], timeout: float) -> List[httpx.Response]:
-    """``(path, body)`` posts sent together; their responses in order."""
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        return await asyncio.gather(*(client.post(url + path, json=body) for path, body in posts))
-
-
-async def _start_and_cancel(url: str, body: dict) -> float:
-    """Start a long search, DELETE it once it has requests in flight; the DELETE's latency in seconds."""
-    sid = body["search_id"]
-    async with httpx.AsyncClient(timeout=120) as client:
-        task = asyncio.create_task(client.post(url + "/tot/search", json=body))
-        for _ in range(600):
-            r = await client.get(f"{url}/tot/search/{sid}")
-            st = r.json() if r.status_code == 200 else {}
-            if st.get("status") == "running" and st.get("inflight", 0) > 0 and st.get("num_requests", 0) >= 4:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError(f"search never ran: {st}")
-        t0 = time.perf_counter()
-        r = await client.delete(f"{url}/tot/search/{sid}")
-        latency = time.perf_counter() - t0
-        res = await task
-        if r.status_code != 200 or res.json().get("status") != "cancelled":
-            raise RuntimeError(f"cancel: HTTP {r.status_code}, search {res.json().get('status')}")
-    return latency
-
-
-def _wait_idle(url: str, timeout: float = 30.0) -> Dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = httpx.get(url + "/spex/stats", timeout=30).json()["scheduler"]
-        if s["pool"]["running"] == 0 and s["pool"]["waiting"] == 0 and s.get("watched_cancels", 0) == 0:
-            return s
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server not idle: {s['pool']}")
-        time.sleep(0.2)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health_generate", timeout=10).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _tree(res: dict) -> list:
-    return sorted((n["path"], n["text"]) for n in res.get("nodes", []))
 
 
 def _switching_profile(key: str, plain_step_s: Dict[int, float], path: Path) -> Path:
