@@ -57,6 +57,7 @@ from tot_report import print_table, print_time_split, step_price, summarise
 from tqdm import tqdm
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.respec.profiler import flush
 from sglang_spex.serve import ServerProcess
 from sglang_spex.speculation.runner import SpecBudget, context_factory
 from sglang_spex.srt.control import KNOBS
@@ -132,17 +133,14 @@ def build_spec(
 
 def flush_cache(url: str, wait_s: float = 120.0) -> float:
     """Empty SGLang's radix cache so no run reuses the prefixes an earlier run (same seeds) computed; returns the
-    seconds it had to wait. SGLang refuses while requests are still queued or running (an aborted speculative
-    request may linger); after ``wait_s`` the run goes on unflushed, with a warning (the row records the wait)."""
-    t0 = time.monotonic()
-    while True:
-        r = requests.post(url + "/flush_cache", timeout=60)
-        if r.status_code == 200:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > wait_s:
-            print(f"warning: /flush_cache refused for {wait_s:.0f} s ({r.status_code}); running unflushed")
-            return float("inf")
-        time.sleep(0.5)
+    seconds it had to wait (:func:`sglang_spex.respec.profiler.flush`). SGLang refuses while requests are still
+    queued or running (an aborted speculative request may linger); after ``wait_s`` the run goes on unflushed, with a
+    warning (inf: the row records it)."""
+    try:
+        return flush(url, wait_s=wait_s, poll_s=0.5)
+    except RuntimeError as e:
+        print(f"warning: {e}; running unflushed")
+        return float("inf")
 
 
 # ---------------------------------------------------------------- client-side (HttpPort)

@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Sequence
 
 import httpx
 
+from sglang_spex.respec.profiler import flush
+
 
 def _generate(url: str, texts: List[str], n: int) -> List[dict]:
     body = {"text": texts, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}
@@ -72,16 +74,9 @@ def _wait_idle(url: str, timeout: float = 30.0) -> Dict[str, Any]:
 
 
 def _flush_cache(url: str, wait_s: float = 60.0) -> float:
-    """Empty the radix cache before a run; SGLang refuses while requests are in flight (a search's aborted
-    speculative requests may linger), so retry for up to ``wait_s``, then raise. Returns the seconds waited."""
-    t0 = time.monotonic()
-    while True:
-        r = httpx.post(url + "/flush_cache", timeout=60)
-        if r.status_code == 200:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > wait_s:
-            raise RuntimeError(f"/flush_cache refused for {wait_s:.0f} s (HTTP {r.status_code}): requests in flight")
-        time.sleep(0.5)
+    """Empty the radix cache before a run (:func:`sglang_spex.respec.profiler.flush`: retried while requests are in
+    flight, RuntimeError after ``wait_s``); the seconds waited."""
+    return flush(url, wait_s=wait_s, poll_s=0.5)
 
 
 def _profile_status(url: str) -> Dict[str, Any]:

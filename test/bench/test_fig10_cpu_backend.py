@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
@@ -69,7 +71,6 @@ def test_cpu_backend_search_flush_retries_while_refused(monkeypatch):
     """SGLang refuses /flush_cache while an earlier search's requests linger: the search waits (bench_tot's bounded
     retry) instead of failing on the first refusal."""
     import bench_cpu_backend
-    import bench_tot
 
     codes = iter([400, 400, 200])
 
@@ -77,8 +78,8 @@ def test_cpu_backend_search_flush_retries_while_refused(monkeypatch):
         def __init__(self, code):
             self.status_code = code
 
-    monkeypatch.setattr(bench_tot.requests, "post", lambda url, timeout=None: R(next(codes)))
-    monkeypatch.setattr(bench_tot.time, "sleep", lambda s: None)
+    monkeypatch.setattr(httpx, "post", lambda url, timeout=None: R(next(codes)))  # (respec.profiler.flush's)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
 
     async def searches(url, bodies):
         return [{"status": "done", "tokens_generated": 5} for _ in bodies]

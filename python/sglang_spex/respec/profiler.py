@@ -104,13 +104,18 @@ def _generate(url: str, texts: List[str], n: int) -> List[dict]:
     return [x["meta_info"] for x in r.json()]
 
 
-def flush(url: str, tries: int = 100) -> None:
-    """``/flush_cache``: empties the radix cache and SGLang's NGRAM corpus (only when the server is idle)."""
-    for _ in range(tries):
-        if httpx.post(url + "/flush_cache", timeout=60).status_code == 200:
-            return
-        time.sleep(0.1)
-    raise RuntimeError("server never idle for /flush_cache")
+def flush(url: str, wait_s: float = 10.0, poll_s: float = 0.1) -> float:
+    """``/flush_cache``: empties the radix cache and SGLang's NGRAM corpus. SGLang refuses while requests are in
+    flight (an aborted speculative request may linger), so it is retried for up to ``wait_s``, then RuntimeError.
+    Returns the seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        r = httpx.post(url + "/flush_cache", timeout=60)
+        if r.status_code == 200:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > wait_s:
+            raise RuntimeError(f"/flush_cache refused for {wait_s:.0f} s (HTTP {r.status_code}): requests in flight")
+        time.sleep(poll_s)
 
 
 def prompt_set(spec: str, model_path: str, n: int = 16) -> List[str]:
