@@ -112,6 +112,7 @@ FEATURES: Tuple[Feature, ...] = (
     Feature("lossless_verify", "always"),
     Feature("cpu_spec_overlap", "always"),
     Feature("weight_update_guard", "always"),
+    Feature("input_guard", "always"),
     Feature("respec_ngram", "--respec-adaptive"),
     Feature("respec_report", "--respec-adaptive"),
     Feature("respec_eagle", "--respec-adaptive"),
@@ -176,6 +177,11 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        ".update_weights_from_tensor", "AROUND", "weight_update_guard",
        "a tensor update the model cannot load (shape, name) answers success false instead of killing the scheduler",
        "sglang_spex.srt.weight_update_guard:u1_update_weights_from_tensor"),
+    # ---- input_guard (always: a crash fix; it changes nothing for prompts of valid token ids)
+    _T("U2", f"{TOKENIZER_MANAGER}._validate_one_request", "AROUND", "input_guard",
+       "(private) prompt token ids outside the vocabulary, or top_logprobs_num above it, answer 400 instead of "
+       "killing the scheduler",
+       "sglang_spex.srt.input_guard:u2_validate_one_request"),
     # ---- respec_* (--respec-adaptive), independent of --tot-speculation
     _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
        "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",
