@@ -255,7 +255,7 @@ class SpexConfig(_Section):
     _flag_group = "sglang-spex: ToT speculation (SPEX)"
 
     enabled: bool = _opt(
-        False, flag="--tot-speculation", help="enable SPEX; without it the plugin only reports (/spex/info)"
+        False, flag="--tot-speculation", help="enable SPEX (speculative requests, hooks H2-H13); else baseline searches"
     )
     k_total: Optional[int] = _opt(
         None,
