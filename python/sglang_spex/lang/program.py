@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
@@ -41,9 +42,25 @@ CLIENT_KEYWORDS = ("context_factory", "limits", "progress", "reward", "reward_ti
 # ---- declarations -------------------------------------------------------------------------------------
 
 
+def plain(value: Any) -> Any:
+    """``value`` as JSON holds it: numeric scalars of other types (numpy's ``int64``, ``float32``, ...) become Python
+    ints and floats, tuples become lists, and dicts and lists are copied."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
 def policy(name: str, **knobs: Any) -> PolicyConfig:
     """Any policy or preset by name (``"rebase-16"``, ``"rest-5"``) with knob overrides."""
-    return PolicyConfig(name=name, params=dict(knobs))
+    return PolicyConfig(name=name, params=plain(knobs))
 
 
 def rebase(**knobs: Any) -> PolicyConfig:
@@ -89,11 +106,13 @@ def callback(url: str) -> RewardConfig:
 
 @dataclass
 class Endpoint:
-    """Where a program runs: our launcher's server (``server_side=True``) or any SGLang endpoint."""
+    """Where a program runs: our launcher's server (``server_side=True``) or any SGLang endpoint. ``api_key`` (a
+    server started with ``--api-key``) is sent as ``Authorization: Bearer`` on both paths."""
 
     url: str
     server_side: bool = True
     timeout: float = 3600.0
+    api_key: Optional[str] = field(default=None, repr=False)
 
 
 # ---- the program --------------------------------------------------------------------------------------
@@ -109,7 +128,11 @@ class Program:
             fn(self)
 
     def policy(self, p: Union[PolicyConfig, str], **knobs: Any) -> "Program":
-        self._spec.policy = p if isinstance(p, PolicyConfig) else policy(p, **knobs)
+        """The policy: a :class:`PolicyConfig` (``tot.rebase(width=8)``) or a name; ``knobs`` override its own."""
+        if isinstance(p, PolicyConfig):
+            self._spec.policy = PolicyConfig(name=p.name, params=plain({**p.params, **knobs}))
+        else:
+            self._spec.policy = policy(p, **knobs)
         return self
 
     def step(
@@ -122,19 +145,19 @@ class Program:
     ) -> "Program":
         """Step config: stop strings, max tokens per step, sampling temperature, search seed, and any other
         StepConfig field (top_p, max_total_tokens, prompt_template)."""
-        changes = dict(more)
+        changes = plain(more)
         if stop is not None:
             changes["stop"] = [stop] if isinstance(stop, str) else list(stop)
         if max_tokens is not None:
-            changes["max_tokens"] = max_tokens
+            changes["max_tokens"] = plain(max_tokens)
         if temperature is not None:
-            changes["temperature"] = temperature
+            changes["temperature"] = plain(temperature)
         try:
             self._spec.step = dataclasses.replace(self._spec.step, **changes)
         except TypeError as e:
             raise SearchSpecError("step", str(e))
         if seed is not None:
-            self._spec.seed = seed
+            self._spec.seed = plain(seed)
         return self
 
     def prompt(self, template: str) -> "Program":
@@ -153,7 +176,7 @@ class Program:
         )
         self._spec.reward = r
         if timeout is not None:
-            self._spec.reward_timeout = timeout
+            self._spec.reward_timeout = plain(timeout)
         return self
 
     def answer(
@@ -175,18 +198,19 @@ class Program:
         (and refuses all but ``enabled=False`` without ``--tot-speculation``). Client-side they apply only when the
         run passes SPEX's context factory (``context_factory=speculation.runner.context_factory(cfg)``); otherwise
         the search does not speculate, and they are only checked as a server checks them."""
-        self._spec.speculation = {**(self._spec.speculation or {}), **overrides}
+        self._spec.speculation = {**(self._spec.speculation or {}), **plain(overrides)}
         return self
 
     def priority(self, value: int) -> "Program":
-        self._spec.priority = value
+        self._spec.priority = plain(value)
         return self
 
     # -- serialisation --
 
     def spec(self) -> SearchSpec:
-        """The validated spec (a copy: later changes to the program do not affect it)."""
-        return SearchSpec.from_dict(json.loads(self.to_json(validate=False)))
+        """The validated spec (a copy: later changes to the program do not affect it); raises
+        :class:`SearchSpecError` naming a bad field."""
+        return SearchSpec.from_dict(json.loads(self.to_json()))
 
     def to_dict(self) -> Dict[str, Any]:
         return self._spec.to_dict()
@@ -199,7 +223,7 @@ class Program:
     @classmethod
     def from_json(cls, text: Union[str, Dict[str, Any]]) -> "Program":
         p = cls()
-        p._spec = SearchSpec.from_dict(json.loads(text) if isinstance(text, str) else text)
+        p._spec = SearchSpec.from_dict(json.loads(text) if isinstance(text, str) else plain(text))
         return p
 
     # -- execution --
@@ -230,26 +254,25 @@ class Program:
         refs = check_batch_text(questions, references)
         check_int(concurrency, "concurrency", 1)
         check_client_keywords(client_kw, ep.server_side)
-        if not ep.server_side:
-            port = HttpPort(ep.url, timeout=ep.timeout)
-            try:
+        port = HttpPort(ep.url, timeout=ep.timeout, api_key=ep.api_key)  # server-side only its client (and key) is used
+        try:
+            if not ep.server_side:
                 return await run_batch(
                     spec, questions, port, concurrency=concurrency, references=refs, on_result=on_result, **client_kw
                 )
-            finally:
-                await port.close()
-        sem = asyncio.Semaphore(concurrency)
-        body = spec.to_dict()
-        async with httpx.AsyncClient(timeout=ep.timeout) as client:
+            sem = asyncio.Semaphore(concurrency)
+            body = spec.to_dict()
 
             async def one(i: int) -> SearchResult:
                 async with sem:
-                    res = await post_search(client, ep.url, {"spec": body, "question": questions[i]}, refs[i])
+                    res = await post_search(port.client, ep.url, {"spec": body, "question": questions[i]}, refs[i])
                 if on_result is not None:
                     on_result(i, res)
                 return res
 
             return await gather_or_cancel(one(i) for i in range(len(questions)))
+        finally:
+            await port.close()
 
     def run(
         self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any

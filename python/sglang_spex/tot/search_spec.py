@@ -7,6 +7,7 @@ server-side and the client-side runner execute it. :meth:`SearchSpec.validate` r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -105,7 +106,7 @@ class PolicyConfig:
         return build_policy(self.name, self.params)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"name": self.name, **self.params}
+        return {"name": self.name, **copy.deepcopy(self.params)}
 
 
 @dataclass
@@ -151,6 +152,7 @@ class SearchSpec:
         return self
 
     def to_dict(self) -> Dict[str, Any]:
+        """The JSON spec; it shares nothing with this spec."""
         return {
             "policy": self.policy.to_dict(),
             "step": dataclasses.asdict(self.step),
@@ -160,21 +162,21 @@ class SearchSpec:
             "task": self.task,
             "reward_timeout": self.reward_timeout,
             "priority": self.priority,
-            "speculation": self.speculation,
+            "speculation": copy.deepcopy(self.speculation),
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> "SearchSpec":
-        """Parse and validate a JSON spec; raises :class:`SearchSpecError` naming the bad field."""
+        """Parse and validate a JSON spec (it shares nothing with ``data``); raises :class:`SearchSpecError` naming
+        the bad field."""
         check(isinstance(data, dict), "spec", "must be an object")
-        data = dict(data)
+        data = copy.deepcopy(data)
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         check(not unknown, unknown[0] if unknown else "spec", "unknown field")
         pol = data.pop("policy", {"name": "rebase"})
         if isinstance(pol, str):
             pol = {"name": pol}
         check(isinstance(pol, dict) and isinstance(pol.get("name"), str), "policy.name", "must be a string")
-        pol = dict(pol)
         spec = cls(
             policy=PolicyConfig(name=pol.pop("name"), params=pol),
             step=from_dict(StepConfig, data.pop("step", {}), "step"),
