@@ -133,7 +133,7 @@ def print_table(rows: List[Dict[str, Any]], title: str) -> None:
                 elif mode == "baseline":
                     cells.append(f" {r['q_per_min']:>8.2f} q/min")
                 else:
-                    cells.append(f" {r['speedup']:>5.2f}x {r['q_per_min']:>7.2f}")
+                    cells.append(f" {sb.fmt_speedup(r['speedup'])} {r['q_per_min']:>7.2f}")
             print(f"{preset:10} {mode:11}" + "".join(cells))
 
 
@@ -158,7 +158,7 @@ def print_why(rows: List[Dict[str, Any]], step_s: float) -> List[Dict[str, Any]]
             f"{preset:30} {w['requests_per_q']:>6.1f} {w['max_depth_per_q']:>5.1f} "
             f"{str(w['hits']) + '/' + str(w['issued']):>12} {(w['hit_rate'] or 0) * 100:>4.0f}% "
             f"{w['in_flight_share'] or 0:>8.2f} {w['hit_share']:>8.2f} {w['amdahl_bound'] or 0:>6.2f} "
-            f"{w['base_s_per_q']:>5.1f} {w['crit_path_s']:>6.2f} {w['crit_bound'] or 0:>5.2f} {w['speedup']:>5.2f}  {rates}"
+            f"{w['base_s_per_q']:>5.1f} {w['crit_path_s']:>6.2f} {w['crit_bound'] or 0:>5.2f} {sb.fmt_speedup(w['speedup'], '')}  {rates}"
         )
         out.append(w)
     return out
@@ -244,6 +244,7 @@ def main() -> None:
         import bench_tot
 
         real_modes(bench_tot.MODES)
+    sb.require_fit(args.device, args.model)  # a model that does not fit: a message, not a crash mid-grid
     t0 = time.monotonic()
     rows = sim_rows(args)
     sim_title = f"Fig 10 (simulator {args.device} + {args.model}): questions/min, baseline vs SPEX"

@@ -37,13 +37,15 @@ def plot(rows: List[Dict[str, Any]], path: Path, title: str) -> None:
     colors = ["#9e9e9e", "#aec7e8", "#1f77b4", "#ff7f0e"]
     for ax, preset in zip(axes.flat, policies):
         for j, mode in enumerate(MODES):
-            vals = [get[(preset, b, mode)]["speedup"] if (preset, b, mode) in get else 0 for b in sizes]
-            bars = ax.bar(x + (j - (len(MODES) - 1) / 2) * wid, vals, wid, color=colors[j], label=mode)
+            vals = [(get[(preset, b, mode)] if (preset, b, mode) in get else {}).get("speedup") for b in sizes]
+            bars = ax.bar(
+                x + (j - (len(MODES) - 1) / 2) * wid, [v or 0 for v in vals], wid, color=colors[j], label=mode
+            )
             for v, bar in zip(vals, bars):
                 ax.text(
                     bar.get_x() + bar.get_width() / 2,
                     bar.get_height(),
-                    f"{v:.2f}",
+                    "-" if v is None else f"{v:.2f}",
                     ha="center",
                     va="bottom",
                     fontsize=6,
@@ -72,6 +74,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmark/results/fig11.json")
     ap.add_argument("--plot", default="benchmark/results/fig11.png")
     args = ap.parse_args()
+    sb.require_fit(args.device, args.model)  # a model that does not fit: a message, not a crash mid-grid
     t0 = time.monotonic()
     policies, sizes = sb.parse_list(args.policies), sb.parse_list(args.batch_sizes, int)
     runs = [(p, b, m) for p in policies for b in sizes for m in MODES]
@@ -95,7 +98,7 @@ def main() -> None:
     for preset in policies:
         for mode in MODES:
             cells = "".join(
-                f" {get[(preset, b, mode)]['speedup']:>5.2f}x {get[(preset, b, mode)]['q_per_min']:>6.1f}"
+                f" {sb.fmt_speedup(get[(preset, b, mode)]['speedup'])} {get[(preset, b, mode)]['q_per_min']:>6.1f}"
                 for b in sizes
             )
             print(f"{preset:10} {mode:9}{cells}")

@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmark/results/fig14.json")
     ap.add_argument("--plot", default="benchmark/results/fig14.png")
     args = ap.parse_args()
+    sb.require_fit(args.device, args.model)  # a model that does not fit: a message, not a crash mid-grid
     t0 = time.monotonic()
     rows = []
     for preset in tqdm(sb.parse_list(args.policies), desc="fig14 sim"):

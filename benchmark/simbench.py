@@ -15,6 +15,7 @@ from tot_report import percentile
 
 from sglang_spex.config import SpexConfig, replace
 from sglang_spex.sim import workload as sim_workload
+from sglang_spex.sim.cost import RooflineCost
 from sglang_spex.sim.run import SimRun, resolve_cost, simulate, spex_factory
 from sglang_spex.sim.workload import AnyWorkload
 from sglang_spex.tot.policies import BFS_POLICIES, PRESETS
@@ -72,8 +73,13 @@ def merge_counts(dicts: Sequence[Dict[str, Dict[str, int]]]) -> Dict[str, Dict[s
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+# per-search gauges (a level, not a count): averaged over the searches, not summed
+GAUGES = ("min_use",)
+
+
 def sum_speculation(accs: Sequence[Optional[Dict[str, Any]]]) -> Optional[Dict[str, Any]]:
-    """Sum the numeric fields of per-search accounting dicts; merge hit_distance / hit_depth."""
+    """Sum the numeric fields of per-search accounting dicts (the :data:`GAUGES`: their mean); merge hit_distance /
+    hit_depth."""
     accs = [a for a in accs if a]
     if not accs:
         return None
@@ -82,6 +88,9 @@ def sum_speculation(accs: Sequence[Optional[Dict[str, Any]]]) -> Optional[Dict[s
         for key, value in a.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "hit_rate":
                 out[key] = out.get(key, 0) + value
+    for key in GAUGES:
+        if key in out:
+            out[key] = out[key] / sum(1 for a in accs if key in a)
     out["early_stops"] = sum(bool(a.get("early_stopped")) for a in accs)
     out["hit_rate"] = round(out["hits"] / out["issued"], 4) if out.get("issued") else None
     out["hit_distance"] = merge_counts([a.get("hit_distance") for a in accs])
@@ -198,6 +207,12 @@ def add_ratios(rows: List[Dict[str, Any]], keys: Tuple[str, ...] = ("policy", "c
         r["speedup"] = round(r["q_per_min"] / b, 3) if b else None
 
 
+def fmt_speedup(speedup: Optional[float], suffix: str = "x") -> str:
+    """``speedup`` as ``" 1.23x"``; a right-aligned ``-`` of the same width when there is none (its baseline's q/min
+    was 0: :func:`add_ratios`)."""
+    return f"{'-':>{5 + len(suffix)}}" if speedup is None else f"{speedup:>5.2f}{suffix}"
+
+
 def why_row(base: Dict[str, Any], spex: Dict[str, Any], step_s: float) -> Dict[str, Any]:
     """Why a speedup is what it is (batch 1, pure scheduling).
 
@@ -225,6 +240,14 @@ def why_row(base: Dict[str, Any], spex: Dict[str, Any], step_s: float) -> Dict[s
         "amdahl_bound": round(1.0 / (1.0 - share), 2) if share < 1 else None,
         "mean_batch": (base["mean_batch"], spex["mean_batch"]),
     }
+
+
+def require_fit(device: str, model: str) -> None:
+    """Exit with the simulator's message before any run when ``model``'s weights leave no KV room on ``device``."""
+    try:
+        RooflineCost(device, model).max_kv_tokens()
+    except ValueError as e:
+        raise SystemExit(f"--device {device} --model {model}: {e}")
 
 
 def meta(source: str, args: Any) -> Dict[str, Any]:

@@ -82,3 +82,37 @@ def test_speculation_stays_in_the_room_below_the_knee_and_is_off_at_it():
     assert all(spec <= room for spec, room in port.decodes)
     assert any(room == 0 for _, room in port.decodes) and port.metrics.preempted > 0
     assert all(r.finish_reason != "abort" for r, _ in out)  # and every request still finishes
+
+
+def test_a_promoted_request_is_admitted_at_the_next_step():
+    """Two primaries decode at knee 2, so a speculative request waits; promoted at 0.1 s, it is prefilled within a
+    step or two (the engine wakes), not when a primary finishes."""
+    wl = Workload(WorkloadParams(lengths="dfs"), seed=0)
+    cost = RooflineCost("A100-80G", "Llemma-7B")
+    prefilled = {}
+
+    class Timed(SimPort):
+        async def _prefill(self, batch):
+            for r in batch:
+                prefilled.setdefault(r.req.rid, asyncio.get_running_loop().time())
+            await super()._prefill(batch)
+
+    async def main():
+        port = Timed(cost, wl, spec_knee=2)
+
+        async def at(t, req):
+            await asyncio.sleep(t)
+            return await port.generate(req)
+
+        primaries = [asyncio.ensure_future(at(0.0, _req(i))) for i in range(2)]
+        spec = asyncio.ensure_future(at(0.05, _req(9, SPEC)))
+        await asyncio.sleep(0.1)
+        await port.promote("spex:s:r.9:")
+        done = await asyncio.gather(*primaries, spec)
+        await port.close()
+        return [r.latency for r in done[:2]]
+
+    primary_latencies = run_virtual(main)
+    step = cost.decode_time(2, 2 * 200)  # a decode step of the two primaries (contexts well under 200 tokens)
+    assert 0.1 <= prefilled["spex:s:r.9:"] <= 0.1 + 2 * step
+    assert prefilled["spex:s:r.9:"] < min(primary_latencies)  # before either primary finished

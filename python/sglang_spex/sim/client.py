@@ -22,6 +22,8 @@ search, SPEX and budget code run unchanged. GPU device models default to zero (n
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Dict
 
@@ -36,8 +38,9 @@ class ClientOverhead:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value < 0:
-                raise ValueError(f"ClientOverhead.{name} must be >= 0, got {value}")
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not (ok and math.isfinite(value) and value >= 0):
+                raise ValueError(f"ClientOverhead.{name} must be a finite number >= 0 (seconds), got {value!r}")
 
     @property
     def is_zero(self) -> bool:

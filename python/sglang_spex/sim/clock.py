@@ -12,6 +12,7 @@ seed).
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
@@ -56,6 +57,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         if seconds > 0:
             self._now += seconds
+
+    def call_at(
+        self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        """Schedule ``callback`` at virtual time ``when``; a non-finite time (``sleep(inf)``, NaN) is a ValueError:
+        the clock would jump to it forever instead of finding the deadlock."""
+        if not math.isfinite(when):
+            raise ValueError(f"VirtualTimeLoop: a timer at a non-finite time ({when}) would never fire")
+        return super().call_at(when, callback, *args, context=context)
 
     def run_in_executor(self, executor, func, *args) -> "asyncio.Future[Any]":
         """Run ``func`` here, now, and return its finished future: work handed to a thread takes no virtual time,

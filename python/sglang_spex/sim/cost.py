@@ -22,6 +22,7 @@ passes the values it measured on the real server.
 from __future__ import annotations
 
 import abc
+import logging
 from typing import Optional, Union
 
 import numpy as np
@@ -31,6 +32,7 @@ from sglang_spex.profile.roofline import KneeFit, find_knee, k_total_from_knee
 from sglang_spex.sim.client import NO_OVERHEAD, ClientOverhead
 from sglang_spex.sim.hardware import Device, Model, get_device, get_model
 
+logger = logging.getLogger(__name__)
 ArrayLike = Union[float, np.ndarray]
 KNEE_GRID = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], dtype=float)
 
@@ -62,7 +64,18 @@ class CostModel(abc.ABC):
         return find_knee(grid, times)
 
     def k_total(self, ctx_per_seq: int = 512) -> int:
-        return k_total_from_knee(self.knee(ctx_per_seq))
+        """The knee's batch, rounded; an unbounded knee (past the grid) gives the grid's edge and logs a warning."""
+        fit = self.knee(ctx_per_seq)
+        if not fit.bounded and not getattr(self, "_warned_unbounded", False):
+            self._warned_unbounded = True
+            logger.warning(
+                "%s: the decode curve has no knee up to batch %d (ctx %d per sequence); k_total is that grid edge, "
+                "not a measured knee",
+                self.name,
+                int(fit.knee),
+                ctx_per_seq,
+            )
+        return k_total_from_knee(fit)
 
 
 def default_attn_pairs(new_tokens: int, cached_tokens: int) -> float:
@@ -105,9 +118,16 @@ class RooflineCost(CostModel):
         return self.device.step_overhead_s + max(nbytes / self._bw, flops / self._flops)
 
     def max_kv_tokens(self, mem_fraction: float = 0.9) -> int:
-        """KV tokens that fit next to the weights in ``mem_fraction`` of device memory."""
+        """KV tokens that fit next to the weights in ``mem_fraction`` of device memory; ValueError when none do."""
         free = self.device.memory * mem_fraction - self.model.weight_bytes
-        return max(int(free // self.model.kv_bytes_per_token), 0)
+        tokens = int(free // self.model.kv_bytes_per_token) if free > 0 else 0
+        if tokens < 1:
+            raise ValueError(
+                f"model {self.model.name} ({self.model.weight_bytes / 1e9:.1f} GB of weights) does not fit in "
+                f"{self.device.name} ({self.device.memory / 1e9:.0f} GB x mem_fraction {mem_fraction}): "
+                "no room for the KV cache"
+            )
+        return tokens
 
 
 class MeasuredCost(CostModel):

@@ -9,7 +9,7 @@ One engine task plays SGLang's scheduler loop on the event loop's clock (virtual
 - otherwise **one decode step** for every running request, costing ``cost.decode_time(batch, context)``.
   Runs of steps with no arrival/abort in between are taken in one sleep (exact per-step sums), so a long
   simulation costs one event per request completion, not per token;
-- an arrival or abort during a decode step takes effect at the next step boundary (as in SGLang, where
+- an arrival, abort or promote during a decode step takes effect at the next step boundary (as in SGLang, where
   an aborted running request finishes after one more step); an aborted request returns
   ``finish_reason="abort"`` with the tokens it had;
 - a prefix cache at ``block``-token granularity (SGLang's radix cache, without eviction unless
@@ -33,6 +33,9 @@ One engine task plays SGLang's scheduler loop on the event loop's clock (virtual
   request path (``request_s`` each), delays its result by ``response_s``, then queues ``cpu_s`` on the one
   client thread.
 
+An exception inside the engine loop (a cost model's, say) is raised to every caller waiting on it, at once; later
+calls raise a RuntimeError caused by it.
+
 Tokens are the simulated text's whitespace-separated words (:mod:`sglang_spex.sim.workload`).
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import numbers
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
@@ -109,10 +113,20 @@ class EngineMetrics:
         return d
 
 
+def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an int >= ``minimum`` (or None when ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}{' or None' if optional else ''}, got {value!r}")
+
+
 class PrefixCache:
     """Block-granular prefix cache over word tokens (chained block hashes, optional LRU capacity)."""
 
     def __init__(self, block: int = 16, capacity_tokens: Optional[int] = None):
+        _check_int("PrefixCache.block", block, 1)
+        _check_int("PrefixCache.capacity_tokens", capacity_tokens, 0, optional=True)
         self.block = block
         self.capacity_blocks = None if capacity_tokens is None else max(capacity_tokens // block, 1)
         self._blocks: "OrderedDict[int, None]" = OrderedDict()
@@ -161,6 +175,15 @@ class SimPort(EnginePort):
         spec_knee: Optional[int] = None,
         mixed_chunk: bool = False,
     ):
+        for name, value, minimum, optional in (
+            ("max_running", max_running, 1, False),
+            ("kv_capacity", kv_capacity, 1, True),
+            ("prefill_chunk", prefill_chunk, 1, False),
+            ("cache_block", cache_block, 1, False),
+            ("cache_capacity", cache_capacity, 0, True),
+            ("spec_knee", spec_knee, 1, True),
+        ):
+            _check_int(f"SimPort.{name}", value, minimum, optional)
         self.cost, self.workload = cost, workload
         self.max_running, self.kv_capacity, self.prefill_chunk = max_running, kv_capacity, prefill_chunk
         self.preempt, self.default_priority, self.cache_on_prefill = preempt, default_priority, cache_on_prefill
@@ -177,6 +200,7 @@ class SimPort(EnginePort):
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
         self._closed = False
+        self._error: Optional[BaseException] = None  # what killed the engine loop (then every call raises)
 
     # ---- EnginePort --------------------------------------------------------------------------------
 
@@ -225,9 +249,12 @@ class SimPort(EnginePort):
             self._wake.set()
 
     async def promote(self, rid: str) -> None:
+        changed = False
         for r in self._live():
-            if r.req.rid == rid:
-                r.priority = max(r.priority, self.default_priority)
+            if r.req.rid == rid and r.priority < self.default_priority:
+                r.priority, changed = self.default_priority, True
+        if changed and self._wake is not None:  # takes effect at the next step boundary, like an arrival
+            self._wake.set()
 
     async def stats(self) -> Dict[str, Any]:
         return {
@@ -240,6 +267,7 @@ class SimPort(EnginePort):
         }
 
     async def close(self) -> None:
+        """Stop the engine loop (an error that killed it and reached no caller is raised here)."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
@@ -247,16 +275,33 @@ class SimPort(EnginePort):
                 await self._task
             except asyncio.CancelledError:
                 pass
-            self._task = None
+            finally:
+                self._task = None
 
     # ---- the scheduler loop ------------------------------------------------------------------------
 
     def _ensure_started(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"SimPort: the engine loop failed earlier: {self._error!r}") from self._error
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="simport-engine")
 
     async def _loop(self) -> None:
+        """Run the scheduler; an exception in it is set on every waiting caller's future (re-raised if none)."""
+        try:
+            await self._schedule()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self._error = e
+            waiting = [r.fut for r in self._live() if not r.fut.done()]
+            for fut in waiting:
+                fut.set_exception(e)
+            if not waiting or not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: also stop the loop
+                raise
+
+    async def _schedule(self) -> None:
         while not self._closed:
             self._reap_aborted()
             if not self.waiting and not self.running:
@@ -388,8 +433,10 @@ class SimPort(EnginePort):
         self.prefilling = batch  # an abort or promote during the pass must still find these
         try:
             await self._prefill_pass(batch)
-        finally:
+        except asyncio.CancelledError:
             self.prefilling = []
+            raise
+        self.prefilling = []  # after an error they stay here, so _loop reaches their callers
 
     async def _prefill_pass(self, batch: List[_Req]) -> None:
         lens = [len(r.prompt_words) + r.done for r in batch]

@@ -47,7 +47,11 @@ class SimReward(Reward):
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
         qid = self.workload.question_id(question)
-        return self.workload.reward(qid if qid is not None else 0, node.path)
+        if qid is None:
+            raise ValueError(
+                f"SimReward: {question[:60]!r} is not one of the workload's questions ('Problem <id>: ...')"
+            )
+        return self.workload.reward(qid, node.path)
 
 
 @dataclass
@@ -143,6 +147,10 @@ def simulate(
 
     ``spec`` a sequence: a mix of programs on one engine. Question ``i`` runs ``spec[i % len(spec)]`` on the
     matching part of a :class:`MixedWorkload` (by default :func:`~sglang_spex.sim.workload.workload_for` of the specs' policies).
+    ``questions`` as (text, reference) pairs must be the workload's own (``workload.questions(n)``: the text starts
+    ``Problem <id>:``, which keys the simulated tree and rewards); other text is a ValueError. With a
+    :class:`RooflineCost` and no ``kv_capacity`` in ``engine_kwargs``, a model that leaves no room for KV in the
+    device's memory is a ValueError.
     """
     cost_model = resolve_cost(cost)
     specs = [spec] if isinstance(spec, SearchSpec) else list(spec)
@@ -156,6 +164,12 @@ def simulate(
     if not isinstance(spec, SearchSpec) and (not isinstance(wl, MixedWorkload) or len(wl.parts) != len(specs)):
         raise ValueError(f"spec: {len(specs)} specs need a MixedWorkload of as many parts")
     qs = wl.questions(questions) if isinstance(questions, int) else list(questions)
+    for i, (q, _) in enumerate(qs):
+        if wl.question_id(q) is None:
+            raise ValueError(
+                f"questions[{i}]: the simulator only knows its workload's questions ('Problem <id>: ...'), "
+                f"got {q[:60]!r}; use workload.questions(n)"
+            )
     run_spec = spec if isinstance(spec, SearchSpec) else [specs[i % len(specs)] for i in range(len(qs))]
     reward = SimReward(wl, reward_latency_s)
     ekw = dict(engine_kwargs or {})

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import random
 import re
 from dataclasses import asdict, dataclass
@@ -69,6 +70,26 @@ class WorkloadParams:
     answer_hazard_growth: float = 1.3
     distractors: int = 3
     question_words: int = 40  # prompt length of a question (tokens)
+
+    def __post_init__(self) -> None:
+        """Refuse values the generator cannot use (ValueError naming the field)."""
+        if self.lengths not in ("dfs", "bfs"):
+            raise ValueError(f"WorkloadParams.lengths must be 'dfs' or 'bfs', got {self.lengths!r}")
+        for name, value in asdict(self).items():
+            if name == "lengths":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"WorkloadParams.{name} must be a finite number, got {value!r}")
+        for name in ("dfs_min_tokens", "min_tokens", "distractors"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WorkloadParams.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dfs_min_tokens > self.dfs_max_tokens:
+            raise ValueError(
+                f"WorkloadParams.dfs_min_tokens ({self.dfs_min_tokens}) must be <= dfs_max_tokens "
+                f"({self.dfs_max_tokens})"
+            )
+        if self.bfs_median_tokens <= 0:
+            raise ValueError(f"WorkloadParams.bfs_median_tokens must be > 0, got {self.bfs_median_tokens}")
 
 
 @dataclass(frozen=True)
