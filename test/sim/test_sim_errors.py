@@ -9,7 +9,7 @@ import math
 import pytest
 
 from sglang_spex.sim.client import ClientOverhead
-from sglang_spex.sim.clock import SimulationDeadlock, run_virtual
+from sglang_spex.sim.clock import run_virtual
 from sglang_spex.sim.cost import RooflineCost
 from sglang_spex.sim.engine import PrefixCache, SimPort
 from sglang_spex.sim.run import SimReward, simulate
@@ -157,13 +157,3 @@ def test_sim_reward_refuses_a_question_it_does_not_know():
     assert run_virtual(lambda: reward.score(node, WL.question(3))) == WL.reward(3, "r.0")
     with pytest.raises(ValueError, match="not one of the workload's questions"):
         run_virtual(lambda: reward.score(node, "What is 2 + 3?"))
-
-
-def test_deadlock_still_reported_for_a_real_deadlock(monkeypatch):
-    monkeypatch.setattr("sglang_spex.sim.clock.DEADLOCK_WALL_S", 0.05)
-
-    async def main():
-        await asyncio.Event().wait()
-
-    with pytest.raises(SimulationDeadlock):
-        run_virtual(main)
