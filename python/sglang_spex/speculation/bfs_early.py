@@ -11,6 +11,9 @@ other one is cancelled immediately, with everything speculated below it.
 Deeper levels (``bfs_lookahead`` > 1): a speculative child that finished and was scored is itself a node of the
 next depth, so the same prediction runs there (:func:`predicted_levels`): the next depth's known nodes are the
 speculative children inside their parents' predicted widths, and the ones not generated yet count as pending.
+How many depths (:func:`planned_levels`): each next one while its resolved hit rate (with a 0.5 prior while
+unmeasured) is at least ``MIN_DEEP_HIT_RATE``, up to ``bfs_lookahead`` (a search asks for at most
+``settings.MAX_LOOKAHEAD``, 64).
 
 One prediction imputes every unknown score with its depth's mean, so a parent near the cut flips in and out of
 the predicted tree as its siblings finish, and while it is out nothing below it is planned. :func:`use_chances`
@@ -31,6 +34,7 @@ import random
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE
+from sglang_spex.speculation.settings import MAX_LOOKAHEAD
 from sglang_spex.tot.policies.rebase import Rebase
 from sglang_spex.tot.tree import CANCELLED, DONE, FAILED, Node, child_path
 
@@ -149,12 +153,20 @@ def _levels(
         unseen = max(0, width - len(level))
 
 
-def planned_levels(lookahead: int, resolved_rate: Callable[[int], float]) -> int:
+def planned_levels(lookahead: int, resolved_rate: Callable[[int], float], max_levels: Optional[int] = None) -> int:
     """Depths to predict: the undecided one, plus each next one while its hit rate at that distance (2, 3, ...)
     says speculating there pays, up to ``lookahead``. ``resolved_rate`` should count resolved nodes only (adopted,
-    or cancelled when their depth was decided): a node two depths ahead waits two decisions for its fate."""
+    or cancelled when their depth was decided): a node two depths ahead waits two decisions for its fate.
+
+    A distance never measured has the rate's prior (0.5, above the floor), so the plan runs to ``lookahead``: it is
+    capped at :data:`~sglang_spex.speculation.settings.MAX_LOOKAHEAD` (what a search may ask for; this runs on the
+    event loop once per finished node) and at ``max_levels``, the depths the search has left, when the caller
+    knows them."""
+    limit = min(int(lookahead), MAX_LOOKAHEAD)
+    if max_levels is not None:
+        limit = min(limit, max(1, int(max_levels)))
     levels = 1
-    while levels < lookahead and resolved_rate(levels + 1) >= MIN_DEEP_HIT_RATE:
+    while levels < limit and resolved_rate(levels + 1) >= MIN_DEEP_HIT_RATE:
         levels += 1
     return levels
 

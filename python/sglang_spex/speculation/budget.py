@@ -21,14 +21,20 @@ import asyncio
 import math
 import operator
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.speculation.payoff import Payoff, cost_ratio
+from sglang_spex.speculation.payoff import Payoff, PoolRow, cost_ratio
 
 DEFAULT_K_TOTAL = 8
 DEFAULT_MAX_WAIT_S = 2.0  # starvation bound (SpexConfig.budget_max_wait_s, --tot-budget-max-wait-s)
+# Pay-off entries kept (one per DP rank, policy with its knobs, step tokens: :meth:`SpecBudget.payoff`). A client
+# picks the knobs, so each distinct one made an entry that was never dropped; past this many, the least recently
+# used entries that no live search uses are dropped (a later search with that key starts again from the prior).
+PAYOFF_POOL_MAX = 256
 
 
 @dataclass
@@ -261,6 +267,7 @@ class SpecBudget:
         model: ModelBytes = UNKNOWN_MODEL,
         max_wait_s: float = DEFAULT_MAX_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        max_payoffs: int = PAYOFF_POOL_MAX,
     ):
         self.k_total = DEFAULT_K_TOTAL if k_total is None else int(k_total)
         self.engine_primary = engine_primary
@@ -291,16 +298,47 @@ class SpecBudget:
         self._round_end_scheduled = False
         self.step_cost: Optional[Callable[..., Any]] = None
         self._cost: Dict[Rank, Any] = {}
-        self.payoffs: Dict[Any, Payoff] = {}  # (rank, policy, step tokens) -> what speculation saved and wasted
+        # (rank, policy, step tokens) -> what speculation saved and wasted; least recently used first
+        self.payoffs: "OrderedDict[Any, Payoff]" = OrderedDict()
+        self.max_payoffs = max_payoffs
 
     def payoff(self, rank: Rank, policy: str, step_tokens: int) -> Payoff:
         """The pooled pay-off estimate of ``policy``'s searches with steps of ``step_tokens`` on ``rank`` (created
-        with one step's tokens as its prior)."""
+        with one step's tokens as its prior). At most ``max_payoffs`` are kept (:meth:`_evict_payoffs`)."""
         key = (rank, policy, step_tokens)
         got = self.payoffs.get(key)
         if got is None:
             got = self.payoffs[key] = Payoff(prior_tokens=float(step_tokens))
+            if len(self.payoffs) > self.max_payoffs:
+                self._evict_payoffs(key)
+        else:
+            self.payoffs.move_to_end(key)
         return got
+
+    def _evict_payoffs(self, keep: Any) -> None:
+        """Drop the least recently used entries until ``max_payoffs`` are left, never ``keep`` (the one just made)
+        nor one a registered search uses (its ``pay.pool_key()``): with more live keys than that, the pool holds them
+        all until their searches end."""
+        live = {keep}
+        for c in self.contexts:
+            pool_key = getattr(getattr(c, "pay", None), "pool_key", None)
+            if pool_key is not None:
+                live.add(pool_key())
+        over = len(self.payoffs) - self.max_payoffs
+        for key in list(islice((k for k in self.payoffs if k not in live), over)):
+            del self.payoffs[key]
+
+    def payoff_snapshot(self) -> List[PoolRow]:
+        """Each pooled entry with its rank's live step curve and searches: ``(key, payoff, line, searches)``, read
+        on the event loop (they are cached per round there); :func:`~.payoff.pool_report` formats it off the loop."""
+        lines: Dict[Rank, Tuple[Optional[Tuple[float, float]], int]] = {}
+        out = []
+        for key, p in list(self.payoffs.items()):
+            rank = key[0]
+            if rank not in lines:
+                lines[rank] = (self.step_line(rank), len(self.on_rank(rank)))
+            out.append((key, p, *lines[rank]))
+        return out
 
     def step_line(self, rank: Rank) -> Optional[Tuple[float, float]]:
         """``(a, b)`` of ``rank``'s live decode step curve (read once per event-loop round), or None if unknown."""

@@ -42,7 +42,7 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sglang_spex.speculation.accounting import MIN_DEEP_HIT_RATE, DistanceRates, SpecAccounting
 
@@ -156,6 +156,21 @@ def policy_key(name: str, params: Dict[str, Any]) -> str:
     """What pools pay-off measurements: the policy and its knobs (REBASE at width 8 and at width 16 save differently;
     ``rebase{"max_depth": 4, "width": 8}``)."""
     return name + (json.dumps(params, sort_keys=True, default=str) if params else "")
+
+
+# A pooled pay-off entry as ``/spex/stats`` reports it: ((rank, policy, step tokens), its Payoff, the rank's step
+# curve (a, b) or None, the searches on the rank) (``SpecBudget.payoff_snapshot``)
+PoolRow = Tuple[Tuple[Any, str, int], Payoff, Optional[Tuple[float, float]], int]
+
+
+def pool_report(snapshot: Sequence[PoolRow]) -> List[dict]:
+    """``/spex/stats`` → ``payoff``: one row per pooled entry of ``snapshot`` (``SpecBudget.payoff_snapshot``: key
+    (rank, policy, step tokens), its Payoff, its rank's step curve and searches), sorted by key; it only reads the
+    entries, so it may run off the event loop."""
+    return [
+        {"rank": rank, "policy": policy, "step_tokens": step, **p.report(line, searches)}
+        for (rank, policy, step), p, line, searches in sorted(snapshot, key=lambda row: str(row[0]))
+    ]
 
 
 def wasted_tokens(decoded: int, prompt_tokens: int, cached_tokens: int) -> int:
@@ -274,6 +289,10 @@ class SearchPayoff:
         self.acc, self.gate, self.auto_off = acc, gate, auto_off
         self.probe: Optional[bool] = None  # auto-off: drawn the first time speculation was found not paying
         self.wasted = 0.0  # this search's tokens wasted as auto-off prices them (its steps saved: ``acc.saved_steps``)
+
+    def pool_key(self) -> Tuple[Any, str, int]:
+        """The key of the pooled entry this search uses now (``budget.payoffs``; kept while the search is live)."""
+        return (self.rank(), *self.key)
 
     def pooled(self) -> Payoff:
         """What speculation saved and wasted for this policy on this search's engine (pooled over searches)."""

@@ -395,7 +395,9 @@ class SpexContext(SearchContext):
         known = sum(1 for n in level if n.status == DONE)
         seed = f"{self.tree.search_seed}:{depth}:{known}:{len(below)}"
         levels = bfs_early.planned_levels(
-            self.settings.bfs_lookahead, lambda d: running_hit_rate(*self.acc.resolved(d))
+            self.settings.bfs_lookahead,
+            lambda d: running_hit_rate(*self.acc.resolved(d)),
+            max_levels=policy.max_depth - depth,
         )
         args = (policy, level, below, width, levels, worlds, seed)
         if not bfs_early.predict_is_costly(policy):

@@ -23,6 +23,14 @@ OVERRIDABLE = (
     "early_stop_min_answers",
 )
 
+# The most a search may ask for in ``lookahead`` / ``max_lookahead`` (DFS rollouts planned ahead) and
+# ``bfs_lookahead`` (BFS depths expanded early). The launcher bounds none of them, but a search is a client's
+# request: planning is synchronous on the event loop, once per finished node, so an unbounded value (10**15) hung
+# the server. 64 is the default --tot-max-depth (no search of a default server is deeper, so no BFS plan needs more
+# depths) and 4x the default --tot-max-lookahead.
+MAX_LOOKAHEAD = 64
+_BOUNDED = ("lookahead", "max_lookahead", "bfs_lookahead")
+
 
 def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConfig:
     """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SearchSpecError naming them."""
@@ -48,7 +56,17 @@ def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConf
             dataclasses.replace(server, **{key: value}).validate()
         except (ConfigError, TypeError, OverflowError) as e:
             raise SearchSpecError(f"speculation.{key}", str(e))
-    return dataclasses.replace(server, **changes).validate()
+        if key in _BOUNDED and value > MAX_LOOKAHEAD:
+            raise SearchSpecError(f"speculation.{key}", f"{value!r}: must be <= {MAX_LOOKAHEAD}")
+    merged = dataclasses.replace(server, **changes).validate()
+    # as the launcher (--tot-max-lookahead must be >= --tot-lookahead when it is given): a max_lookahead the
+    # search gives may not be below its lookahead
+    if "max_lookahead" in changes and merged.max_lookahead < merged.lookahead:
+        raise SearchSpecError(
+            "speculation.max_lookahead",
+            f"{merged.max_lookahead}: must be >= lookahead ({merged.lookahead})",
+        )
+    return merged
 
 
 def check_without_speculation(overrides: Optional[Dict[str, Any]]) -> None:

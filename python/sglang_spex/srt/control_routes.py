@@ -18,7 +18,9 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
   batch statistics (latest step, counters, optionally ``history``: the per-step rows from sequence number N >= 0 on,
   at most ``batch_stats.HISTORY_PAGE`` (1,024) per ring; ``history.next`` is the N that reads on, and more rows
   follow while it is below ``history.seq``); ``profile``: the roofline profiler's state (``measuring``,
-  ``reprofile_due``, ``reprofiles``, ``k_total``). The rings are read and the answer encoded in a worker thread.
+  ``reprofile_due``, ``reprofiles``, ``k_total``); ``payoff``: a row per pooled pay-off entry (at most
+  ``budget.PAYOFF_POOL_MAX`` kept). The rings are read, the pay-off rows made and the answer encoded in a worker
+  thread.
 
 Every POST answers ``{"ok": true, "scheduler": ...}``, the scheduler-side state after the command was applied
 (see :mod:`.control`); without ``--tot-speculation`` 409; 503 naming ``scheduler`` when the schedulers did not all
@@ -39,6 +41,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from sglang_spex.speculation.payoff import pool_report
 from sglang_spex.srt import batch_stats, control
 from sglang_spex.srt.http_api import (
     BodyError,
@@ -112,10 +115,12 @@ async def post_knobs(request: Request, body: KnobsBody) -> Response:
     return await _run(request, reqs)
 
 
-def _stats_answer(out: Dict[str, Any], since: Optional[int], dp: bool) -> JSONResponse:
-    """``out`` with the batch-stats rings added, encoded (run off the event loop: a page of rows per ring)."""
+def _stats_answer(out: Dict[str, Any], since: Optional[int], dp: bool, payoffs: List[Any]) -> JSONResponse:
+    """``out`` with the batch-stats rings and the pay-off rows (``payoffs``: a ``SpecBudget.payoff_snapshot``)
+    added, encoded (run off the event loop: a page of rows per ring, a row per pooled pay-off entry)."""
     out["batch"] = batch_stats.read_stats(history_since=since)
     out["batch_ranks"] = batch_stats.read_all_ranks(history_since=since, history_skip=(0,)) if dp else None
+    out["payoff"] = pool_report(payoffs)
     return JSONResponse(out)
 
 
@@ -133,8 +138,10 @@ async def get_stats(request: Request, history_since: Optional[str] = None) -> Re
     out: Dict[str, Any] = {"scheduler": states[0], "dp_ranks": states if len(states) > 1 else None}
     out["batch"] = out["batch_ranks"] = None  # (filled in by _stats_answer)
     out["profile"] = state.profile.status()  # a benchmark waits while the roofline is being measured
-    out["payoff"] = state.searches.spex.payoff_report() if state.searches.spex is not None else []
-    return await run_in_threadpool(_stats_answer, out, since, len(states) > 1)
+    out["payoff"] = None  # (filled in by _stats_answer, from what the budget holds now)
+    spex = state.searches.spex
+    payoffs = spex.budget.payoff_snapshot() if spex is not None else []
+    return await run_in_threadpool(_stats_answer, out, since, len(states) > 1, payoffs)
 
 
 def install(app: FastAPI) -> None:

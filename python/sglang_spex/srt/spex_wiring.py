@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile.cache import Profile
@@ -59,14 +59,6 @@ class SpexWiring:
             self._k_total_pending = False
             self.k_total_task = asyncio.ensure_future(self._resolve_k_total())
         return self._factory(*args, **kwargs)
-
-    def payoff_report(self) -> List[Dict[str, Any]]:
-        """What speculation saved and wasted per (DP rank, policy, step tokens), and auto-off's verdict on each."""
-        b = self.budget
-        return [
-            {"rank": rank, "policy": policy, "step_tokens": step, **p.report(b.step_line(rank), len(b.on_rank(rank)))}
-            for (rank, policy, step), p in sorted(b.payoffs.items(), key=lambda kv: str(kv[0]))
-        ]
 
     def _attach(self, port: Any) -> None:
         """Take the model's byte sizes from the engine behind ``port`` (a ``TokenizerManagerPort``)."""
