@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, Type, TypeVar
 
 from fastapi import Request
@@ -37,8 +38,21 @@ class BodyError(FieldError):
 
 
 def error_response(field_name: str, reason: str, status_code: int = 400) -> JSONResponse:
-    """The plugin's error answer: ``{"error": {"field", "reason"}}``."""
-    return JSONResponse({"error": {"field": field_name, "reason": reason}}, status_code=status_code)
+    """The plugin's error answer: ``{"error": {"field", "reason"}}``; text that cannot be UTF-8 (a lone surrogate
+    echoed from a request) is escaped, never a 500."""
+    error = {"field": _encodable(field_name), "reason": _encodable(reason)}
+    return JSONResponse({"error": error}, status_code=status_code)
+
+
+def _encodable(text: Any) -> Any:
+    """``text`` as it is when UTF-8 can encode it; else with its lone surrogates backslash-escaped."""
+    if not isinstance(text, str) or text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class Body(BaseModel):
@@ -126,16 +140,62 @@ def query_number(text: Any, name: str, kind: type = int, default: Any = None) ->
 
 
 def decode_json(data: bytes, optional: bool = False) -> Any:
-    """A body's JSON (``{}`` for an empty one when ``optional``); raises :class:`BodyError` on bad JSON or nesting
-    too deep to decode."""
+    """A body's JSON (``{}`` for an empty one when ``optional``); raises :class:`BodyError` on bad JSON, nesting
+    deeper than ``MAX_JSON_DEPTH``, or a string or key holding a lone UTF-16 surrogate."""
     if optional and not data.strip():
         return {}
     try:
-        return json.loads(data, object_pairs_hook=_unique_keys)
+        value = json.loads(data, object_pairs_hook=_unique_keys)
     except DuplicateKey as e:
         raise BodyError(e.key[:100], "given twice in one JSON object (which one counts is ambiguous)") from None
     except (ValueError, RecursionError) as e:  # (a JSON integer past Python's digit limit is a ValueError too)
         raise BodyError("body", f"must be valid JSON, nested less deeply, numbers in range ({e})"[:300]) from None
+    if not _plain(data):
+        _check_decoded(value)
+    return value
+
+
+# JSON nesting a body may have: far past any route's schema (a rollout is 3 deep), and far inside what everything
+# that walks a body recursively survives (``copy.deepcopy`` in ``SearchSpec.from_dict``, pydantic, the JSON encoder
+# of an answer echoing it) under Python's recursion limit of 1000, wherever the request is handled.
+MAX_JSON_DEPTH = 64
+# a UTF-16 surrogate escape (``\ud800``-``\udfff``), or one encoded raw in "UTF-8" (which ``json.loads`` takes)
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _plain(data: bytes) -> bool:
+    """A cheap test on the raw body: True when it can hold neither nesting past ``MAX_JSON_DEPTH`` (it has no more
+    brackets) nor a lone surrogate (UTF-8 without a surrogate escape); a body that fails it is walked."""
+    few_brackets = data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH
+    return few_brackets and json.detect_encoding(data) == "utf-8" and _SURROGATE_HINT.search(data) is None
+
+
+def _check_decoded(value: Any) -> None:
+    """Raise :class:`BodyError` (``body``) for decoded JSON nested past ``MAX_JSON_DEPTH``, or with a string or key
+    holding a lone surrogate (no text a model or a tokenizer takes, and no UTF-8 to answer it in: it would fail
+    deep inside a search, or its answer, as a 500). Iterative: any depth ``json.loads`` decoded."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            _check_text(v)
+            continue
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise BodyError("body", f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                _check_text(k)
+                if isinstance(x, (str, list, dict)):
+                    stack.append((x, depth))
+        else:  # a list (numbers, booleans and null need no check)
+            stack.extend([(x, depth) for x in v if isinstance(x, (str, list, dict))])
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii() and _LONE_SURROGATE.search(text):
+        raise BodyError("body", "invalid Unicode: a lone UTF-16 surrogate (\\ud800-\\udfff) in a string or key")
 
 
 class DuplicateKey(ValueError):

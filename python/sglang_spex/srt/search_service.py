@@ -23,6 +23,8 @@ Routes (state from ``app.state.spex.searches``, see ``srt/http_state.py``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import math
@@ -248,17 +250,20 @@ class SearchService:
         return handle
 
     async def _run(self, h: SearchHandle) -> None:
+        status, error = "cancelled", None
         try:
             async with self._sem:
-                if h.ctx.cancelled:
-                    h.result = await _finish(h, "cancelled")
-                else:
+                if not h.ctx.cancelled:
                     h.status = RUNNING
-                    h.result = await h.ctx.run()
+                    h.result = await h.ctx.run()  # (run closes the context itself, however it ends)
         except asyncio.CancelledError:
-            h.result = await _finish(h, "cancelled")
+            pass
         except Exception as e:  # never lose a search silently
-            h.result = await _finish(h, "failed", repr(e))
+            status, error = "failed", repr(e)
+        if h.status == QUEUED:  # it never ran (cancelled while it waited for a slot): close it as run would
+            await _close_unstarted(h)
+        if h.result is None:
+            h.result = await _finish(h, status, error)
         h.status = h.result.status
         self._durations.append(time.time() - h.created)
         h.publish({"event": "result", "result": h.result.to_dict()})
@@ -312,6 +317,22 @@ class SearchService:
             "rejected": self.rejected,
             "searches_per_dp_rank": self.dp_loads(),
         }
+
+
+async def _close_unstarted(h: SearchHandle) -> None:
+    """End a search that never ran as ``ctx.run()`` would have: ``ctx.close()``. A SPEX context registered in the
+    server-wide T2 budget when it was made, and only its close (``finalize``) unregisters it and reports it; left
+    registered it would be counted on every refill, and hold off ``--tot-k-total auto``'s re-profiles, forever. The
+    close runs in its own task: a second cancel of this one cuts nothing short (a failure is logged)."""
+    job = asyncio.ensure_future(h.ctx.close())
+    job.add_done_callback(functools.partial(_log_close_failure, h.id))
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.shield(job)
+
+
+def _log_close_failure(search_id: str, job: "asyncio.Future[None]") -> None:
+    if not job.cancelled() and job.exception() is not None:
+        logger.error("closing search %s (cancelled before it started) failed", search_id, exc_info=job.exception())
 
 
 async def _finish(h: SearchHandle, status: str, error: Optional[str] = None) -> SearchResult:

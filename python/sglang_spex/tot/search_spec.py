@@ -170,7 +170,10 @@ class SearchSpec:
         """Parse and validate a JSON spec (it shares nothing with ``data``); raises :class:`SearchSpecError` naming
         the bad field."""
         check(isinstance(data, dict), "spec", "must be an object")
-        data = copy.deepcopy(data)
+        try:
+            data = copy.deepcopy(data)
+        except RecursionError:  # (the server's bodies are nested far less deeply: http_api.MAX_JSON_DEPTH)
+            raise SearchSpecError("spec", "nested too deeply") from None
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         check(not unknown, unknown[0] if unknown else "spec", "unknown field")
         pol = data.pop("policy", {"name": "rebase"})
