@@ -2,30 +2,19 @@
 
 One SPEX search is started from the page (REBASE, BFS strict cancel makes cancelled speculative nodes); the
 drawn tree must match the result, speculative work must be styled as such, and a replay of the saved result
-must draw the same tree.
+must draw the same tree. The ``browser`` fixture is in ``conftest.py``; ``test_tree_view_page.py`` drives the
+page against a mocked server.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import requests
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SPEC = {
     "policy": {"name": "rebase", "width": 4, "max_depth": 3},
     "step": {"max_tokens": 6, "stop": ["\n\n"], "temperature": 1.0},
@@ -34,21 +23,6 @@ SPEC = {
     "speculation": {"enabled": True},
 }
 DRAWN = "[...document.querySelectorAll('circle.node')].map(c => [c.dataset.path, c.getAttribute('class')])"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: the /tot/ui browser tests need Debian's chromium "
-            "(bash scripts/setup.sh installs it as root: apt-get install -y --no-install-recommends chromium)"
-        )
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def drawn(page) -> List[Tuple[str, str]]:

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 import pytest
 import requests
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from search.helpers import wait_until
 from unit.fake_port import FakePort
@@ -92,8 +92,22 @@ def make_app(*handles: SearchHandle) -> FastAPI:
     return app
 
 
-async def open_events(app: FastAPI, search_id: str, wait: float = 0.0) -> Any:
-    return await ui_routes.get_events(SimpleNamespace(app=app), search_id, wait=wait)
+def http_request(app: FastAPI, gone_after: Optional[float] = None) -> Request:
+    """A Starlette request of ``app`` whose client goes away ``gone_after`` seconds from now (None: never)."""
+    gone_at = None if gone_after is None else time.monotonic() + gone_after
+
+    async def receive() -> Dict[str, Any]:
+        if gone_at is not None and time.monotonic() >= gone_at:
+            return {"type": "http.disconnect"}
+        await asyncio.sleep(3600)  # nothing from the client yet
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "app": app, "method": "GET", "path": "/", "headers": [], "query_string": b""}
+    return Request(scope, receive)
+
+
+async def open_events(app: FastAPI, search_id: str, wait: float = 0.0, gone_after: Optional[float] = None) -> Any:
+    return await ui_routes.get_events(http_request(app, gone_after), search_id, wait=wait)
 
 
 def parse(frame: str) -> Dict[str, Any]:
@@ -113,6 +127,8 @@ class Page:
     async def read(self, limit: Optional[int] = None) -> None:
         """Read ``limit`` frames, or on to the stream's end (which must come right after the result)."""
         async for frame in self.body:
+            if frame.startswith(":"):  # a keep-alive comment
+                continue
             assert self.result is None
             self.frames += 1
             event = parse(frame)
@@ -305,6 +321,62 @@ async def test_watchers_are_capped_per_search_and_in_total():
     gc.collect()
     unknown = await open_events(app, "nope")
     assert unknown.status_code == 404 and json.loads(unknown.body)["error"]["field"] == "search_id"
+
+
+async def test_a_waiting_watcher_whose_client_left_frees_its_place_at_once():
+    """Review: a ``?wait=`` request kept its place for up to 30 s after its client had gone, so 128 of them locked
+    every tree view out for 29 s. Now the wait loop notices the disconnect and gives the place back."""
+    handle = SearchHandle("s", FakeSearch())
+    app = make_app(handle)
+    waiting = [open_events(app, f"nobody{i}", wait=30, gone_after=0.3) for i in range(ui_routes.MAX_WATCHERS)]
+    tasks = [asyncio.ensure_future(w) for w in waiting]
+    await asyncio.sleep(0.1)
+    assert len(ui_routes.watchers_of(app)) == ui_routes.MAX_WATCHERS
+    _assert_busy(await open_events(app, "s"))  # all places held while the clients are there
+    began = time.monotonic()
+    answers = await asyncio.wait_for(asyncio.gather(*tasks), 5)  # old: each held on for the whole 30 s
+    assert time.monotonic() - began < 2.0
+    assert all(not isinstance(a, StreamingResponse) for a in answers)
+    assert len(ui_routes.watchers_of(app)) == 0
+    assert isinstance(await open_events(app, "s"), StreamingResponse)
+
+
+async def test_an_idle_watcher_gets_keep_alives_and_is_not_woken_for_nothing(monkeypatch):
+    """Review: a running search that changes nothing sent its watchers zero bytes (a proxy closes such a stream,
+    and the page then showed "running" forever), while each watcher woke 10 times a second to find nothing. Now
+    the watchers sleep until the feed adds frames, and get an SSE comment every ``KEEPALIVE_S`` meanwhile."""
+    monkeypatch.setattr(ui_routes, "KEEPALIVE_S", 0.4, raising=False)
+    calls = [0]
+    since = ui_routes.TreeFeed.since
+
+    def counted(self, cursor, limit=ui_routes.BATCH):
+        calls[0] += 1
+        return since(self, cursor, limit)
+
+    monkeypatch.setattr(ui_routes.TreeFeed, "since", counted)
+    search = FakeSearch()
+    handle = SearchHandle("idle", search)
+    search.grow(5)
+    app = make_app(handle)
+    body = (await open_events(app, "idle")).body_iterator
+    frames: List[str] = []
+
+    async def read() -> None:
+        async for frame in body:
+            frames.append(frame)
+
+    reader = asyncio.create_task(read())
+    await asyncio.sleep(0.15)  # the first read's frames are in: 6 views and the state
+    first, calls[0] = len(frames), 0
+    assert first == 7 and all(not f.startswith(":") for f in frames), frames
+    await asyncio.sleep(1.7)  # nothing changes
+    pings = frames[first:]
+    assert 2 <= len(pings) <= 6 and all(f == ui_routes.KEEPALIVE for f in pings), pings
+    assert calls[0] <= len(pings) + 2, calls  # old: ~15 wake-ups for nothing (POLL_S = 0.1), and no keep-alive
+    search.grow(1)
+    search.finish(handle)
+    await asyncio.wait_for(reader, 5)
+    assert parse(frames[-1])["event"] == "result"
 
 
 # ---------------------------------------------------------------- POST /tot/search "stream": true

@@ -7,14 +7,16 @@
   T3), the search's own ``frontier`` / ``answer`` events and a final ``result`` (``SearchResult.to_dict()`` plus
   ``ui``: the speculative nodes outside the tree and the adopted paths). ``wait``: seconds to wait for the search
   to appear (the page subscribes before it starts one with ``POST /tot/search``, ``"stream": true``, whose stream
-  it holds open). Watching never cancels a search. Past ``MAX_WATCHERS_PER_SEARCH`` watchers of one search or
-  ``MAX_WATCHERS`` in all → 429 ``{"error": {"field", "reason"}}`` with ``Retry-After``.
+  it holds open); a waiting request whose client goes away gives its place back at once. Watching never cancels a
+  search. Past ``MAX_WATCHERS_PER_SEARCH`` watchers of one search or ``MAX_WATCHERS`` in all → 429
+  ``{"error": {"field", "reason"}}`` with ``Retry-After``. A stream with nothing to send for ``KEEPALIVE_S`` sends
+  an SSE comment, so proxies do not close an idle one (a queued search, a slow reward).
 
 Cost on SGLang's HTTP event loop: one :class:`TreeFeed` per watched search (none without watchers: the search's
 progress events then cost nothing here) reads the tree at most every ``POLL_S`` (and at most ``1 / DUTY`` of the
-time) and serialises each changed node once, whatever the number of watchers. Each watcher only holds a cursor
-into the feed: a slow one gets each changed node's latest view when it reads again (pending changes coalesce),
-so it still converges to the whole tree while its memory stays bounded by ``BATCH`` frames.
+time) and serialises each changed node once, whatever the number of watchers; watchers wake only when it added
+frames (or for a keep-alive). Each watcher only holds a cursor into the feed: a slow one gets each changed node's
+latest view when it reads again (pending changes coalesce), so it still converges to the whole tree while its memory stays bounded by ``BATCH`` frames.
 
 The routes sit on SGLang's app, behind the same API-key middleware as every other route.
 """
@@ -45,6 +47,8 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.1
 DUTY = 10
 MAX_WAIT_S = 30.0
+KEEPALIVE_S = 15.0  # an idle watcher's stream sends a comment this often (nginx's default read timeout is 60 s)
+KEEPALIVE = ": keep-alive\n\n"
 # Watchers cost a socket, a cursor and a share of the event loop: 16 pages on one search is plenty for people,
 # 128 in all keeps a flood of them from holding the HTTP server (past either: 429 with Retry-After).
 MAX_WATCHERS_PER_SEARCH = 16
@@ -104,14 +108,15 @@ class TreeFeed:
             while True:
                 done = self.handle.result is not None
                 began = time.perf_counter()
-                self._refresh()
+                added = self._refresh()
                 if done:
                     ui = {"ghosts": self.observer.ghosts(), "adopted": self.observer.adopted()}
                     self._put(
                         "result", sse_frame({"event": "result", "result": self.handle.result.to_dict(), "ui": ui})
                     )
                     return
-                self._wake()
+                if added:  # watchers sleep through a read that found nothing new
+                    self._wake()
                 pause = max(POLL_S, DUTY * (time.perf_counter() - began))
                 try:
                     await asyncio.wait_for(self._poke.wait(), timeout=pause)
@@ -125,10 +130,13 @@ class TreeFeed:
             self.ended = True
             self._wake()
 
-    def _refresh(self) -> None:
-        for event in self.observer.changes():
+    def _refresh(self) -> int:
+        """Read the tree; how many frames that added."""
+        events = self.observer.changes()
+        for event in events:
             key = f"view:{event['node']['path']}" if event["event"] == "view" else event["event"]
             self._put(key, sse_frame(event))
+        return len(events)
 
     def _put(self, key: str, frame: str) -> None:
         self._seq += 1
@@ -154,7 +162,8 @@ class TreeFeed:
         return out
 
     async def frames(self) -> AsyncIterator[str]:
-        """One watcher's SSE frames: everything so far, then each change, until the result."""
+        """One watcher's SSE frames: everything so far, then each change, until the result; a keep-alive comment
+        after ``KEEPALIVE_S`` without one."""
         cursor = 0
         while True:
             batch = self.since(cursor)
@@ -164,7 +173,10 @@ class TreeFeed:
                 continue
             if self.ended:
                 return
-            await self._changed.wait()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield KEEPALIVE
 
 
 class Watcher:
@@ -250,13 +262,16 @@ async def get_events(request: Request, search_id: str, wait: Optional[str] = Non
     except BodyError as e:
         return error_response(e.field, e.reason)
     watchers = watchers_of(request.app)
-    watcher = watchers.admit()  # a waiting request holds its place too
+    watcher = watchers.admit()  # a waiting request holds its place too, until its client goes away
     if watcher is None:
         return _busy("search_id", f"{watchers.total} tree-view watchers are open on this server")
     searches = http_state(request).searches.searches
     deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
     while search_id not in searches and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
+        if await request.is_disconnected():
+            watchers.release(watcher)
+            return error_response("search_id", "the client went away while waiting", status_code=499)
     handle = searches.get(search_id)
     if handle is None:
         watchers.release(watcher)

@@ -1,6 +1,9 @@
 // sglang-spex tree view: starts or attaches to a server-side search (or replays a result JSON) and draws its tree.
 // Events: POST /tot/search {"stream": true} starts a search (its stream is held open: closing it cancels the
 // search); GET /tot/ui/events/{id} describes the tree as it grows (view / state / frontier / answer / result).
+// Events only change `ui`; the SVG is redrawn at most once per animation frame (and, for a big tree whose draw is
+// slow, after as long again), so attaching to a search of N nodes costs a few draws, not N. A result, an ended
+// stream and a replay draw at once.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -14,6 +17,7 @@ const ui = {
   result: null,          // the final result (with `ui`: ghosts and adopted paths)
   searchId: null,
   controller: null,
+  draws: 0,              // how many times the SVG was rebuilt (tests read it)
 };
 window.spexUI = ui;
 
@@ -51,7 +55,7 @@ function childOrder(path) {
   return last.startsWith("g") ? 1e6 + Number(last.slice(1)) : Number(last);
 }
 
-async function readSSE(response, onEvent) {
+async function readSSE(response, onEvent) {  // resolves when the stream ends (comments, e.g. keep-alives, skipped)
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
@@ -70,6 +74,19 @@ async function readSSE(response, onEvent) {
 }
 
 // ---- drawing ------------------------------------------------------------------------------------------
+const redraw = { pending: 0, next: 0, ms: 0 };  // pending: the scheduled draw's number (0: none); ms: last draw's cost
+
+function requestDraw() {
+  if (redraw.pending) return;
+  const ticket = redraw.pending = ++redraw.next;
+  const go = () => { if (redraw.pending === ticket) draw(); };
+  // one draw per animation frame; a big tree's slow draw leaves as much time again to the events (at most 1 s)
+  setTimeout(() => {
+    if (typeof requestAnimationFrame === "function") requestAnimationFrame(go);
+    setTimeout(go, 250);  // no animation frames in a hidden tab: a timer draws there
+  }, Math.min(redraw.ms, 1000));
+}
+
 function layout() {
   const kids = new Map();
   for (const n of ui.nodes.values()) {
@@ -104,7 +121,10 @@ function showNode(n) {
   $("hover-body").textContent = lines.join("\n");
 }
 
-function draw() {
+function draw() {  // the whole SVG and the panels, now (see requestDraw)
+  redraw.pending = 0;
+  ui.draws += 1;
+  const began = performance.now();
   const svg = $("tree");
   const pos = layout();
   let maxX = 0, maxY = 0;
@@ -131,8 +151,7 @@ function draw() {
     if (n.parent === null) cls.push("root");
     if (ui.frontier.has(n.path)) cls.push("frontier");
     c.setAttribute("class", cls.join(" "));
-    c.dataset.path = n.path;
-    c.addEventListener("mouseenter", () => showNode(n));
+    c.dataset.path = n.path;  // hovered: see the svg's mouseover listener below
     const title = document.createElementNS(SVG, "title");
     title.textContent = `${n.path} [${n.show}] reward=${fmt(n.reward, 3)}\n${n.text || ""}`;
     c.appendChild(title);
@@ -147,7 +166,13 @@ function draw() {
     }
   }
   drawPanels();
+  redraw.ms = performance.now() - began;
 }
+
+$("tree").addEventListener("mouseover", (e) => {
+  const path = e.target.dataset && e.target.dataset.path;
+  if (path && ui.nodes.has(path)) showNode(ui.nodes.get(path));
+});
 
 function row(table, cells, cls) {
   const tr = table.insertRow();
@@ -185,6 +210,7 @@ function drawPanels() {
     t3text += t3.stopped_answer !== null ? `STOPPED early → ${t3.stopped_answer}` : "continue";
   }
   if (stop) t3text += `\nstop reason: ${stop}`;
+  if (ui.result && ui.result.error) t3text += `\nerror: ${ui.result.error}`;
   $("t3").textContent = t3text;
 
   const acc = $("accounting");
@@ -216,18 +242,35 @@ function onEvent(ev) {
   if (ev.event === "view") ui.nodes.set(ev.node.path, ev.node);
   else if (ev.event === "state") ui.state = ev;
   else if (ev.event === "frontier") ui.frontier = new Set(ev.chosen.map((c) => c[0]));
-  else if (ev.event === "result") finish(Object.assign({}, ev.result, { ui: ev.ui }));
-  draw();
+  else if (ev.event === "result") return finish(Object.assign({}, ev.result, { ui: ev.ui }));
+  requestDraw();
 }
 
-function finish(result) {
+function finish(result) {  // the search's result is in: draw its final state now
   ui.result = result;
   ui.frontier = new Set();
+  draw();
   const blob = new Blob([JSON.stringify(result, null, 1)], { type: "application/json" });
   const link = $("download");
+  if (link.href.startsWith("blob:")) URL.revokeObjectURL(link.href);
   link.href = URL.createObjectURL(blob);
   link.hidden = false;
-  setState("done", `${result.status}: answer ${fmt(result.answer)}` + (result.correct === null ? "" : result.correct ? " ✓" : " ✗"));
+  let text = `${result.status}: answer ${fmt(result.answer)}` + (result.correct === null || result.correct === undefined ? "" : result.correct ? " ✓" : " ✗");
+  if (result.error) text += ` (error: ${result.error})`;
+  setState("done", text);
+}
+
+function ended(searchId, why) {  // the stream closed before the result: say so, offer to attach again
+  draw();
+  const again = $("again");
+  again.href = `/tot/ui?search=${encodeURIComponent(searchId)}`;
+  again.hidden = false;
+  setState("ended", `${searchId}: ${why}; the search may still be running: attach again`);
+}
+
+function failedState(e, searchId) {
+  if (e instanceof TypeError && searchId) return ended(searchId, `connection lost (${e.message}); the server may have stopped`);
+  setState("error", String(e.message || e));
 }
 
 function reset(searchId) {
@@ -235,28 +278,43 @@ function reset(searchId) {
   ui.controller = new AbortController();
   ui.nodes = new Map(); ui.frontier = new Set(); ui.state = null; ui.result = null; ui.searchId = searchId;
   $("download").hidden = true;
+  $("again").hidden = true;
   draw();
 }
 
-async function watch(searchId, wait) {
+class Refused extends Error {}  // the events route answered with an error status (429 / 404 / 401)
+
+async function watch(searchId, wait, controller) {  // true if the stream brought the result
   const url = `/tot/ui/events/${encodeURIComponent(searchId)}` + (wait ? `?wait=${wait}` : "");
-  const r = await fetch(url, { headers: headers(), signal: ui.controller.signal });
-  if (!r.ok) throw new Error(`events: HTTP ${r.status} ${await r.text()}`);
-  setState("running", `running ${searchId}`);
+  const r = await fetch(url, { headers: headers(), signal: controller.signal });
+  if (!r.ok) throw new Refused(`events: HTTP ${r.status} ${await r.text()}`);
+  if (!ui.result) setState("running", `running ${searchId}`);
   await readSSE(r, onEvent);
+  return ui.result !== null;
+}
+
+function cancelSearch(searchId, controller) {  // closes the search's stream (the server cancels it) and says so
+  controller.abort();
+  fetch(`/tot/search/${encodeURIComponent(searchId)}`, { method: "DELETE", headers: headers(), keepalive: true })
+    .catch(() => {});
 }
 
 async function start(ev) {
   ev.preventDefault();
+  let spec;  // parsed first: a typo must not cancel the search this tab is showing
+  try { spec = JSON.parse($("spec").value); } catch (e) { return setState("error", "spec JSON: " + e.message); }
   const searchId = "ui" + Math.random().toString(36).slice(2, 12);
   reset(searchId);
-  let spec;
-  try { spec = JSON.parse($("spec").value); } catch (e) { return setState("error", "spec JSON: " + e.message); }
   const body = { spec, question: $("question").value, stream: true, search_id: searchId };
   if ($("reference").value.trim()) body.reference = $("reference").value.trim();
   setState("running", "starting");
   const controller = ui.controller;
-  const watching = watch(searchId, 10).catch((e) => e);  // subscribed before the search starts
+  let refused = null, posted = null;
+  // subscribed before the search starts; if the subscription is refused, nobody would see the search: cancel it
+  const watching = watch(searchId, 10, controller).catch((e) => {
+    if (e instanceof Refused && !controller.signal.aborted) { refused = e; cancelSearch(searchId, controller); }
+    return e;
+  });
   try {
     const r = await fetch("/tot/search", {
       method: "POST", headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
@@ -267,12 +325,20 @@ async function start(ev) {
       controller.abort();
       throw new Error("refused: " + JSON.stringify(e.error || r.status));
     }
-    const search = readSSE(r, () => {});  // held open: closing this stream cancels the search
-    const failed = await watching;
-    if (failed instanceof Error) throw failed;
-    await search;
+    // held open: closing this stream cancels the search; its own `result` is the fallback for the tree view's
+    const search = readSSE(r, (e) => { if (e.event === "result") posted = e; }).then(() => null, (e) => e);
+    const watched = await watching;
+    if (refused) throw refused;
+    if (controller.signal.aborted) return;  // another start / attach / replay took the page
+    if (watched instanceof Error) setState("running", `running ${searchId} (tree view stream lost: ${watched.message}; the tree is drawn from the result)`);
+    const lost = await search;
+    if (controller.signal.aborted || ui.result) return;
+    if (posted) return applyResult(Object.assign({}, posted.result, { ui: posted.ui }), false);
+    if (lost) throw lost;
+    ended(searchId, "both streams ended without a result");
   } catch (e) {
-    if (e.name !== "AbortError") setState("error", String(e.message || e));
+    if (refused) setState("error", `${refused.message}: the search was cancelled (nobody could watch it)`);
+    else if (e.name !== "AbortError") failedState(e, searchId);
   }
 }
 
@@ -281,11 +347,17 @@ async function attach(ev) {
   const id = $("attach-id").value.trim();
   if (!id) return;
   reset(id);
-  try { await watch(id); } catch (e) { if (e.name !== "AbortError") setState("error", String(e.message || e)); }
+  const controller = ui.controller;
+  try {
+    const got = await watch(id, 0, controller);
+    if (!got && !controller.signal.aborted) ended(id, "the stream ended before the result");
+  } catch (e) {
+    if (e.name !== "AbortError") failedState(e, id);
+  }
 }
 
-function replay(result) {  // a saved SearchResult.to_dict() (optionally with the page's `ui` section)
-  reset(result.search_id);
+function applyResult(result, fresh) {  // draw a result's tree (fresh: only it; else over the ghosts drawn so far)
+  if (fresh) reset(result.search_id);
   const adopted = new Set((result.ui && result.ui.adopted) || []);
   for (const n of result.nodes) {
     const speculative = adopted.has(n.path) || Boolean(n.speculative);
@@ -293,7 +365,18 @@ function replay(result) {  // a saved SearchResult.to_dict() (optionally with th
   }
   for (const g of (result.ui && result.ui.ghosts) || []) ui.nodes.set(g.path, g);
   finish(result);
-  draw();
+}
+
+// A saved result: the page's download (the result plus `ui`), a plain SearchResult.to_dict() (POST /tot/search),
+// a GET /tot/search/{id} body or a `result` event (the result under "result").
+function replay(saved) {
+  let result = saved;
+  if (saved && !Array.isArray(saved.nodes) && saved.result !== undefined) {
+    if (saved.result === null) throw new Error(`search ${saved.search_id} has no result yet (status ${saved.status})`);
+    result = Object.assign({ ui: saved.ui }, saved.result);
+  }
+  if (!result || !Array.isArray(result.nodes)) throw new Error("not a search result (no `nodes`)");
+  applyResult(result, true);
 }
 window.spexReplay = replay;
 
