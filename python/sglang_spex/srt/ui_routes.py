@@ -16,7 +16,8 @@ Cost on SGLang's HTTP event loop: one :class:`TreeFeed` per watched search (none
 progress events then cost nothing here) reads the tree at most every ``POLL_S`` (and at most ``1 / DUTY`` of the
 time) and serialises each changed node once, whatever the number of watchers; watchers wake only when it added
 frames (or for a keep-alive). Each watcher only holds a cursor into the feed: a slow one gets each changed node's
-latest view when it reads again (pending changes coalesce), so it still converges to the whole tree while its memory stays bounded by ``BATCH`` frames.
+latest view when it reads again (pending changes coalesce), so it still converges to the whole tree while its
+memory stays bounded by ``BATCH`` frames.
 
 The routes sit on SGLang's app, behind the same API-key middleware as every other route.
 """
