@@ -353,11 +353,22 @@ def sse_frame(event: Dict[str, Any]) -> str:
     return f"event: {event.get('event', 'message')}\ndata: {json.dumps(event)}\n\n"
 
 
+# An SSE stream with nothing to send for this long sends a comment (clients ignore it), so a proxy's idle timeout
+# (nginx's default read timeout is 60 s) does not cut a quiet search (queued, or waiting on a slow reward): a cut
+# search stream cancels its search.
+KEEPALIVE_S = 15.0
+KEEPALIVE = ": keep-alive\n\n"
+
+
 async def _stream(svc: SearchService, h: SearchHandle, queue: StreamQueue) -> AsyncIterator[str]:
     try:
         yield sse_frame({"event": "started", "search_id": h.id})
         while True:
-            event = await queue.get()
+            try:
+                event = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)  # (get is safe to cancel)
+            except asyncio.TimeoutError:
+                yield KEEPALIVE
+                continue
             if event.get("event") == "result":
                 yield sse_frame({**event, "dropped": queue.dropped} if queue.dropped else event)
                 return

@@ -36,7 +36,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 
 from sglang_spex.srt.http_api import BodyError, error_response, query_number
 from sglang_spex.srt.http_state import http_state
-from sglang_spex.srt.search_service import SearchHandle, sse_frame
+from sglang_spex.srt.search_service import KEEPALIVE, KEEPALIVE_S, SearchHandle, sse_frame
 from sglang_spex.ui import ASSETS, asset_path
 from sglang_spex.ui.observer import TreeObserver
 
@@ -48,8 +48,6 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.1
 DUTY = 10
 MAX_WAIT_S = 30.0
-KEEPALIVE_S = 15.0  # an idle watcher's stream sends a comment this often (nginx's default read timeout is 60 s)
-KEEPALIVE = ": keep-alive\n\n"
 # Watchers cost a socket, a cursor and a share of the event loop: 16 pages on one search is plenty for people,
 # 128 in all keeps a flood of them from holding the HTTP server (past either: 429 with Retry-After).
 MAX_WATCHERS_PER_SEARCH = 16
