@@ -1,5 +1,10 @@
 """N sglang-spex servers behind sglang-router, one command (CPU or GPU); Ctrl-C stops everything.
 
+On GPUs each server gets its own GPUs (``CUDA_VISIBLE_DEVICES``: tp x pp x dp of them, read from the server args);
+on CPU its own core range. Too few GPUs or cores, a bad or taken ``--port`` and a missing sglang-router are refused
+in one line (exit 2) before any server starts. Ctrl-C, SIGTERM, SIGHUP and SIGQUIT stop every server and the router
+(a second one does not cut that short); the children also get SIGTERM if this process is killed outright.
+
     .venv/bin/python scripts/launch_cluster.py                          # 2 × SmolLM2 (CPU: one core range each)
     .venv/bin/python scripts/launch_cluster.py --servers 2 --policy manual --port 30000 -- \
         --model-path M --tot-speculation                                # anything after -- goes to every server
@@ -19,7 +24,8 @@ from typing import List, Optional, Sequence
 
 from sglang_spex.config import ConfigError
 from sglang_spex.scale.cluster import Cluster
-from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES
+from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES, check_router
+from sglang_spex.serve import STOP_SIGNALS
 
 
 def _at_least_one(text: str) -> int:
@@ -29,6 +35,16 @@ def _at_least_one(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n}: expected an integer >= 1")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a port number (1-65535)") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n}: expected a port number (1-65535)")
     return n
 
 
@@ -46,7 +62,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         default="min_load",
         help="manual policy: which worker a new routing key goes to",
     )
-    p.add_argument("--port", type=int, default=30000, help="the router's port (default 30000)")
+    p.add_argument("--port", type=_port, default=30000, help="the router's port (default 30000)")
     p.add_argument("--no-bind", action="store_true", help="do not give each CPU server its own core range")
     args = p.parse_args(ours)
     args.server_args = server_args
@@ -54,7 +70,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _interrupt(*_: object) -> None:
+    for sig in STOP_SIGNALS:  # the first one stops the cluster; later ones must not cut that short
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+def _refuse(flag: str, e: ConfigError) -> None:
+    print(f"launch_cluster.py: error: {flag}: {e}", file=sys.stderr)
+    sys.exit(2)  # as argparse's errors
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -67,7 +90,18 @@ def main(argv: Optional[List[str]] = None) -> None:
         bind=not args.no_bind,
         router_port=args.port,
     )
-    signal.signal(signal.SIGTERM, _interrupt)  # from here on, as Ctrl-C: a start under way stops what it started
+    try:  # before any server starts (they take minutes to load on GPUs)
+        check_router(args.port)
+    except ConfigError as e:
+        _refuse(f"--port {args.port}", e)
+    try:
+        cluster.plan()
+    except ConfigError as e:
+        _refuse(f"--servers {args.servers}", e)
+    # from here on each is as Ctrl-C (set explicitly: a launcher started in the background inherits SIGINT
+    # ignored): a start under way stops what it started, a running cluster stops
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _interrupt)
     print(f"starting {args.servers} servers and the router ...", flush=True)
     try:
         with cluster:
@@ -78,10 +112,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 time.sleep(1.0)
     except KeyboardInterrupt:
         pass
-    except ConfigError as e:
-        print(f"launch_cluster.py: error: --servers {args.servers}: {e}", file=sys.stderr)
-        sys.exit(2)  # as argparse's errors
-    print("stopped")
+    print("stopped")  # Cluster.stop returned: every server and the router have exited
 
 
 if __name__ == "__main__":

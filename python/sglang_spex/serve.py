@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import httpx
 
@@ -26,6 +29,84 @@ def free_port() -> int:
 _BIND_ERROR = "error while attempting to bind on address"  # uvicorn's log line when the port is taken
 PORT_TAKEN = "HTTP port already in use"  # the launcher's error when the port is taken before any model loads
 QUIET_STOP_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+STOP_WAIT_S = 30.0  # after SIGTERM, how long a child has to exit before it gets SIGKILL
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded here, not in the forked child
+
+
+def temp_log(prefix: str) -> str:
+    """A new empty log file's path (its descriptor closed)."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    os.close(fd)
+    return path
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: no locks, no imports
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def popen_child(cmd: Sequence[str], **kw) -> subprocess.Popen:
+    """``Popen(cmd)`` in a new session (a terminal's signals do not reach it; :func:`stop_all` stops its group).
+    On Linux, started from the main thread, the child also gets SIGTERM when this process dies, however it dies
+    (``PR_SET_PDEATHSIG``, as SGLang does for its schedulers): a ``kill -9`` or OOM kill of the caller leaves no
+    server running. The signal follows the *thread* that forked the child, so a child started from another thread
+    (which may exit first) is not tied to it."""
+    tie = _LIBC is not None and threading.current_thread() is threading.main_thread()
+    return subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=_die_with_parent if tie else None, **kw)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """While stopping children, a second Ctrl-C, SIGTERM, SIGHUP or SIGQUIT is noted and ignored (a supervisor
+    resending SIGTERM, a user pressing Ctrl-C twice) instead of aborting the cleanup half way; the old handlers
+    are back afterwards. Only the main thread can change handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {}
+    for sig in STOP_SIGNALS:
+        try:
+            old[sig] = signal.signal(sig, lambda *_: None)
+        except (OSError, ValueError):
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, handler)
+
+
+def stop_all(servers: Sequence["ServerProcess"], wait_s: float = STOP_WAIT_S) -> None:
+    """Stop every server (or router): SIGTERM to all their process groups first, then wait for all of them
+    together (SIGKILL to a group still there after ``wait_s``); returns once every one has exited. Interrupts
+    meanwhile are deferred (:func:`signals_deferred`)."""
+    with signals_deferred():
+        running = [s for s in servers if s.proc is not None and s.proc.poll() is None]
+        for s in running:
+            _signal_group(s.proc, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        for s in running:
+            try:
+                s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(s.proc, signal.SIGKILL)
+        for s in servers:
+            try:
+                if s.proc is not None:
+                    s.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:  # not even SIGKILL took it (e.g. stuck in the kernel): go on
+                pass
+            finally:
+                s.close_log()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 class ServerProcess:
@@ -44,8 +125,9 @@ class ServerProcess:
         self._set_port(port or free_port())
         self.env = {**QUIET_STOP_ENV, **os.environ, **(env or {})}
         self.startup_timeout = startup_timeout
-        self.log_path = log_path or tempfile.mkstemp(prefix="spex-server-", suffix=".log")[1]
+        self.log_path = log_path or temp_log("spex-server-")
         self.proc: Optional[subprocess.Popen] = None
+        self._log = None
 
     def _set_port(self, port: int) -> None:
         self.port = port
@@ -58,23 +140,35 @@ class ServerProcess:
         failure or interrupt (Ctrl-C) on the way stops it: the server runs in its own session, so it would not see
         the terminal's SIGINT and would outlive the caller."""
         try:
-            for _ in range(attempts if not self._fixed_port else 1):
-                if self._launch():
+            for _ in range(self.attempts(attempts)):
+                self.spawn()
+                if self.wait_ready():
                     return self
-                self.stop()
-                self._set_port(free_port())
+                self.move_to_free_port()
         except BaseException:
             self.stop()
             raise
         raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{self.log_tail()}")
 
-    def _launch(self) -> bool:
-        """True once healthy; False when the HTTP port was already in use."""
+    def attempts(self, attempts: int = 3) -> int:
+        """How many ports to try: one when the port was given."""
+        return attempts if not self._fixed_port else 1
+
+    def move_to_free_port(self) -> None:
+        """Stop a server whose port was taken and move it to a new free port (``spawn`` starts it there)."""
+        self.stop()
+        self._set_port(free_port())
+
+    def spawn(self) -> None:
+        """Start the process (:func:`popen_child`), without waiting for it to serve."""
         cmd = [sys.executable, "-m", "sglang_spex.launch_server", *self.args]
+        self.close_log()
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
+        self.proc = popen_child(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+
+    def wait_ready(self) -> bool:
+        """True once the spawned server answers ``/health_generate``; False when the HTTP port was already in use.
+        Raises when it exits or is not ready within ``startup_timeout`` (then it is stopped)."""
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -96,23 +190,14 @@ class ServerProcess:
         lines = Path(self.log_path).read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
+    def close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is not None:
-            self._log.close()
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
-        finally:
-            self._log.close()
+        """SIGTERM to the server's process group, SIGKILL after ``STOP_WAIT_S``; a second interrupt meanwhile does
+        not cut this short (:func:`stop_all`)."""
+        stop_all([self])
 
     def __enter__(self) -> "ServerProcess":
         return self.start()

@@ -132,3 +132,51 @@ def test_pooled_connections_expire_before_sglang_closes_them():
     pool = port.client._transport._pool
     assert pool._keepalive_expiry < envs.SGLANG_TIMEOUT_KEEP_ALIVE.get() - 1.0
     asyncio.run(port.client.aclose())
+
+
+QUEUE_FULL = {"object": "error", "message": "The request queue is full.", "type": "Service Unavailable", "code": 503}
+
+
+async def test_a_workers_own_503_is_retried_and_never_loses_the_search(monkeypatch):
+    """SGLang's load shedding (--max-queued-requests) answers 503 from a live worker, passed through by the router
+    unchanged (no x-smg-error-code): the request is sent again, and after the last retry only its node fails; the
+    search's later requests are still sent."""
+    import sglang_spex.tot.http_port as hp
+
+    monkeypatch.setattr(hp, "BUSY_BACKOFF_S", (0.0, 0.0))
+    answers = [503, 503, 200]
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        code = answers.pop(0) if answers else 503
+        return httpx.Response(code, json=OK if code == 200 else QUEUE_FULL)
+
+    port, seen = _port(flaky)
+    assert (await port.generate(_req("s1", "r.0"))).text == "x"  # refused twice, then served
+    assert [json.loads(r.content)["rid"] for r in seen] == ["spex:s1:r.0:"] * 3
+    with pytest.raises(hp.WorkerBusy) as err:  # still full after every retry: this node fails...
+        await port.generate(_req("s1", "r.1"))
+    assert not isinstance(err.value, WorkerLost) and "queue is full" in str(err.value)
+    assert not port.lost and not port.inflight  # ...but the search is not lost
+    answers[:] = [200]
+    assert (await port.generate(_req("s1", "r.2"))).text == "x"  # its next request is sent and served
+
+
+async def test_the_routers_own_errors_still_lose_the_search():
+    for status, headers in ((503, {"x-smg-error-code": "no_available_workers"}), (502, {}), (504, {})):
+        port, _ = _port(lambda r, s=status, h=headers: httpx.Response(s, headers=h, json={"error": "x"}))
+        with pytest.raises(WorkerLost):
+            await port.generate(_req("s1"))
+        assert "s1" in port.lost, status
+
+
+async def test_an_abort_while_a_busy_request_waits_is_not_sent_again(monkeypatch):
+    import sglang_spex.tot.http_port as hp
+
+    monkeypatch.setattr(hp, "BUSY_BACKOFF_S", (0.3,))
+    port, seen = _port(lambda r: httpx.Response(503, json=QUEUE_FULL))
+    task = asyncio.create_task(port.generate(_req("s1", "r.0")))
+    await asyncio.sleep(0.1)
+    await port.abort("spex:s1:")
+    res = await task
+    assert res.aborted and not port.lost and not port.inflight
+    assert sum(r.url.path == "/generate" for r in seen) == 1

@@ -1,10 +1,11 @@
-"""``scripts/launch_cluster.py``: a server count it cannot start is refused in one line before any start; a SIGTERM
-during the start stops the servers started so far."""
+"""``scripts/launch_cluster.py``: a server count it cannot start, a bad or taken router port are refused in one line
+before any start; a SIGTERM or SIGHUP during the start stops the servers started so far."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import List
 
 import pytest
+
+from sglang_spex.serve import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch_cluster.py"
 
@@ -31,6 +34,33 @@ def test_more_bound_servers_than_cores_exits_2_naming_servers():
     assert out.returncode == 2 and "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("launch_cluster.py: error: --servers 999: 999 servers") and "--no-bind" in last, last
+
+
+@pytest.mark.parametrize("port", ["99999", "-5", "0", "http"])
+def test_a_router_port_out_of_range_exits_2_with_one_line(port):
+    out = subprocess.run([sys.executable, str(SCRIPT), "--port", port], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "argument --port:" in last and last.endswith("expected a port number (1-65535)"), last
+
+
+def test_a_taken_router_port_exits_2_before_any_server_starts():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT), "--servers", "2", "--port", str(port), "--", "--model-path", "no/such"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"launch_cluster.py: error: --port {port}: port {port} is taken on 127.0.0.1 (Address already in use)"
+    ]
+    assert "starting" not in out.stdout and time.monotonic() - t0 < 60
 
 
 def _children(pid: int) -> List[int]:
@@ -53,10 +83,13 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.server
-def test_sigterm_while_the_servers_start_stops_them(tiny_model):
-    """The servers run in their own sessions: a SIGTERM to the script during their start must stop them too."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_while_the_servers_start_stops_them(tiny_model, sig):
+    """The servers run in their own sessions: a SIGTERM (or a hang-up: a closed SSH session) to the script during
+    their start must stop them too."""
+    port = str(free_port())  # the router never starts: the signal comes first
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--servers", "2", "--no-bind", "--port", "1", "--", "--model-path", tiny_model],
+        [sys.executable, str(SCRIPT), "--servers", "2", "--no-bind", "--port", port, "--", "--model-path", tiny_model],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -67,7 +100,7 @@ def test_sigterm_while_the_servers_start_stops_them(tiny_model):
         time.sleep(0.2)
     launchers = _children(proc.pid)
     time.sleep(2.0)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     proc.wait(timeout=90)
     deadline = time.monotonic() + 60
     while any(_alive(p) for p in launchers) and time.monotonic() < deadline:

@@ -1,16 +1,23 @@
-"""N sglang-spex servers behind one sglang-router: start (servers, then the router), stop, kill one worker."""
+"""N sglang-spex servers behind one sglang-router: start (servers, then the router), stop, kill one worker.
+
+Placement: on a GPU host each server gets its own GPUs through ``CUDA_VISIBLE_DEVICES`` (server i the i-th slice
+of ``ranks`` devices, ``ranks`` = the GPUs its own args need: tp x pp x dp, dp not counted under
+``--enable-dp-attention``, plus any ``--base-gpu-id``); on a CPU host each is bound to its own core range
+(``ranks`` core groups each). GPUs are what ``torch.cuda.device_count()`` sees (it honours
+``CUDA_VISIBLE_DEVICES``), asked in :meth:`Cluster.plan`, not at import.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
 import signal
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from sglang_spex.config import ConfigError
-from sglang_spex.launch_server import THREAD_BIND_ENV, cpu_thread_binding
-from sglang_spex.scale.router import RouterProcess
-from sglang_spex.serve import ServerProcess
+from sglang_spex.launch_server import THREAD_BIND_ENV, bind_group_ids, cpu_thread_binding
+from sglang_spex.scale.router import RouterProcess, check_router
+from sglang_spex.serve import ServerProcess, stop_all
 
 
 def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
@@ -26,6 +33,54 @@ def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
     return binding.split("|") if binding else []
 
 
+def ranks_per_server(server_args: Sequence[str]) -> int:
+    """The devices (GPUs, or CPU core groups) one server started with ``server_args`` indexes: tp x pp x dp (dp
+    not counted under ``--enable-dp-attention``), from ``--base-gpu-id`` on (``bind_group_ids``)."""
+    return max(bind_group_ids(server_args)) + 1
+
+
+def visible_gpus() -> List[str]:
+    """The GPUs this process may use: ``torch.cuda.device_count()`` of them (torch imported here, not at import
+    time), named as ``CUDA_VISIBLE_DEVICES`` names them when it is set (ids or UUIDs), else 0..n-1; [] on CPU."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:  # no torch, or no CUDA runtime: a CPU host
+        return []
+    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return named[:count] if "CUDA_VISIBLE_DEVICES" in os.environ else [str(i) for i in range(count)]
+
+
+def gpu_slices(n: int, ranks: int, gpus: Sequence[str]) -> List[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each of ``n`` servers needing ``ranks`` GPUs each: consecutive slices of
+    ``gpus``. Raises :class:`ConfigError` when there are too few."""
+    if n * ranks > len(gpus):
+        raise ConfigError(
+            f"{n} servers x {ranks} GPU(s) each = {n * ranks} GPUs, but only {len(gpus)} are visible "
+            f"({','.join(gpus)}): lower --servers or the server's --tp-size/--dp-size/--pp-size"
+        )
+    return [",".join(gpus[i * ranks : (i + 1) * ranks]) for i in range(n)]
+
+
+def server_envs(
+    n: int, ranks: int, gpus: Sequence[str], bind: bool, cores: Optional[Sequence[int]] = None
+) -> List[dict]:
+    """Each server's placement env: its GPU slice on a GPU host (``gpus`` non-empty); on a CPU host, with ``bind``
+    and more than one server, its ``ranks`` core groups (``|``-separated, as SGLang binds one per rank) and its
+    thread count; {} otherwise."""
+    if gpus:
+        return [{"CUDA_VISIBLE_DEVICES": s} for s in gpu_slices(n, ranks, gpus)]
+    if not bind or n == 1:
+        return [{} for _ in range(n)]
+    groups = core_groups(n * ranks, cores)
+    out = []
+    for i in range(n):
+        mine = groups[i * ranks : (i + 1) * ranks]
+        out.append({THREAD_BIND_ENV: "|".join(mine), "OMP_NUM_THREADS": str(min(_threads(g) for g in mine))})
+    return out
+
+
 def _threads(cores: str) -> int:
     """How many cores an ``a-b,c`` list names."""
     total = 0
@@ -37,9 +92,12 @@ def _threads(cores: str) -> int:
 
 class Cluster:
     """``n`` servers (``python -m sglang_spex.launch_server SERVER_ARGS``) and a router in front; ``url`` is the
-    router's. On CPU each server is bound to its own core range and runs that many torch threads (``bind``).
-    Servers start together (each waits for its own health check); a failure or interrupt during the start stops
-    every server already started; a context manager."""
+    router's. On GPUs each server gets its own slice (``CUDA_VISIBLE_DEVICES``; ``gpus``: the devices to split,
+    default :func:`visible_gpus`); on CPU each is bound to its own core range (``bind``). :meth:`plan` checks the
+    placement and the router (port, package) before anything starts (:class:`ConfigError`). Servers start
+    together (each waits for its own health check); a failure or interrupt during the start stops every server
+    already started; :meth:`stop` stops them all at once, and a second interrupt does not cut it short. Start it
+    from the main thread: its children then die with this process (``serve.popen_child``). A context manager."""
 
     def __init__(
         self,
@@ -51,6 +109,7 @@ class Cluster:
         bind: bool = True,
         startup_timeout: float = 600.0,
         router_port: Optional[int] = None,
+        gpus: Optional[Sequence[str]] = None,
     ):
         self.server_args = list(server_args)
         self.n = n
@@ -60,6 +119,8 @@ class Cluster:
         self.bind = bind
         self.startup_timeout = startup_timeout
         self.router_port = router_port
+        self.gpus = list(gpus) if gpus is not None else None
+        self.envs: Optional[List[Dict[str, str]]] = None
         self.servers: List[ServerProcess] = []
         self.router: Optional[RouterProcess] = None
 
@@ -72,24 +133,24 @@ class Cluster:
     def worker_urls(self) -> List[str]:
         return [s.url for s in self.servers]
 
-    def _env(self, i: int, groups: List[str]) -> dict:
-        if not groups:
-            return {}
-        return {THREAD_BIND_ENV: groups[i], "OMP_NUM_THREADS": str(_threads(groups[i]))}
+    def plan(self) -> List[Dict[str, str]]:
+        """Each server's placement env (:func:`server_envs`), after checking that the router can start
+        (:func:`check_router`); raises :class:`ConfigError` before anything started."""
+        if self.envs is None:
+            gpus = visible_gpus() if self.gpus is None else self.gpus
+            envs = server_envs(self.n, ranks_per_server(self.server_args), gpus, self.bind)
+            check_router(self.router_port)
+            self.envs = envs
+        return self.envs
 
     def start(self) -> "Cluster":
-        groups = core_groups(self.n) if self.bind else []
+        envs = self.plan()
         try:
             self.servers = [
-                ServerProcess(self.server_args, env=self._env(i, groups), startup_timeout=self.startup_timeout)
+                ServerProcess(self.server_args, env=envs[i], startup_timeout=self.startup_timeout)
                 for i in range(self.n)
             ]
-            pool = cf.ThreadPoolExecutor(self.n)
-            try:
-                for fut in [pool.submit(s.start) for s in self.servers]:
-                    fut.result()
-            finally:  # an interrupt stops the servers now: a start still waiting then sees its server exit
-                pool.shutdown(wait=False, cancel_futures=True)
+            self._start_servers()
             self.router = RouterProcess(
                 self.worker_urls,
                 policy=self.policy,
@@ -102,6 +163,27 @@ class Cluster:
             raise
         return self
 
+    def _start_servers(self) -> None:
+        """Spawn every server from this thread (the thread its children's death signal follows), wait for them
+        together, and move any whose port was taken meanwhile to a new one (up to 3 tries each)."""
+        waiting = list(self.servers)
+        pool = cf.ThreadPoolExecutor(self.n)
+        try:
+            for _ in range(3):
+                for s in waiting:
+                    s.spawn()
+                ready = list(pool.map(ServerProcess.wait_ready, waiting))
+                waiting = [s for s, ok in zip(waiting, ready) if not ok]
+                if not waiting:
+                    return
+                if any(s.attempts() == 1 for s in waiting):
+                    break
+                for s in waiting:
+                    s.move_to_free_port()
+        finally:  # an interrupt stops the servers now: a wait still running then sees its server exit
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{waiting[0].log_tail()}")
+
     def kill(self, i: int) -> None:
         """SIGKILL server ``i`` and its children at once (a crash, not a shutdown)."""
         proc = self.servers[i].proc
@@ -110,10 +192,8 @@ class Cluster:
             proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.router is not None:
-            self.router.stop()
-        for srv in self.servers:
-            srv.stop()
+        """SIGTERM to the router and every server at once, then wait for all of them (``serve.stop_all``)."""
+        stop_all(([self.router] if self.router is not None else []) + list(self.servers))
 
     def __enter__(self) -> "Cluster":
         return self.start()

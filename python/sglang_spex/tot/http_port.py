@@ -12,9 +12,15 @@ router's ``manual`` policy keeps the search on one worker. The router proxies ne
 ignores an abort for a rid it does not hold, so only the holder acts; one the router has just marked unhealthy may
 still hold the search's requests), control calls only to those it lists healthy. Each of these calls waits at most
 ``CONTROL_TIMEOUT_S`` for a worker, so a hung worker that does not hold the search delays it by no more. A search
-whose worker drops its connection, or that the router answers with an error of its own (HTTP 500 with
-``x-smg-error-code: call_upstream_request_error`` when the worker died mid-request; 502/503/504), is *lost*: its
-later requests fail at once with :class:`WorkerLost` instead of landing on another worker with none of its cache.
+whose worker drops its connection, or that the router answers with an error of its own (any 5xx with an
+``x-smg-error-code`` header: 500 ``call_upstream_request_error`` when the worker died mid-request, 503
+``no_available_workers``; or a gateway's 502/504), is *lost*: its later requests fail at once with
+:class:`WorkerLost` instead of landing on another worker with none of its cache. A worker's *own* 503 (SGLang's
+load shedding: ``--max-queued-requests`` "The request queue is full.", or a queued request preempted by a higher
+priority one, or one retracted under memory pressure) comes from a live worker, so it is *busy*, not lost: the
+request is sent again after each wait of ``BUSY_BACKOFF_S`` in turn (not one that timed out waiting or running),
+and if the worker still refuses it, only its own node fails (:class:`WorkerBusy`); the search and its later
+requests go on.
 
 :meth:`HttpPort.capacity` asks the server (a router's first healthy worker) once for the model's context length
 and longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
@@ -45,7 +51,9 @@ WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts a
 # Per worker, for an abort or SPEX control call (and the router's /workers): they answer in milliseconds (a control
 # call's acknowledgement within a scheduler step or so), so this only cuts short a hung or stopped worker.
 CONTROL_TIMEOUT_S = 5.0
-LOST_STATUS = (502, 503, 504)  # no worker reached (any proxy)
+LOST_STATUS = (502, 504)  # a gateway reached no worker (SGLang itself never answers these)
+BUSY_STATUS = 503  # without the router's header: a live worker shedding load (its queue is full)
+BUSY_BACKOFF_S = (0.5, 1.0, 2.0)  # the waits before each new try of a request a busy worker refused
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
 ERROR_BODY_CHARS = 500  # of an error answer's body kept in the error (SGLang's reason)
 CLOSE_WAIT_S = 10.0  # how long close() waits for the aborts of cancelled requests to be sent
@@ -97,6 +105,11 @@ class WorkerLost(EngineLost):
     """The worker holding a search's requests went away; the search cannot go on where its cache is."""
 
 
+class WorkerBusy(httpx.HTTPStatusError):
+    """A live worker refused a request (503: its queue is full) after every retry: that node fails, the search
+    goes on."""
+
+
 class HttpPort(EnginePort):
     def __init__(
         self,
@@ -112,6 +125,8 @@ class HttpPort(EnginePort):
         self.inflight: Set[str] = set()
         self.affinity = affinity
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
+        self._backing_off: Set[str] = set()  # rids waiting to be sent again (a busy worker refused them)
+        self._aborted: Set[str] = set()  # of those, the ones aborted meanwhile: not sent again
         self._targets: Optional[List[str]] = None
         self._healthy: List[str] = []  # of _targets, those the router lists healthy (all of them for a server)
         self._targets_at = 0.0
@@ -133,29 +148,64 @@ class HttpPort(EnginePort):
         if key is not None and key in self.lost:
             raise WorkerLost(self.lost[key])
         headers = {ROUTING_KEY_HEADER: key} if key is not None else None
-        t0 = time.monotonic()
         self.inflight.add(req.rid)
-        try:
-            r = await self.client.post(self.base_url + "/generate", json=body, headers=headers)
-        except asyncio.CancelledError:
-            # closing the connection does not stop the request in the engine (behind a router not at all):
-            # abort it, and keep it in flight until then so a prefix abort of its search still finds it
-            task = asyncio.ensure_future(self._abort_cancelled(req.rid))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            raise
-        except BaseException as e:
-            self.inflight.discard(req.rid)
-            if isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError)):  # the connection to it broke
-                raise self._lose(key, f"{type(e).__name__}: {e}") from e
-            raise
+        for wait_s in (*BUSY_BACKOFF_S, None):
+            t0 = time.monotonic()
+            r = await self._post_generate(req.rid, key, body, headers)
+            if not _busy(r) or wait_s is None or "timeout" in r.text.lower():  # a timed-out request: not again
+                break
+            logger.info("worker busy (HTTP %d) for %s: sent again in %.1fs", r.status_code, req.rid, wait_s)
+            if await self._back_off(req.rid, wait_s):  # aborted while it waited
+                self.inflight.discard(req.rid)
+                return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
         self.inflight.discard(req.rid)
+        if _busy(r):
+            raise WorkerBusy(
+                f"generate: worker busy, HTTP {r.status_code} after {len(BUSY_BACKOFF_S)} retries: "
+                f"{r.text[:ERROR_BODY_CHARS]}",
+                request=r.request,
+                response=r,
+            )
         if r.status_code >= 400 and "abort" in r.text.lower():
             return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
         if r.status_code in LOST_STATUS or (r.status_code >= 500 and ROUTER_ERROR_HEADER in r.headers):
             raise self._lose(key, f"HTTP {r.status_code}: {r.text[:200]}")
         check_status(r, "generate")
         return GenResult.from_sglang(req.rid, r.json(), time.monotonic() - t0)
+
+    async def _post_generate(
+        self, rid: str, key: Optional[str], body: Dict[str, Any], headers: Optional[Dict[str, str]]
+    ) -> httpx.Response:
+        """One ``POST /generate``; a cancel aborts the request, a broken connection loses the search."""
+        try:
+            return await self.client.post(self.base_url + "/generate", json=body, headers=headers)
+        except asyncio.CancelledError:
+            # closing the connection does not stop the request in the engine (behind a router not at all):
+            # abort it, and keep it in flight until then so a prefix abort of its search still finds it
+            task = asyncio.ensure_future(self._abort_cancelled(rid))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
+        except BaseException as e:
+            self.inflight.discard(rid)
+            if isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError)):  # the connection to it broke
+                raise self._lose(key, f"{type(e).__name__}: {e}") from e
+            raise
+
+    async def _back_off(self, rid: str, wait_s: float) -> bool:
+        """Wait before a busy worker's request is sent again; True when it was aborted meanwhile (not sent)."""
+        self._backing_off.add(rid)
+        try:
+            await asyncio.sleep(wait_s)
+        except asyncio.CancelledError:
+            self.inflight.discard(rid)  # nothing of it is on a worker
+            raise
+        finally:
+            self._backing_off.discard(rid)
+        if rid in self._aborted:
+            self._aborted.discard(rid)
+            return True
+        return False
 
     def _lose(self, key: Optional[str], why: str) -> WorkerLost:
         msg = f"the worker of search {key} is gone ({why})" if key else f"the engine is gone ({why})"
@@ -254,6 +304,7 @@ class HttpPort(EnginePort):
 
     async def abort(self, rid_or_prefix: str) -> None:
         # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
+        self._aborted.update(r for r in self._backing_off if r.startswith(rid_or_prefix))
         await self._abort_rids([r for r in list(self.inflight) if r.startswith(rid_or_prefix)])
 
     async def _abort_cancelled(self, rid: str) -> None:
@@ -281,6 +332,11 @@ class HttpPort(EnginePort):
         if self._background:
             await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
         await self.client.aclose()
+
+
+def _busy(r: httpx.Response) -> bool:
+    """A worker's own 503 (its queue is full), not the router's (which carries ``x-smg-error-code``)."""
+    return r.status_code == BUSY_STATUS and ROUTER_ERROR_HEADER not in r.headers
 
 
 def _int_at_least(value: Any, minimum: int) -> Optional[int]:
