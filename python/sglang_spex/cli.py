@@ -30,6 +30,8 @@ REWARDS = {"arith": {"type": "verifier", "name": "arith"}, "logprob": {"type": "
 EXIT_NO_ANSWER = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3  # connection refused, timed out, or not a sglang-spex server: nothing was searched
+EXIT_REFUSED = 4  # the server refused the search before running it (401/403 key, 413 size, 429 busy, 503 not ready)
+REFUSED_STATUS = (401, 403, 413, 429, 503)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 
@@ -203,9 +205,10 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     except (httpx.TransportError, NotASpexServer) as e:
         print(f"error: {url}: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except (httpx.HTTPStatusError, StreamEnded) as e:  # the server took the search and failed it
+    except (httpx.HTTPStatusError, StreamEnded) as e:  # refused before it ran, or taken and failed
         print(f"error: {url}: {e}", file=sys.stderr)
-        return EXIT_NO_ANSWER
+        refused = isinstance(e, httpx.HTTPStatusError) and e.response.status_code in REFUSED_STATUS
+        return EXIT_REFUSED if refused else EXIT_NO_ANSWER
     finally:
         if srv is not None:
             srv.stop()

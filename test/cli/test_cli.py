@@ -112,6 +112,19 @@ def test_server_error_or_cut_stream_is_a_failed_search(monkeypatch, capsys, stre
     assert len(err) == 1 and err[0].startswith("error: http://127.0.0.1:1: "), err
 
 
+@pytest.mark.parametrize("status", [401, 429, 503])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_search_the_server_refused_exits_4_not_as_a_failed_search(monkeypatch, capsys, status, stream):
+    """401 (key), 429 (busy), 503 (not ready): nothing was searched, which 1 ("no answer") would misreport."""
+    client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(status, json={"error": "no"})))
+    monkeypatch.setattr(cli_mod.httpx, "post", client.post)
+    monkeypatch.setattr(cli_mod.httpx, "stream", client.stream)
+    argv = ["1+1?", "--url", "http://127.0.0.1:1"] + (["--stream"] if stream else [])
+    assert cli_mod.main(argv) == cli_mod.EXIT_REFUSED == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"HTTP {status}" in err[0], err
+
+
 def test_best_path_follows_the_best_candidate_of_the_answer():
     nodes = [
         {"path": "r", "parent": None, "text": "", "reward": None},
