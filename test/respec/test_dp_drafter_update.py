@@ -36,7 +36,7 @@ class _Lock:
         yield
 
 
-def _app(rank_ok=(True, True), paused: bool = False):
+def _app(rank_ok=(True, True), paused: bool = False, drafter: str = ""):
     """The route on an app whose tokenizer manager records what reaches its communicator (one reply per rank)."""
     sent, log = [], []
 
@@ -45,7 +45,7 @@ def _app(rank_ok=(True, True), paused: bool = False):
         return [SimpleNamespace(success=ok, message=f"rank{i} {'ok' if ok else 'failed'}") for i, ok in
                 enumerate(rank_ok)]  # fmt: skip
 
-    tm = SimpleNamespace(server_args=SimpleNamespace(tp_size=1), is_pause=paused, model_update_lock=_Lock(log),
+    tm = SimpleNamespace(server_args=SimpleNamespace(tp_size=1, speculative_draft_model_path=drafter), is_pause=paused, model_update_lock=_Lock(log),
                          is_pause_cond=asyncio.Condition(),  # (binds to the loop of its first use)
                          update_weights_from_tensor_communicator=communicator)  # fmt: skip
     app = FastAPI()
@@ -152,3 +152,23 @@ def test_the_client_refuses_weights_that_are_not_finite_floats_before_any_call(b
     with pytest.raises(HotSwapError, match="fc.weight") as e:
         HotSwapClient("http://testserver", post=c.post, get=c.get).push(3, [("fc.weight", bad)])
     assert e.value.step == "check" and calls == []  # not even paused
+
+
+def test_a_push_larger_than_the_drafter_could_be_is_a_413_that_reaches_no_scheduler(tmp_path):
+    """The body was read whatever its size (an open admin route without keys): now it is bounded by the drafter
+    checkpoint's bytes; a push of the drafter's own size still goes through."""
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    assert dp_drafter_update.max_body_bytes(SimpleNamespace(tp_size=2, speculative_draft_model_path=str(tmp_path))) == (
+        2 * 4 * 4096 + dp_drafter_update.PUSH_SLACK_BYTES
+    )
+    assert (
+        dp_drafter_update.max_body_bytes(SimpleNamespace(tp_size=1, speculative_draft_model_path="org/hub-id")) is None
+    )
+    app, sent, _ = _app(drafter=str(tmp_path))
+    limit = dp_drafter_update.max_body_bytes(SimpleNamespace(tp_size=1, speculative_draft_model_path=str(tmp_path)))
+    with TestClient(app) as c:
+        big = c.post(dp_drafter_update.PATH, json={"serialized_named_tensors": ["A" * (limit + 1)]})
+        ok = c.post(dp_drafter_update.PATH, json={"serialized_named_tensors": _payload()})
+    assert big.status_code == 413 and big.json()["error"]["field"] == "body", big.text
+    assert ok.status_code == 200, ok.text
+    assert len(sent) == 1  # only the push that fits reached the communicator

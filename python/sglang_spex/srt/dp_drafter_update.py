@@ -14,12 +14,14 @@ safe unpickler here first, so a payload the schedulers could not read, or weight
 not finite, are a 400 that reaches none of them. Answers
 200 ``{"success": true, "message", "ranks": [{"success", "message"}, ...]}`` (one entry per rank, in arrival
 order), 400 ``{"success": false, ...}`` when a rank failed (the publisher then restores that replica), 400
-``{"error": {"field", "reason"}}`` for a bad body. Admin-scoped (W5).
+``{"error": {"field", "reason"}}`` for a bad body, 413 for one past :func:`max_body_bytes` (a push is at most the
+drafter's weights per TP rank, in any float dtype, base64-encoded). Admin-scoped (W5).
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, List, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -41,6 +43,26 @@ class DrafterWeightsBody(Body):
     load_format: Optional[str] = None
 
 
+# a push over the drafter checkpoint's bytes on disk: fp32 weights over a bf16 checkpoint (2x), base64 (4/3x) and
+# the pickle's framing fit in 4x; plus 1 MiB for a tiny drafter's fixed costs
+PUSH_BYTES_PER_CHECKPOINT_BYTE = 4
+PUSH_SLACK_BYTES = 1 << 20
+
+
+def max_body_bytes(server_args: Any) -> Optional[int]:
+    """The largest body this route reads: ``PUSH_BYTES_PER_CHECKPOINT_BYTE`` times the drafter checkpoint's weight
+    files (``*.safetensors``, ``*.bin``, ``*.pt``) per TP rank, plus ``PUSH_SLACK_BYTES``; None (no bound, as
+    SGLang's own weight routes) when the checkpoint is not a local folder with weight files."""
+    path = getattr(server_args, "speculative_draft_model_path", None)
+    folder = Path(path) if isinstance(path, str) and path else None
+    if folder is None or not folder.is_dir():
+        return None
+    size = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in folder.glob(pattern))
+    if size <= 0:
+        return None
+    return int(getattr(server_args, "tp_size", 1) or 1) * PUSH_BYTES_PER_CHECKPOINT_BYTE * size + PUSH_SLACK_BYTES
+
+
 def _check_payloads(payloads: List[str]) -> None:
     for i, data in enumerate(payloads):
         try:
@@ -52,7 +74,8 @@ def _check_payloads(payloads: List[str]) -> None:
 async def post_drafter_weights(request: Request) -> Response:
     tm = http_state(request).tokenizer_manager
     try:
-        body = parse_body(DrafterWeightsBody, await read_json(request, limit=None))  # weights: admin-scoped
+        limit = max_body_bytes(tm.server_args)
+        body = parse_body(DrafterWeightsBody, await read_json(request, limit=limit, setting="the drafter's size"))
         tp = int(tm.server_args.tp_size)
         if len(body.serialized_named_tensors) != tp:
             raise BodyError("serialized_named_tensors", f"needs one payload per TP rank ({tp}), got "
