@@ -3,7 +3,8 @@
 On GPUs each server gets its own GPUs (``CUDA_VISIBLE_DEVICES``: tp x pp x dp of them, read from the server args);
 on CPU its own core range. Too few GPUs or cores, a bad or taken ``--port`` and a missing sglang-router are refused
 in one line (exit 2) before any server starts. Ctrl-C, SIGTERM, SIGHUP and SIGQUIT stop every server and the router
-(a second one does not cut that short); the children also get SIGTERM if this process is killed outright.
+(a second one does not cut that short); the children also get SIGTERM if this process is killed outright. When
+the router or a server exits on its own, the rest is stopped too and this exits 1 (naming what died and its log).
 
     .venv/bin/python scripts/launch_cluster.py                          # 2 × SmolLM2 (CPU: one core range each)
     .venv/bin/python scripts/launch_cluster.py --servers 2 --policy manual --port 30000 -- \
@@ -108,11 +109,15 @@ def main(argv: Optional[List[str]] = None) -> None:
             for srv in cluster.servers:
                 print(f"worker {srv.url}  (log {srv.log_path})")
             print(f"router {cluster.url}  policy {args.policy}  (log {cluster.router.log_path})", flush=True)
-            while True:
+            while not cluster.exited():
                 time.sleep(1.0)
+            gone = cluster.exited()  # a dead router or worker: the cluster would serve errors; stop it all
+            print(f"launch_cluster.py: {', '.join(gone)} exited on its own: stopping the cluster", file=sys.stderr)
+            status = 1
     except KeyboardInterrupt:
-        pass
+        status = 0
     print("stopped")  # Cluster.stop returned: every server and the router have exited
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,16 @@ class Cluster:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
 
+    def exited(self) -> List[str]:
+        """What of the started cluster has exited on its own: ``"router (exit 1, log PATH)"`` / ``"worker URL ..."``."""
+        procs = [("router", self.router)] if self.router is not None else []
+        procs += [(f"worker {srv.url}", srv) for srv in self.servers]
+        return [
+            f"{name} (exit {p.proc.returncode}, log {p.log_path})"
+            for name, p in procs
+            if p.proc is not None and p.proc.poll() is not None
+        ]
+
     def stop(self) -> None:
         """SIGTERM to the router and every server at once, then wait for all of them (``serve.stop_all``)."""
         stop_all(([self.router] if self.router is not None else []) + list(self.servers))
