@@ -10,7 +10,6 @@ from .conftest import USER
 from .helpers import QUESTION
 
 pytestmark = pytest.mark.server
-pytest.importorskip("reasoning_gym")
 
 
 def test_a_reference_is_not_run_as_code_by_a_reasoning_gym_scorer(hardened_server, tmp_path):

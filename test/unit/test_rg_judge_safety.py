@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-pytest.importorskip("reasoning_gym")
 
 from sglang_spex.tot import math_check, tasks  # noqa: E402
 from sglang_spex.tot.result import judge  # noqa: E402
