@@ -9,10 +9,9 @@ import time
 
 import pytest
 
-
-from sglang_spex.tot import math_check, tasks  # noqa: E402
-from sglang_spex.tot.result import judge  # noqa: E402
-from sglang_spex.tot.tasks import get_task, rg_scorer_is_safe  # noqa: E402
+from sglang_spex.tot import math_check, tasks
+from sglang_spex.tot.result import judge
+from sglang_spex.tot.tasks import get_task, rg_scorer_is_safe
 
 HANG_S = 30.0  # a hang check, not a speed bound: the old in-process scorer ran for minutes
 
