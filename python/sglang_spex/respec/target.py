@@ -159,18 +159,22 @@ class TargetFeatures:
 
     def load_weights(self, named: Sequence[Tuple[str, torch.Tensor]]) -> int:
         """Copy new policy weights (HF names, e.g. from the RL trainer's push) into the copy; returns the count.
-        Unknown names or shapes raise before anything is copied."""
+        Unknown names or shapes, and values not finite in the copy's dtype (a float64 1e300 is inf in float32),
+        raise before anything is copied."""
         state = self.model.state_dict()
+        converted = []
         for name, t in named:
             if name not in state:
                 raise KeyError(f"unknown policy tensor {name!r}")
             if tuple(t.shape) != tuple(state[name].shape):
                 raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(state[name].shape)}")
-            if not torch.isfinite(t).all():
-                raise ValueError(f"{name}: non-finite values")
+            c = t.to(state[name].dtype)
+            if not torch.isfinite(c).all():
+                raise ValueError(f"{name}: non-finite values (in the copy's {state[name].dtype})")
+            converted.append((name, c))
         with self._lock, torch.no_grad():
-            for name, t in named:
-                state[name].copy_(t.to(state[name].dtype))
+            for name, c in converted:
+                state[name].copy_(c)
         return len(named)
 
     @torch.no_grad()
