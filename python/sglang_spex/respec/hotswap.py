@@ -35,7 +35,9 @@ file descriptor that only processes with the sender's multiprocessing authkey ca
 from __future__ import annotations
 
 import base64
+import binascii
 import concurrent.futures as cf
+import io
 import pickle
 import time
 from dataclasses import asdict, dataclass
@@ -63,15 +65,49 @@ def serialize_named_tensors(named: Sequence[Tuple[str, torch.Tensor]], tp_size: 
     return [data] * tp_size
 
 
+# The only globals a payload of :func:`serialize_named_tensors` names (a pickle of CPU tensors). SGLang's safe
+# unpickler also lets a payload call e.g. ``bytearray`` or ``itertools.repeat``: a 64-byte payload could allocate
+# gigabytes before any check ran, so a payload naming anything else is refused before it is unpickled.
+PAYLOAD_GLOBALS = frozenset(
+    {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("torch.storage", "_load_from_bytes")}
+)
+
+
+class _DryUnpickler(pickle.Unpickler):
+    """Walks a payload without building anything: an allowed global is a no-op stand-in, any other is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in PAYLOAD_GLOBALS:
+            raise pickle.UnpicklingError(f"payload names {module}.{name}: only tensors are accepted")
+        return _stand_in
+
+
+def _stand_in(*args: Any, **kwargs: Any) -> dict:
+    return {}
+
+
 def deserialize_named_tensors(data: str) -> List[Tuple[str, torch.Tensor]]:
-    """The inverse of one rank's payload, through SGLang's safe unpickler (never plain ``pickle.loads``)."""
+    """The inverse of one rank's payload: first walked without building anything (:data:`PAYLOAD_GLOBALS` only),
+    then through SGLang's safe unpickler (never plain ``pickle.loads``); each tensor must be a plain dense one (a
+    view with a zero or overlapping stride could claim a size its storage does not hold)."""
     from sglang.srt.utils import MultiprocessingSerializer
 
+    try:
+        _DryUnpickler(io.BytesIO(base64.b64decode(data, validate=True))).load()
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"payload is not base64: {e}") from None
+    except pickle.UnpicklingError:
+        raise
+    except Exception as e:  # truncated, or opcodes the stand-ins cannot follow: not a payload of tensors
+        raise pickle.UnpicklingError(f"payload is not a pickle of tensors ({type(e).__name__}: {e})") from None
     named = MultiprocessingSerializer.deserialize(data)
     if not isinstance(named, list) or not all(
         isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], torch.Tensor) for x in named
     ):
         raise ValueError("payload must be a list of (name, tensor) pairs")
+    for name, t in named:
+        if not t.is_contiguous() or t.untyped_storage().nbytes() < t.numel() * t.element_size():
+            raise ValueError(f"{name}: not a dense tensor (a strided view larger than its storage)")
     return named
 
 
