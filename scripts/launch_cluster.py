@@ -109,9 +109,11 @@ def main(argv: Optional[List[str]] = None) -> None:
             for srv in cluster.servers:
                 print(f"worker {srv.url}  (log {srv.log_path})")
             print(f"router {cluster.url}  policy {args.policy}  (log {cluster.router.log_path})", flush=True)
-            while not cluster.exited():
+            gone = cluster.exited()
+            while not gone:
                 time.sleep(1.0)
-            gone = cluster.exited()  # a dead router or worker: the cluster would serve errors; stop it all
+                gone = cluster.exited()
+            # a dead router or worker: the cluster would serve errors; stop it all
             print(f"launch_cluster.py: {', '.join(gone)} exited on its own: stopping the cluster", file=sys.stderr)
             status = 1
     except KeyboardInterrupt:

@@ -85,13 +85,13 @@ def stop_all(servers: Sequence["ServerProcess"], wait_s: float = STOP_WAIT_S) ->
     with signals_deferred():
         running = [s for s in servers if s.proc is not None and s.proc.poll() is None]
         for s in running:
-            _signal_group(s.proc, signal.SIGTERM)
+            signal_group(s.proc, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
         for s in running:
             try:
                 s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(s.proc, signal.SIGKILL)
+                signal_group(s.proc, signal.SIGKILL)
         for s in servers:
             try:
                 if s.proc is not None:
@@ -102,7 +102,7 @@ def stop_all(servers: Sequence["ServerProcess"], wait_s: float = STOP_WAIT_S) ->
                 s.close_log()
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 from sglang_spex.config import ConfigError
 from sglang_spex.launch_server import THREAD_BIND_ENV, bind_group_ids, cpu_thread_binding
 from sglang_spex.scale.router import RouterProcess, check_router
-from sglang_spex.serve import ServerProcess, stop_all
+from sglang_spex.serve import ServerProcess, signal_group, stop_all
 
 
 def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
@@ -188,7 +188,7 @@ class Cluster:
         """SIGKILL server ``i`` and its children at once (a crash, not a shutdown)."""
         proc = self.servers[i].proc
         if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
             proc.wait(timeout=30)
 
     def exited(self) -> List[str]:
