@@ -5,8 +5,14 @@ Sequence (``sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
 0. ``POST /pause_generation``  ``{"mode": "in_place"}`` (``pause_in_place=True``, the default): the scheduler stops
    between two forward passes and keeps every running request and its KV cache. Without it, the tokenizer
    manager's ``update_weights_from_tensor`` takes the model-update *writer* lock, i.e. waits until every in-flight
-   request has finished and holds back new ones meanwhile — no swap mid-request, and a stall;
-1. ``POST /begin_weight_update``  ``{"selector": "draft"}``
+   request has finished and holds back new ones meanwhile — no swap mid-request, and a stall. Skipped when
+   generation is paused already (``GET /ready`` answers 503): that pause is someone else's, and the push neither
+   takes it again nor releases it;
+1. ``POST /begin_weight_update``  ``{"selector": "draft"}``. Refused while another writer's session is open (e.g.
+   the RL trainer's policy push): the push releases its own pause (step 4), sleeps ``retry_sleep`` and starts again
+   at step 0, up to ``begin_retries`` times — generation runs while it waits. (Holding the pause instead froze every
+   request for the whole wait, and an unpaused writer waiting on the writer lock behind those frozen requests never
+   got to close its session);
 2. ``POST /update_weights_from_tensor``  ``{"serialized_named_tensors": [b64 per TP rank], "selector": "draft",
    "weight_version": null, "flush_cache": false, "load_format": null}`` — every tensor in *one* call:
    the scheduler applies it between two forward passes, so no request sees a half-updated (torn) drafter;
@@ -211,13 +217,18 @@ class HotSwapClient:
             "weight_version": f"{self.version_prefix}{version}" if self.tag_weight_version else None,
             "selector": self.selector,
         }
-        if self.pause_in_place:
-            self._call("pause_generation", "/pause_generation", {"mode": "in_place"})
-        try:
-            self._session(body)
-        finally:
-            if self.pause_in_place:
-                self._call("continue_generation", "/continue_generation", {})
+        for attempt in range(self.begin_retries + 1):
+            own_pause = self.pause_in_place and not self._engine_paused()
+            if own_pause:
+                self._call("pause_generation", "/pause_generation", {"mode": "in_place"})
+            try:
+                opened = self._session(body, last_try=attempt == self.begin_retries)
+            finally:
+                if own_pause:  # also when another writer's session is open: generation runs while we wait
+                    self._call("continue_generation", "/continue_generation", {})
+            if opened:
+                break
+            time.sleep(self.retry_sleep)
         self.pushed_versions.append(version)
         if self.selector == "draft":
             self.version_recorded = self._record_version(version)
@@ -230,17 +241,15 @@ class HotSwapClient:
         except Exception:
             return False
 
-    def _begin(self) -> None:
-        """Open the session; another writer's open session (e.g. the learner's drafter push while the RL loop
-        pushes the policy) is waited out for up to ``begin_retries`` × ``retry_sleep`` seconds."""
-        for attempt in range(self.begin_retries + 1):
-            try:
-                self._call("begin_weight_update", "/begin_weight_update", {"selector": self.selector})
-                return
-            except HotSwapError:
-                if attempt == self.begin_retries:
-                    raise
-                time.sleep(self.retry_sleep)
+    def _engine_paused(self) -> bool:
+        """Whether generation is paused already (SGLang's ``GET /ready`` answers 503 while it is): someone else's
+        pause, which a push then neither takes again nor releases. False when this client cannot GET."""
+        if self._get is None:
+            return False
+        try:
+            return self._get(f"{self.base_url}/ready").status_code == 503
+        except Exception:
+            return False
 
     def _server_dp_size(self) -> int:
         """The server's ``dp_size`` (``GET /get_server_info``; 1 when it does not say)."""
@@ -252,16 +261,24 @@ class HotSwapClient:
                 self.dp_size = int(resp.json().get("dp_size") or 1) if resp.status_code == 200 else 1
         return self.dp_size
 
-    def _session(self, body: dict) -> None:
+    def _session(self, body: dict, last_try: bool = True) -> bool:
+        """Open, update, close; False (nothing sent past the open) when another writer's session is open and this is
+        not ``last_try``, whose refusal raises."""
         path = "/update_weights_from_tensor"
         if self.selector == "draft" and self._server_dp_size() > 1:  # SGLang's route asserts dp_size == 1
             path = DP_DRAFTER_PATH
             body = {k: body[k] for k in ("serialized_named_tensors", "load_format")}
-        self._begin()
+        try:
+            self._call("begin_weight_update", "/begin_weight_update", {"selector": self.selector})
+        except HotSwapError:
+            if last_try:
+                raise
+            return False
         try:
             self._call("update_weights_from_tensor", path, body)
         finally:
             self._call("end_weight_update", "/end_weight_update", {})
+        return True
 
     __call__ = push
 
