@@ -34,11 +34,23 @@ def test_without_hysteresis_the_same_pattern_flaps():
 
 
 def test_dwell_and_confirm_bound_the_switch_rate():
-    # far from the threshold on both sides every 3 steps: the band rule does not help, dwell does
+    # outside the band on both sides every 3 steps, but not a factor of 2 away: the band rule does not help, dwell does
     fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=1, min_dwell=10, confirm=2), initial=SPEC)
     for i in range(300):
-        fsm.observe(2 if (i // 3) % 2 == 0 else 20)
+        fsm.observe(5 if (i // 3) % 2 == 0 else 12)
     assert 0 < fsm.switches <= 300 // 10
+
+
+def test_a_jump_far_across_the_threshold_switches_without_waiting_out_the_dwell():
+    # a small-batch tail left speculation on; the next burst of requests lands at B=64 (the plan: plain from 8 on)
+    fsm = AdaptiveFSM(_plan(8, max_batch=64), Hysteresis(margin=1, min_dwell=8, confirm=2), initial=SPEC)
+    states = [fsm.observe(b) for b in [2] * 3 + [64] * 4]
+    assert states == [SPEC] * 4 + [None] * 3  # switched on the second vote (confirm), not after 8 steps
+    # and back: the tail drops to B=1 (far below the threshold), speculation resumes after two votes
+    assert [fsm.observe(1) for _ in range(3)] == [None, SPEC, SPEC]
+    # a batch inside a factor of 2 of the threshold still waits out the dwell
+    fsm = AdaptiveFSM(_plan(8, max_batch=64), Hysteresis(margin=1, min_dwell=8, confirm=2), initial=SPEC)
+    assert [fsm.observe(b) for b in [2] * 3 + [12] * 6] == [SPEC] * 7 + [None] * 2
 
 
 def test_leaves_and_reenters_speculation_with_the_batch():

@@ -8,7 +8,11 @@ batch size that oscillates around a threshold from switching every step:
   every size in ``[B - margin, B + margin]``; near a boundary it votes to stay. For a single spec→plain boundary
   at T this gives ``exit_threshold = T + margin`` and ``enter_threshold = T - 1 - margin``;
 * **confirm** (steps): the same new state must be voted for this many consecutive steps;
-* **min dwell** (steps): no switch until the current state has lasted this many steps.
+* **min dwell** (steps): no switch until the current state has lasted this many steps -- unless the batch size is
+  *far* from every threshold: the plan picks the new state for every size from B/2 to 2B. A batch that oscillates
+  around a threshold never is; one that jumps across it (a burst of arrivals after a small-batch tail, an RL step's
+  rollouts starting together) would otherwise run ``min_dwell`` steps in a state the plan rejects (at B=64 one
+  EAGLE3 verify step of SmolLM2 on CPU costs about five plain decode steps).
 
 Steps with no decode batch (B = 0) are ignored. The machine is pure Python and knows nothing about SGLang.
 """
@@ -80,6 +84,11 @@ class AdaptiveFSM:
             return self.state
         return want
 
+    def _far(self, batch: int, want: State) -> bool:
+        """The plan picks ``want`` for every batch size from ``batch // 2`` to ``2 * batch``: no threshold is near."""
+        hi = min(self.max_batch, 2 * batch)
+        return all(self._choose(b) == want for b in range(min(max(1, batch // 2), hi), hi + 1))
+
     def observe(self, batch: int) -> State:
         """Record one step of ``batch`` active decode sequences; return the state for the next step."""
         if batch <= 0:
@@ -98,7 +107,7 @@ class AdaptiveFSM:
             return self.state
         cand, n = self._pending
         self._pending = (want, n + 1 if cand == want else 1)
-        if self._pending[1] >= self.hyst.confirm and self.dwell >= self.hyst.min_dwell:
+        if self._pending[1] >= self.hyst.confirm and (self.dwell >= self.hyst.min_dwell or self._far(batch, want)):
             self.transitions = (self.transitions + [(self.steps, self.state, want, batch)])[-64:]
             self.state, self.dwell, self._pending = want, 0, (want, 0)
             self.switches += 1
