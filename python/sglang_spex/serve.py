@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import ctypes
 import os
@@ -109,6 +110,29 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def start_all(servers: Sequence["ServerProcess"], attempts: int = 3) -> None:
+    """Spawn every server from this thread (the thread its children's death signal follows) and wait for them
+    together. If another process took a server's free port before it bound it (uvicorn then neither serves nor
+    exits), that server is stopped and started again on a new port, up to ``attempts`` tries (one when a port was
+    given). Raises on a server that exits, times out or finds no port; stopping them is the caller's part."""
+    waiting = list(servers)
+    pool = cf.ThreadPoolExecutor(len(waiting)) if len(waiting) > 1 else None
+    try:
+        for _ in range(min(s.attempts(attempts) for s in waiting)):
+            for s in waiting:
+                s.spawn()
+            ready = list(pool.map(ServerProcess.wait_ready, waiting)) if pool else [waiting[0].wait_ready()]
+            waiting = [s for s, ok in zip(waiting, ready) if not ok]
+            if not waiting:
+                return
+            for s in waiting:
+                s.move_to_free_port()
+    finally:  # an interrupt stops the servers now: a wait still running then sees its server exit
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+    raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{waiting[0].log_tail()}")
+
+
 class ServerProcess:
     """``python -m sglang_spex.launch_server ARGS`` in its own process group; a context manager."""
 
@@ -135,20 +159,15 @@ class ServerProcess:
         self.args: List[str] = self._base_args + ["--host", "127.0.0.1", "--port", str(self.port)]
 
     def start(self, attempts: int = 3) -> "ServerProcess":
-        """Launch and wait for ``/health_generate``. If another process took the free port before the server bound
-        it (uvicorn then neither serves nor exits), the server is stopped and started again on a new port. Any
-        failure or interrupt (Ctrl-C) on the way stops it: the server runs in its own session, so it would not see
-        the terminal's SIGINT and would outlive the caller."""
+        """Launch and wait for ``/health_generate`` (:func:`start_all`). Any failure or interrupt (Ctrl-C) on the
+        way stops it: the server runs in its own session, so it would not see the terminal's SIGINT and would
+        outlive the caller."""
         try:
-            for _ in range(self.attempts(attempts)):
-                self.spawn()
-                if self.wait_ready():
-                    return self
-                self.move_to_free_port()
+            start_all([self], attempts)
         except BaseException:
             self.stop()
             raise
-        raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{self.log_tail()}")
+        return self
 
     def attempts(self, attempts: int = 3) -> int:
         """How many ports to try: one when the port was given."""

@@ -9,7 +9,6 @@ of ``ranks`` devices, ``ranks`` = the GPUs its own args need: tp x pp x dp, dp n
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import signal
 from typing import Dict, List, Optional, Sequence
@@ -17,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 from sglang_spex.config import ConfigError
 from sglang_spex.launch_server import THREAD_BIND_ENV, bind_group_ids, cpu_thread_binding
 from sglang_spex.scale.router import RouterProcess, check_router
-from sglang_spex.serve import ServerProcess, signal_group, stop_all
+from sglang_spex.serve import ServerProcess, signal_group, start_all, stop_all
 
 
 def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
@@ -150,7 +149,7 @@ class Cluster:
                 ServerProcess(self.server_args, env=envs[i], startup_timeout=self.startup_timeout)
                 for i in range(self.n)
             ]
-            self._start_servers()
+            start_all(self.servers)  # spawned from this thread: their death signal follows it
             self.router = RouterProcess(
                 self.worker_urls,
                 policy=self.policy,
@@ -162,27 +161,6 @@ class Cluster:
             self.stop()
             raise
         return self
-
-    def _start_servers(self) -> None:
-        """Spawn every server from this thread (the thread its children's death signal follows), wait for them
-        together, and move any whose port was taken meanwhile to a new one (up to 3 tries each)."""
-        waiting = list(self.servers)
-        pool = cf.ThreadPoolExecutor(self.n)
-        try:
-            for _ in range(3):
-                for s in waiting:
-                    s.spawn()
-                ready = list(pool.map(ServerProcess.wait_ready, waiting))
-                waiting = [s for s, ok in zip(waiting, ready) if not ok]
-                if not waiting:
-                    return
-                if any(s.attempts() == 1 for s in waiting):
-                    break
-                for s in waiting:
-                    s.move_to_free_port()
-        finally:  # an interrupt stops the servers now: a wait still running then sees its server exit
-            pool.shutdown(wait=False, cancel_futures=True)
-        raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{waiting[0].log_tail()}")
 
     def kill(self, i: int) -> None:
         """SIGKILL server ``i`` and its children at once (a crash, not a shutdown)."""
