@@ -3,7 +3,8 @@
 Bad input answers HTTP 400 ``{"error": {"field": <name>, "reason": <why>}}``; nested names are dotted, list
 items indexed (``batch_sizes[2]``). Every body rejects unknown fields and takes JSON types as they are (no
 ``"3"`` for 3). The search ``spec`` inside ``POST /tot/search`` and the ReSpec rollouts keep their own
-validators (``tot/search_spec.py``, ``respec/buffer.py``), which name fields the same way.
+validators (``tot/search_spec.py``, ``respec/buffer.py``), which name fields the same way. A client that
+disconnects before its whole body came gets the same shape with 499 (``field`` ``body``), not a server error.
 
 This module imports only the leaves ``config.py`` and ``tot/validation.py`` of the plugin, so every routes module
 can use it.
@@ -19,18 +20,23 @@ from typing import Annotated, Any, Awaitable, Callable, Dict, List, Optional, Se
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from starlette.requests import ClientDisconnect
 
 from sglang_spex.config import DEFAULT_MAX_BODY_BYTES
 from sglang_spex.tot.validation import FieldError
 
 STATE_ATTR = "spex"  # the plugin's HTTP-side state lives on ``app.state.spex`` (``srt/http_state.py``)
+# the answer to a request whose client went away before its body was read (nginx's "client closed request"; no
+# client reads it, and no route logs it as a server error)
+CLIENT_CLOSED = 499
 
 B = TypeVar("B", bound="Body")
 
 
 class BodyError(FieldError):
     """A request body field is invalid; ``field`` names it, ``reason`` says why, ``status_code`` is the HTTP
-    answer (400; 413 for a body over the size limit, 409 for a search id in use)."""
+    answer (400; 413 for a body over the size limit, 409 for a search id in use, 499 for a client that disconnected
+    before its body was read)."""
 
     def __init__(self, field_name: str, reason: str, status_code: int = 400):
         super().__init__(field_name, reason)
@@ -99,19 +105,23 @@ def body_limit(request: Request) -> int:
 
 async def read_body(request: Request, limit: Optional[int], setting: str = "--tot-max-body-bytes") -> bytes:
     """The raw body, read in chunks and refused (413) as soon as it passes ``limit`` bytes (None: no limit);
-    ``setting`` names what sets the limit in the error."""
-    if limit is None:
-        return await request.body()
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyError("body", f"{declared} bytes is over this server's limit {limit} ({setting})", 413)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyError("body", f"over this server's limit {limit} bytes ({setting})", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    ``setting`` names what sets the limit in the error. A client that disconnects before the whole body came is
+    a :class:`BodyError` too (``CLIENT_CLOSED``), so the route ends quietly instead of with a traceback."""
+    try:
+        if limit is None:
+            return await request.body()
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BodyError("body", f"{declared} bytes is over this server's limit {limit} ({setting})", 413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyError("body", f"over this server's limit {limit} bytes ({setting})", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except ClientDisconnect:
+        raise BodyError("body", "the client disconnected before the whole body was sent", CLIENT_CLOSED) from None
 
 
 async def read_json(
