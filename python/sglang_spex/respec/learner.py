@@ -3,10 +3,12 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 
 - variants: ``frozen`` (never update), ``unweighted`` (KD, w = 1), ``reward`` (reward-weighted KD, see kd.py; the
   weight rule is ``weight_mode``: the constructor's argument when given, else the config's);
-- modes: ``sync`` (the update runs inside ``submit``; concurrent submits run their updates one at a time, each
-  from the drafter the one before published) or ``async`` (a background thread; ``submit`` returns at once; updates
-  due while one runs are coalesced into one follow-up update); ``state()["updating"]`` is true while an update runs
-  or waits to run, in either mode;
+- modes: ``sync`` (``submit`` returns after the update it made due; concurrent submits' updates run one at a time,
+  in order, each from the drafter the one before published) or ``async`` (``submit`` returns at once; updates due
+  while one runs are coalesced into one follow-up update). Either way updates run on the learner's one worker
+  thread (started while updates are queued): however many sync submits wait, one thread trains, and
+  ``submit_nowait`` lets a caller (the route) wait for its update without holding a thread of its own;
+  ``state()["updating"]`` is true while an update runs or waits to run, in either mode;
 - a candidate is rolled back (never published; the old version keeps serving) on a non-finite loss or weight,
   on an acceptance collapse on the held-out probe (accepted draft tokens after < ``collapse_ratio`` × before),
   or when publishing fails;
@@ -44,13 +46,15 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import statistics
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict, dataclass
-from typing import Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -69,6 +73,8 @@ KD_TARGETS = ("auto", "copy")
 HISTORY_LEN = 256  # update records kept (``history``, ``state()["updates"]``); a long RL run posts one per step
 POLICY_VALUE_BYTES = 8  # the widest dtype a policy push may carry (float64; ``policy_wire.check_tensors``)
 POLICY_TENSOR_FRAMING = 64 << 10  # bytes of pickle/zip or safetensors framing allowed per tensor of a policy push
+
+logger = logging.getLogger(__name__)
 
 
 class NoPolicyCopyError(RuntimeError):
@@ -150,9 +156,9 @@ class OnlineLearner:
         self._policy_lock = threading.Lock()  # a policy push's version check, copy and version, together
         self._idle = threading.Event()
         self._idle.set()
-        self._sync_updates = 0  # sync-mode updates running or waiting for ``_update_lock``
-        self._pending = False
-        self._thread: Optional[threading.Thread] = None
+        self._waiting: Deque[Future] = deque()  # sync mode: one update each, in order, for a caller waiting on it
+        self._pending = False  # async mode: one (coalesced) update due
+        self._thread: Optional[threading.Thread] = None  # the worker, while updates are queued or running
         self._rng = torch.Generator().manual_seed(self.config.seed)
         self.steps = 0
         self.attempts = 0
@@ -179,14 +185,24 @@ class OnlineLearner:
 
     def submit(self, payloads: Sequence, more: bool = False) -> dict:
         """Validate and store one batch of rollouts (raises RolloutError, storing nothing, on a bad payload);
-        trigger an update when due. Async mode returns without waiting for the update. ``more``: a part of an RL
-        step whose last part follows (stored; the step is counted, and an update triggered, at the last part)."""
+        trigger an update when due. Async mode returns without waiting for the update; sync mode after it (run on
+        the learner's worker thread). ``more``: a part of an RL step whose last part follows (stored; the step is
+        counted, and an update triggered, at the last part)."""
+        return self.submit_nowait(payloads, more).result()
+
+    def submit_nowait(self, payloads: Sequence, more: bool = False) -> "Future[dict]":
+        """:meth:`submit` without the wait: validates and stores in the caller's thread (raises RolloutError) and
+        returns a Future of submit's answer, done at once unless a sync-mode update is due, else done once the
+        learner's worker ran that update (its answer then says the version after it). The update runs even if
+        the Future is cancelled."""
         t0 = time.perf_counter()
         n = self.buffer.add_batch(payloads)
         due = False
+        answer: Future = Future()
         with self._lock:
             if more:
-                return self._answer(n, due)
+                answer.set_result(self._answer(n, due))
+                return answer
             self.steps += 1
             self._submit_times.append(time.monotonic())
             if self.config.variant != "frozen" and self.steps % self.config.update_interval == 0:
@@ -194,16 +210,32 @@ class OnlineLearner:
                 due = self.idle_reason is None and pays and self._paying  # back from the gate: next due point
                 self._paying = pays
                 self.skipped_updates += 0 if due else 1
-        if due:
-            if self.config.mode == "sync":
-                self._update_sync()
-            else:
-                self._start_async()
+        if not (due and self.config.mode == "sync"):
+            if due:
+                self._schedule(None)
+            answer.set_result(self._submitted(t0, n, due))
+            return answer
+
+        def answer_after(update: Future) -> None:  # (in the worker, right after the update)
+            try:
+                update.result()
+                _resolve(answer, self._submitted(t0, n, due))
+            except BaseException as e:
+                _resolve(answer, error=e)
+
+        update: Future = Future()
+        update.add_done_callback(answer_after)
+        self._schedule(update)
+        return answer
+
+    def _submitted(self, t0: float, accepted: int, due: bool) -> dict:
+        """Record how long the submit blocked its caller (since ``t0``) and answer it."""
         blocked = time.perf_counter() - t0
-        self.last_submit_seconds = blocked
-        self.total_submit_seconds += blocked
-        self.max_submit_seconds = max(self.max_submit_seconds, blocked)
-        return self._answer(n, due)
+        with self._lock:
+            self.last_submit_seconds = blocked
+            self.total_submit_seconds += blocked
+            self.max_submit_seconds = max(self.max_submit_seconds, blocked)
+        return self._answer(accepted, due)
 
     def _answer(self, accepted: int, due: bool) -> dict:
         size = len(self.buffer)
@@ -324,37 +356,52 @@ class OnlineLearner:
         }
 
     # -- updates --------------------------------------------------------------------------------------------------
-    def _update_sync(self) -> None:
-        """One update in the caller's thread (``_update_once`` serialises it); ``updating`` is true meanwhile."""
+    def _schedule(self, waiter: Optional[Future]) -> None:
+        """Queue an update on the worker thread (started when none runs); ``updating`` is true until the queue is
+        empty. ``waiter`` (sync mode): one update of its own, in order, whose record (or error) it gets; None
+        (async mode): one update due, coalesced with any other queued."""
         with self._lock:
-            self._sync_updates += 1
-            self._idle.clear()
-        try:
-            self._update_once()
-        finally:
-            with self._lock:
-                self._sync_updates -= 1
-                if not self._sync_updates:
-                    self._idle.set()
-
-    def _start_async(self) -> None:
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if waiter is None:
                 self._pending = True
-                return
+            else:
+                self._waiting.append(waiter)
             self._idle.clear()
-            self._thread = threading.Thread(target=self._worker, name="respec-learner", daemon=True)
-            self._thread.start()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="respec-learner", daemon=True)
+                try:
+                    self._thread.start()
+                except BaseException:  # (no thread to be had: the job stays queued for the next start)
+                    self._thread = None
+                    raise
+
+    def _next_job(self) -> Union[Future, bool, None]:
+        """The worker's next update: a waiter's, else True for a pending async one; None (the worker ends, the
+        learner is idle) when nothing is queued."""
+        with self._lock:
+            if self._waiting:
+                return self._waiting.popleft()
+            if self._pending:
+                self._pending = False
+                return True
+            self._thread = None
+            self._idle.set()
+            return None
 
     def _worker(self) -> None:
-        while True:
-            self._update_once()
-            with self._lock:
-                if not self._pending:
-                    self._thread = None
-                    self._idle.set()
-                    return
-                self._pending = False
+        job = self._next_job()
+        while job is not None:
+            record: Any = None
+            error: Optional[BaseException] = None
+            try:
+                record = self._update_once()
+            except BaseException as e:  # (``_update_locked`` keeps a training error in its record: not expected)
+                error = e
+            following = self._next_job()  # first: a waiter answered sees ``updating`` as it is after its update
+            if isinstance(job, Future):
+                _resolve(job, record, error)
+            elif error is not None:
+                logger.error("respec: an update failed outside its record", exc_info=error)
+            job = following
 
     def _update_once(self) -> UpdateRecord:
         """Drain, train and publish, one update at a time (``_update_lock``): each starts from the drafter and
@@ -478,6 +525,17 @@ class OnlineLearner:
         with self._lock:
             self._drafter, self._version = cand, new_version
         record.outcome, record.version_after = "published", new_version
+
+
+def _resolve(future: Future, result: Any = None, error: Optional[BaseException] = None) -> None:
+    """Complete ``future`` with ``result`` or ``error``; a Future its waiter cancelled is left as it is."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def _served_token_logp(r: Rollout) -> Optional[List[Optional[float]]]:

@@ -8,6 +8,9 @@
   last with ``"more": true`` (``ServerClient.post_rollouts`` cuts them). The same rollouts may come as one binary
   body, ``Content-Type: application/octet-stream`` (a safetensors file, ``rollout_wire.py``; ``more`` in its
   metadata), which decodes in milliseconds where JSON's nested lists take a large step's fraction of a second.
+  The body is decoded and validated in the shared threadpool; in sync mode the answer comes after the update the
+  post made due, which runs on the learner's own worker thread and is awaited without holding a threadpool thread
+  (however many posts wait for updates, other routes' ``run_in_threadpool`` calls keep their threads).
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload (no tensors, a tensor that is not float16/bfloat16/float32/float64, or one that does not fit
@@ -30,8 +33,10 @@ optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, res
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
@@ -82,23 +87,26 @@ def _learner(request: Request) -> OnlineLearner:
     return getattr(request.app.state, LEARNER_ATTR)
 
 
-def submit_body(learner: OnlineLearner, data: bytes, content_type: str) -> dict:
+def submit_body(learner: OnlineLearner, data: bytes, content_type: str) -> "Future[dict]":
     """What ``POST /respec/rollouts`` does with a body once read: decode it (JSON, or binary for
-    ``rollout_wire.CONTENT_TYPE``), validate and submit it; raises BodyError or RolloutError."""
+    ``rollout_wire.CONTENT_TYPE``), validate and submit it; raises BodyError or RolloutError, else returns the
+    Future of the learner's answer (``OnlineLearner.submit_nowait``: done at once, or after a sync-mode update)."""
     if content_type == rollout_wire.CONTENT_TYPE:
         rollouts, more = rollout_wire.decode(data, learner.buffer.vocab_size, learner.buffer.max_len)
-        return learner.submit(rollouts, more)
+        return learner.submit_nowait(rollouts, more)
     body = parse_body(RolloutsBody, decode_json(data))
-    return learner.submit(body.rollouts, body.more)
+    return learner.submit_nowait(body.rollouts, body.more)
 
 
 async def post_rollouts(request: Request) -> Response:
     try:
         learner = _learner(request)
         data = await read_body(request, learner.config.max_post_bytes, "learner.max_post_bytes")
-        # decoding and validating a large step, and training in sync mode, run off the event loop: other
-        # clients' requests keep flowing
-        result = await run_in_threadpool(submit_body, learner, data, _content_type(request))
+        # decoding and validating a large step run off the event loop: other clients' requests keep flowing
+        answer = await run_in_threadpool(submit_body, learner, data, _content_type(request))
+        # a sync-mode update runs on the learner's one worker thread: awaited here, not in a threadpool thread (a
+        # burst of posts waiting for their updates would take every thread other routes need)
+        result = await asyncio.wrap_future(answer)
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)  # 413 for a body over the limit
     except RolloutError as e:
