@@ -9,10 +9,25 @@ SGLang's method (paused in place: at once; otherwise under the model-update writ
 (``selector`` draft, no cache flush: the target's KV is unaffected). ``HotSwapClient`` uses it in place of step 2 of
 its session when the server runs ``--dp-size`` > 1.
 
-Body ``{"serialized_named_tensors": [b64 per TP rank], "load_format": null}``. Each payload is decoded with SGLang's
-safe unpickler here first, so a payload the schedulers could not read, or weights that are not floating point or
-not finite, are a 400 that reaches none of them. Answers
-200 ``{"success": true, "message", "ranks": [{"success", "message"}, ...]}`` (one entry per rank, in arrival
+Body ``{"serialized_named_tensors": [b64 per TP rank], "load_format": null}``. Before any scheduler is reached, every
+payload is checked here, in full: a 400 ``{"error": {"field": "serialized_named_tensors[i]", "reason"}}`` names the
+first failure and *no* rank receives anything (the schedulers' own checks come tensor by tensor, after the tensors
+before have been loaded: a wrong shape after a good tensor left every rank with half a drafter; an unknown name or a
+float ``d2t`` loaded nothing, or garbage, and answered success). Checked:
+
+- the payload decodes with SGLang's safe unpickler (after a walk that builds nothing) into (name, tensor) pairs of
+  dense tensors;
+- each name is a tensor of the drafter checkpoint the server was started with (``--speculative-draft-model-path``),
+  matched as ``LlamaForCausalLMEagle3.load_weights`` matches it (legacy ``midlayer`` → ``layers.0``,
+  ``aux_norm_{low,mid,high}`` → ``fc_norm.{0,1,2}``, an optional leading ``model.``), its shape is the checkpoint's
+  and the checkpoint's tensor is floating point (``d2t`` / ``t2d``, integer/bool vocabulary maps read once at
+  start, are refused: a drafter push never sends them). Names, shapes and dtypes come from the safetensors headers
+  (no weights read), cached per folder and file mtimes. When the checkpoint is not a local folder with readable
+  ``*.safetensors`` files (a ``.bin`` checkpoint, a hub id) this check is skipped, as before it existed: the
+  schedulers' own (per tensor, after the tensors before it) are then the only ones;
+- each tensor is floating point and finite.
+
+Answers 200 ``{"success": true, "message", "ranks": [{"success", "message"}, ...]}`` (one entry per rank, in arrival
 order), 400 ``{"success": false, ...}`` when a rank failed (the publisher then restores that replica), 400
 ``{"error": {"field", "reason"}}`` for a bad body, 413 for one past :func:`max_body_bytes` (a push is at most the
 drafter's weights per TP rank, in any float dtype, base64-encoded). Admin-scoped (W5).
@@ -20,12 +35,18 @@ drafter's weights per TP rank, in any float dtype, base64-encoded). Admin-scoped
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 from pathlib import Path
-from typing import Any, List, Optional
+from types import MappingProxyType
+from typing import Any, List, Mapping, Optional, Tuple
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
+from safetensors import safe_open
 from sglang.srt.managers import tokenizer_control_mixin
 from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
@@ -34,6 +55,8 @@ from starlette.concurrency import run_in_threadpool
 from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, check_weights, deserialize_named_tensors
 from sglang_spex.srt.http_api import Body, BodyError, error_response, parse_body, read_json
 from sglang_spex.srt.http_state import http_state
+
+logger = logging.getLogger(__name__)
 
 PATH = DP_DRAFTER_PATH  # the path HotSwapClient sends a DP server's drafter update to
 
@@ -63,12 +86,100 @@ def max_body_bytes(server_args: Any) -> Optional[int]:
     return int(getattr(server_args, "tp_size", 1) or 1) * PUSH_BYTES_PER_CHECKPOINT_BYTE * size + PUSH_SLACK_BYTES
 
 
-def _check_payloads(payloads: List[str]) -> None:
+# ``LlamaForCausalLMEagle3.load_weights`` (SGLang 0.5.23): legacy names first (substring replace), then the name as
+# it is or under ``model.`` (``lm_head.weight`` is the model's own, the rest the inner model's)
+LEGACY_NAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"), ("aux_norm_mid", "fc_norm.1"),
+                ("aux_norm_high", "fc_norm.2"))  # fmt: skip
+INDEX_FILE = "model.safetensors.index.json"
+# safetensors dtype names of floating-point types: F16, BF16, F32, F64, F8_E4M3, F8_E5M2, ...
+FLOAT_DTYPE_PREFIXES = ("F", "BF")
+
+TensorSpec = Tuple[Tuple[int, ...], str]  # (shape, safetensors dtype name)
+
+
+def parameter_key(name: str) -> str:
+    """The drafter parameter a tensor name loads into, as SGLang's EAGLE3 ``load_weights`` resolves it (a pushed
+    ``layers.0.mlp.up_proj.weight`` and a checkpoint's ``midlayer.mlp.up_proj.weight`` or
+    ``model.layers.0.mlp.up_proj.weight`` are one)."""
+    for legacy, new in LEGACY_NAMES:
+        if legacy in name:
+            name = name.replace(legacy, new)
+    return name[len("model.") :] if name.startswith("model.") else name
+
+
+def checkpoint_tensors(path: Any) -> Optional[Mapping[str, TensorSpec]]:
+    """{:func:`parameter_key`: (shape, dtype)} of the drafter checkpoint folder's safetensors files (the shards its
+    ``model.safetensors.index.json`` lists, when it has one, else every ``*.safetensors``), read from the headers
+    only and cached until a file changes; None when ``path`` is not a local folder with readable safetensors files
+    (a ``.bin`` checkpoint, a hub id): the check against the checkpoint is then skipped."""
+    folder = Path(path) if isinstance(path, str) and path else None
+    if folder is None or not folder.is_dir():
+        return None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    index = folder / INDEX_FILE
+    try:
+        stats = [(f.name, f.stat()) for f in [*files, index] if f.exists()]
+    except OSError:
+        return None
+    stamp = tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
+    return _read_headers(str(folder.resolve()), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_headers(folder: str, stamp: Tuple[Tuple[str, int, int], ...]) -> Optional[Mapping[str, TensorSpec]]:
+    """The headers of ``folder``'s safetensors files as they were at ``stamp`` (names, mtimes and sizes: a changed
+    file is a new key, so the cache never serves stale shapes)."""
+    root = Path(folder)
+    out = {}
+    try:
+        if (root / INDEX_FILE).exists():
+            shards = sorted(set(json.loads((root / INDEX_FILE).read_text())["weight_map"].values()))
+        else:
+            shards = [name for name, _, _ in stamp if name.endswith(".safetensors")]
+        for shard in shards:
+            with safe_open(str(root / shard), framework="pt") as f:
+                for name in f.keys():
+                    part = f.get_slice(name)
+                    out.setdefault(parameter_key(name), (tuple(part.get_shape()), str(part.get_dtype())))
+    except Exception as e:  # unreadable or malformed: the check is skipped, as for a checkpoint it cannot read
+        logger.warning("drafter checkpoint %s: safetensors headers unreadable (%s: %s); drafter pushes are not "
+                       "checked against its names and shapes", folder, type(e).__name__, e)  # fmt: skip
+        return None
+    return MappingProxyType(out)
+
+
+def check_against_checkpoint(name: str, tensor: torch.Tensor, expected: Mapping[str, TensorSpec]) -> Optional[str]:
+    """Why ``name`` cannot be pushed into the drafter the checkpoint describes, or None when it can."""
+    spec = expected.get(parameter_key(name))
+    if spec is None:
+        return "not a tensor of the drafter checkpoint (--speculative-draft-model-path)"
+    shape, dtype = spec
+    if not dtype.startswith(FLOAT_DTYPE_PREFIXES):
+        return f"the checkpoint's tensor is {dtype}, not floating point (a vocabulary map: never hot-swapped)"
+    if tuple(tensor.shape) != shape:
+        return f"shape {list(tensor.shape)} is not the checkpoint's {list(shape)}"
+    return None
+
+
+def _check_payloads(payloads: List[str], drafter_path: Any = None) -> None:
+    expected = checkpoint_tensors(drafter_path)
     for i, data in enumerate(payloads):
+        field = f"serialized_named_tensors[{i}]"
         try:
-            check_weights(deserialize_named_tensors(data))
-        except Exception as e:  # bad base64, a refused pickle, not (name, tensor) pairs, not float, not finite
-            raise BodyError(f"serialized_named_tensors[{i}]", f"{type(e).__name__}: {e}") from None
+            named = deserialize_named_tensors(data)
+        except Exception as e:  # bad base64, a refused pickle, not (name, tensor) pairs
+            raise BodyError(field, f"{type(e).__name__}: {e}") from None
+        if expected is not None:  # names and shapes first: cheaper than the finiteness scan below
+            for name, tensor in named:
+                problem = check_against_checkpoint(name, tensor, expected)
+                if problem is not None:
+                    raise BodyError(field, f"{name}: {problem}")
+        try:
+            check_weights(named)
+        except Exception as e:  # not float, not finite
+            raise BodyError(field, f"{type(e).__name__}: {e}") from None
 
 
 async def post_drafter_weights(request: Request) -> Response:
@@ -80,7 +191,11 @@ async def post_drafter_weights(request: Request) -> Response:
         if len(body.serialized_named_tensors) != tp:
             raise BodyError("serialized_named_tensors", f"needs one payload per TP rank ({tp}), got "
                             f"{len(body.serialized_named_tensors)}")  # fmt: skip
-        await run_in_threadpool(_check_payloads, body.serialized_named_tensors)
+        await run_in_threadpool(
+            _check_payloads,
+            body.serialized_named_tensors,
+            getattr(tm.server_args, "speculative_draft_model_path", None),
+        )
     except BodyError as e:
         return error_response(e.field, e.reason, e.status_code)
     obj = UpdateWeightsFromTensorReqInput(
