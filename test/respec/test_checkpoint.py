@@ -152,3 +152,52 @@ def test_sglang_server_serves_a_specforge_checkpoint(tiny_model, tiny_drafter, r
         assert [x["output_ids"] for x in outs] == respec_reference["workloads"][k], k
     metas = [x["meta_info"] for outs in res.values() for x in outs]
     assert sum(m.get("spec_verify_ct") or 0 for m in metas) > 0
+
+
+def _head_from_target_dir(tiny_target, path):
+    """A full-vocabulary drafter whose config's ``draft_vocab_size`` is null (SGLang then serves the target's lm_head
+    tensor itself), with an lm_head of its own in the file that is *not* the target's."""
+    full = Eagle3Drafter.for_target(tiny_target, tiny_target.config.vocab_size, seed=2)
+    with torch.no_grad():
+        full.lm_head.weight.add_(torch.randn_like(full.lm_head.weight))
+    ckpt = _specforge_dir(full, path, keep=())
+    config = json.loads((ckpt / "config.json").read_text())
+    config["draft_vocab_size"] = None
+    (ckpt / "config.json").write_text(json.dumps(config))
+    return ckpt
+
+
+def test_a_drafter_serving_the_targets_head_keeps_it_frozen_and_never_pushes_it(tiny_target, tmp_path):
+    loaded = Eagle3Drafter.from_pretrained(_head_from_target_dir(tiny_target, tmp_path / "h"), target_model=tiny_target)
+    assert loaded.cfg.head_from_target
+    assert torch.equal(loaded.lm_head.weight, tiny_target.get_output_embeddings().weight)  # as SGLang serves it
+    assert not loaded.lm_head.weight.requires_grad
+    assert "lm_head.weight" not in dict(loaded.hot_swap_tensors())
+    saved = loaded.save_pretrained(tmp_path / "again", dtype=torch.float32)
+    assert json.loads((saved / "config.json").read_text())["draft_vocab_size"] is None  # SGLang still shares the head
+    assert Eagle3Drafter.from_pretrained(saved, target_model=tiny_target).cfg.head_from_target
+    # a config that names the draft vocabulary keeps its own, trainable head, pushed with the rest
+    own = Eagle3Drafter.for_target(tiny_target, tiny_target.config.vocab_size, seed=2)
+    assert not own.cfg.head_from_target and own.lm_head.weight.requires_grad
+    assert "lm_head.weight" in dict(own.hot_swap_tensors())
+
+
+def test_a_learner_push_into_a_drafter_sharing_the_targets_head_leaves_the_policy_alone(
+    tiny_model, tiny_target, respec_reference, tmp_path
+):
+    """SGLang's drafter with a null ``draft_vocab_size`` holds the target's lm_head tensor: an lm_head in a drafter push
+    would be written into the served policy's output head. The learner's push of a trained drafter (every trainable
+    weight moved) leaves the server's greedy tokens as the plain server's."""
+    from sglang_spex.respec.hotswap import HotSwapClient
+
+    ckpt = _head_from_target_dir(tiny_target, tmp_path / "h")
+    drafter = Eagle3Drafter.from_pretrained(ckpt, target_model=tiny_target)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))  # what training may do to every weight it trains
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(ckpt), *EAGLE]
+    with ServerProcess(["--model-path", tiny_model, *COMMON, *spec]) as srv:
+        HotSwapClient(srv.url).push(1, drafter.hot_swap_tensors(torch.float32))
+        outs = generate(srv.url, WORKLOADS["b1"])
+    assert [x["output_ids"] for x in outs] == respec_reference["workloads"]["b1"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import pickle
 from pathlib import Path
@@ -196,14 +197,14 @@ def _checkpoint(folder: Path, layout: str = "sglang") -> Eagle3Drafter:
 def test_the_learners_push_and_every_float_tensor_of_the_checkpoint_go_through(tmp_path, layout):
     """What the learner pushes (``hot_swap_tensors``: our names, ``layers.0.*``, in any float dtype) is checkpoint
     names as SGLang's EAGLE3 ``load_weights`` maps them, in either layout; so is every float tensor of the file under
-    the name it has there (``midlayer.*`` for SpecForge's layout)."""
+    the name it has there (``midlayer.*`` for SpecForge's layout) but the embedding, which is the target's."""
     drafter = _checkpoint(tmp_path, layout)
     saved = load_file(str(tmp_path / "model.safetensors"))
     assert ("midlayer.self_attn.q_proj.weight" in saved) == (layout == "specforge")
     assert saved["d2t"].dtype == torch.int64 and saved["t2d"].dtype == torch.bool
     pushes = [
         drafter.hot_swap_tensors(torch.float32),
-        [(n, t.float()) for n, t in saved.items() if t.is_floating_point()],
+        [(n, t.float()) for n, t in saved.items() if t.is_floating_point() and n != "embed_tokens.weight"],
     ]
     app, sent, _ = _app(drafter=str(tmp_path))
     with TestClient(app) as c:
@@ -297,3 +298,30 @@ def test_the_checkpoints_headers_are_read_once_per_version_of_its_files(tmp_path
     save_file({"fc.weight": torch.ones(3, 2)}, str(tmp_path / "a.safetensors"))  # a new file: read again
     assert dict(dp_drafter_update.checkpoint_tensors(str(tmp_path))) == {"fc.weight": ((3, 2), "F32")}
     assert len(reads) == 2
+
+
+@pytest.mark.parametrize("head_from_target", [False, True])
+def test_a_tensor_the_served_drafter_shares_with_the_target_is_refused(tmp_path, head_from_target):
+    """SGLang's drafter holds the target's embedding tensor, and its lm_head too when the config's
+    ``draft_vocab_size`` is null: a push of either would rewrite the policy. Was: accepted (200)."""
+    drafter = _checkpoint(tmp_path)
+    if head_from_target:
+        config = json.loads((tmp_path / "config.json").read_text())
+        config["draft_vocab_size"] = None
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    state = drafter.checkpoint_tensors(torch.float32)
+    app, sent, _ = _app(drafter=str(tmp_path))
+    with TestClient(app) as c:
+        embed = c.post(dp_drafter_update.PATH, json={"serialized_named_tensors": serialize_named_tensors(
+            [("fc.weight", state["fc.weight"]), ("embed_tokens.weight", state["embed_tokens.weight"])])})  # fmt: skip
+        head = c.post(dp_drafter_update.PATH, json={"serialized_named_tensors": serialize_named_tensors(
+            [("lm_head.weight", state["lm_head.weight"])])})  # fmt: skip
+    assert embed.status_code == 400, embed.text
+    assert embed.json()["error"]["reason"] == f"embed_tokens.weight: {dp_drafter_update.SHARED_EMBEDDING}"
+    if head_from_target:
+        assert head.status_code == 400, head.text
+        assert head.json()["error"]["reason"] == f"lm_head.weight: {dp_drafter_update.SHARED_HEAD}"
+        assert sent == []
+    else:
+        assert head.status_code == 200, head.text  # a drafter with its own draft vocabulary owns its head
+        assert len(sent) == 1

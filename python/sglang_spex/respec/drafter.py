@@ -65,6 +65,9 @@ class DrafterConfig:
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[int] = None
     pad_token_id: Optional[int] = None
+    # config.json's draft_vocab_size is null: SGLang's drafter then uses the target's lm_head *tensor* itself
+    # (``load_lm_head_from_target``, ``set_embed_and_head``), so the head is the target's, frozen, and never pushed
+    head_from_target: bool = False
 
     @classmethod
     def from_target(cls, target_cfg, draft_vocab_size: int, aux_layer_ids: Optional[Sequence[int]] = None):
@@ -111,7 +114,7 @@ class DrafterConfig:
             "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
             "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
+            "draft_vocab_size": None if self.head_from_target else self.draft_vocab_size,
             "target_hidden_size": self.target_hidden_size,
             "num_aux_hidden_states": len(self.aux_layer_ids),
             "tie_word_embeddings": False,
@@ -133,7 +136,8 @@ class DrafterConfig:
     def from_hf_dict(cls, d: dict, target_config=None) -> "DrafterConfig":
         """From a config.json of ours or of SpecForge / SGLang's EAGLE-3 drafters. Without ``eagle_config`` the
         capture layers are SGLang's default {2, N/2, N−3} of the target (``target_config`` gives N); without
-        ``draft_vocab_size`` the draft vocabulary is the target's. Variants our drafter does not implement
+        ``draft_vocab_size`` (or with null) the draft vocabulary is the target's and so is the lm_head
+        (``head_from_target``). Variants our drafter does not implement
         (more than one layer, fc_norm, norm_before_fc, tied or biased weights) raise ValueError."""
         if ARCH not in (d.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 drafter config (architectures={d.get('architectures')})")
@@ -170,6 +174,7 @@ class DrafterConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
             vocab_size=d["vocab_size"],
             draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+            head_from_target=d.get("draft_vocab_size") is None,
             target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
             aux_layer_ids=aux,
             target_num_layers=n_target,
@@ -367,8 +372,11 @@ class Eagle3Drafter(nn.Module):
         return out
 
     def hot_swap_tensors(self, dtype: torch.dtype = torch.bfloat16) -> List[Tuple[str, torch.Tensor]]:
-        """The trainable weights, as (name, tensor) for SGLang's ``update_weights_from_tensor``."""
-        return [(n, t) for n, t in self.checkpoint_tensors(dtype).items() if n not in NOT_HOT_SWAPPED]
+        """The trainable weights, as (name, tensor) for SGLang's ``update_weights_from_tensor``: never the embedding
+        or the vocabulary maps, nor an lm_head the served drafter shares with the target (a push would rewrite the
+        policy's own output head)."""
+        skip = (*NOT_HOT_SWAPPED, *(("lm_head.weight",) if self.cfg.head_from_target else ()))
+        return [(n, t) for n, t in self.checkpoint_tensors(dtype).items() if n not in skip]
 
     def save_pretrained(self, out_dir, dtype: torch.dtype = torch.bfloat16, layout: str = "sglang") -> Path:
         """config.json + model.safetensors (every tensor, d2t/t2d and the embedding included); ``layout``:
@@ -379,7 +387,9 @@ class Eagle3Drafter(nn.Module):
     def from_pretrained(cls, path, target_model=None) -> "Eagle3Drafter":
         """A drafter saved by us, SpecForge or another EAGLE-3 trainer (see ``respec/checkpoint.py``). Tensors the
         checkpoint may leave out come from ``target_model`` (the served HF model): the embedding, and the
-        lm_head when the draft vocabulary is the target's (SGLang's ``load_lm_head_from_target``)."""
+        lm_head when the draft vocabulary is the target's. A config whose ``draft_vocab_size`` is null makes SGLang serve
+        the target's lm_head in place of any the checkpoint has (``load_lm_head_from_target``): so does this
+        drafter (given ``target_model``), and that head is frozen (``head_from_target``)."""
         cfg = DrafterConfig.from_hf_dict(read_config(path), getattr(target_model, "config", None))
         tensors = read_tensors(path)
         model = cls(cfg, t2d=vocab_tensors(tensors, cfg.vocab_size, cfg.draft_vocab_size))
@@ -388,6 +398,8 @@ class Eagle3Drafter(nn.Module):
         borrowed = {"embed_tokens.weight": "get_input_embeddings"}
         if cfg.draft_vocab_size == cfg.vocab_size:
             borrowed["lm_head.weight"] = "get_output_embeddings"
+        if cfg.head_from_target and target_model is not None:
+            tensors.pop("lm_head.weight", None)  # SGLang replaces it with the target's: so do we
         for name, getter in borrowed.items():
             if name not in tensors:
                 if target_model is None:
@@ -397,6 +409,8 @@ class Eagle3Drafter(nn.Module):
         missing = sorted(set(model.state_dict()) - set(tensors) - {"t2d", "d2t"})
         if missing:
             raise KeyError(f"{path}: checkpoint lacks {missing}")
+        if cfg.head_from_target:
+            model.lm_head.weight.requires_grad_(False)
         return model
 
     def load_named(self, named: Iterable[Tuple[str, torch.Tensor]], strict: bool = False) -> None:

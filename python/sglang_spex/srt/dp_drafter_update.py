@@ -25,6 +25,9 @@ float ``d2t`` loaded nothing, or garbage, and answered success). Checked:
   (no weights read), cached per folder and file mtimes. When the checkpoint is not a local folder with readable
   ``*.safetensors`` files (a ``.bin`` checkpoint, a hub id) this check is skipped, as before it existed: the
   schedulers' own (per tensor, after the tensors before it) are then the only ones;
+- no name is a tensor the served drafter shares with the target (SGLang's ``set_embed`` / ``set_embed_and_head``):
+  the embedding, and the lm_head when the checkpoint's config.json has a null ``draft_vocab_size`` or tied
+  embeddings -- a push there would rewrite the policy's own weights;
 - each tensor is floating point and finite.
 
 Answers 200 ``{"success": true, "message", "ranks": [{"success", "message"}, ...]}`` (one entry per rank, in arrival
@@ -40,7 +43,7 @@ import json
 import logging
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from fastapi import FastAPI, Request
@@ -163,14 +166,37 @@ def check_against_checkpoint(name: str, tensor: torch.Tensor, expected: Mapping[
     return None
 
 
+SHARED_EMBEDDING = "the served drafter's embedding is the target's own tensor: a push would rewrite the policy"
+SHARED_HEAD = ("the served drafter's lm_head is the target's own tensor (its config's draft_vocab_size is null or "
+               "its embeddings tied): a push would rewrite the policy's output head")  # fmt: skip
+
+
+def shared_with_target(drafter_path: Any) -> Dict[str, str]:
+    """{:func:`parameter_key`: why} of the drafter tensors SGLang shares with the target (``set_embed`` /
+    ``set_embed_and_head``): the embedding always, the lm_head when the checkpoint's config.json says so."""
+    shared = {"embed_tokens.weight": SHARED_EMBEDDING}
+    config = Path(drafter_path) / "config.json" if isinstance(drafter_path, str) and drafter_path else None
+    try:
+        cfg = json.loads(config.read_text()) if config is not None and config.is_file() else {}
+    except (OSError, ValueError):
+        cfg = {}
+    if isinstance(cfg, dict) and cfg and (cfg.get("draft_vocab_size") is None or cfg.get("tie_word_embeddings")):
+        shared["lm_head.weight"] = SHARED_HEAD
+    return shared
+
+
 def _check_payloads(payloads: List[str], drafter_path: Any = None) -> None:
     expected = checkpoint_tensors(drafter_path)
+    shared = shared_with_target(drafter_path)
     for i, data in enumerate(payloads):
         field = f"serialized_named_tensors[{i}]"
         try:
             named = deserialize_named_tensors(data)
         except Exception as e:  # bad base64, a refused pickle, not (name, tensor) pairs
             raise BodyError(field, f"{type(e).__name__}: {e}") from None
+        for name, _ in named:
+            if parameter_key(name) in shared:
+                raise BodyError(field, f"{name}: {shared[parameter_key(name)]}")
         if expected is not None:  # names and shapes first: cheaper than the finiteness scan below
             for name, tensor in named:
                 problem = check_against_checkpoint(name, tensor, expected)
