@@ -83,3 +83,14 @@ def test_first_step_adopts_the_plan_without_dwell():
     fsm = AdaptiveFSM(_plan(8), Hysteresis(margin=1, min_dwell=50, confirm=5))
     assert fsm.observe(2) == SPEC and fsm.switches == 0
     assert AdaptiveFSM(_plan(8), Hysteresis(1, 50, 5)).observe(30) is None
+
+
+def test_near_a_boundary_between_two_configs_plain_decode_is_not_held():
+    """The plan: BIG for B <= 2, SPEC for 3..5, plain from 6. Back at B=2 after a large batch, B=2's band [1, 3]
+    holds BIG and SPEC but not plain: the band must not keep the machine in plain decode (it did, for good)."""
+    plan = Plan({b: Choice(BIG if b <= 2 else SPEC if b <= 5 else None, 1.2) for b in range(1, 65)})
+    fsm = AdaptiveFSM(plan, Hysteresis(margin=1, min_dwell=8, confirm=2), initial=None)
+    states = [fsm.observe(2) for _ in range(12)]
+    assert states[-1] == BIG and fsm.switches == 1
+    fsm = AdaptiveFSM(plan, Hysteresis(margin=1, min_dwell=0, confirm=1), initial=BIG)
+    assert [fsm.observe(b) for b in (3, 3, 4, 3, 2)] == [BIG, BIG, SPEC, SPEC, SPEC]  # near 2|3 each holds its own

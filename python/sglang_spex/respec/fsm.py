@@ -5,8 +5,10 @@ the solver's :class:`~sglang_spex.respec.solver.Plan` says which one each batch 
 batch size that oscillates around a threshold from switching every step:
 
 * **band** (``margin`` batch sizes): a batch size B votes for a new state only if the plan picks that state for
-  every size in ``[B - margin, B + margin]``; near a boundary it votes to stay. For a single spec→plain boundary
-  at T this gives ``exit_threshold = T + margin`` and ``enter_threshold = T - 1 - margin``;
+  every size in ``[B - margin, B + margin]``; near a boundary it votes to stay -- when the plan picks the current
+  state somewhere in the band (near a boundary between two other states, e.g. two configs, it votes for B's own
+  choice: staying in a state no nearby size wants would hold it for good). For a single spec→plain boundary at T
+  this gives ``exit_threshold = T + margin`` and ``enter_threshold = T - 1 - margin``;
 * **confirm** (steps): the same new state must be voted for this many consecutive steps;
 * **min dwell** (steps): no switch until the current state has lasted this many steps -- unless the batch size is
   *far* from every threshold: the plan picks the new state for every size from B/2 to 2B. A batch that oscillates
@@ -75,14 +77,13 @@ class AdaptiveFSM:
         self.transitions: List[Tuple[int, State, State, int]] = []  # (step, from, to, batch size), last 64
 
     def vote(self, batch: int, plan: Optional[Callable[[int], State]] = None) -> State:
-        """The state batch size ``batch`` asks for under the band rule (the current state near a boundary), under
-        the plan the machine follows or, when given, ``plan``."""
+        """The state batch size ``batch`` asks for under the band rule (the current state near a boundary it lies
+        on), under the plan the machine follows or, when given, ``plan``."""
         choose = self._choose if plan is None else plan
         lo, hi = max(1, batch - self.hyst.margin), min(self.max_batch, batch + self.hyst.margin)
         want = choose(batch)
-        if any(choose(b) != want for b in range(lo, max(hi, lo) + 1)):
-            return self.state
-        return want
+        band = {choose(b) for b in range(lo, max(hi, lo) + 1)}
+        return self.state if len(band) > 1 and self.state in band else want
 
     def _far(self, batch: int, want: State) -> bool:
         """The plan picks ``want`` for every batch size from ``batch // 2`` to ``2 * batch``: no threshold is near."""
