@@ -176,3 +176,19 @@ def test_probe_schedule_gap_after_a_comeback():
     steps(40)  # a comeback that held for max_gap steps
     pr.replanned(off)
     assert pr.gap == 4
+
+
+def test_a_probe_never_credits_a_config_with_more_than_its_offline_profile():
+    """Session 34: a 16-step probe that happened to accept 2x the offline profile scaled the config's acceptance at
+    every batch size by its ratio, and the plan speculated up to B=60 where the offline profile says it never pays.
+    A probe restores at most the offline profile: the comeback is where the offline plan speculated, no further."""
+    rt = _runtime(_profile(pays_up_to=4))
+    drv = _Driver(rt)
+    _turn_off(drv, batch=2)
+    refits = rt.reprofiler.reprofiles
+    for _ in range(drift.PROBE_GAP + drift.PROBE_STEPS + 4 * LAG + 8):  # the probe accepts twice the profile
+        drv.run(1, 2, lambda s: 4.0)
+        if rt.reprofiler.reprofiles > refits:
+            break
+    assert rt.reprofiler.history[-1]["cause"] == "probe" and rt.plan.choose(2) == KEY  # came back ...
+    assert [b for b in range(1, 17) if rt.plan.choose(b) == KEY] == [1, 2, 3, 4]  # ... where the offline plan was

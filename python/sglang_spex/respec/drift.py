@@ -18,7 +18,8 @@ measure that config again (a drafter that later improves, or a workload that mov
 runs config k, it has the FSM follow the offline plan restricted to k for ``PROBE_STEPS`` speculative steps, first
 ``PROBE_GAP`` decode steps after the refit, then after a gap that doubles each time a probe confirms the refit (at
 most ``PROBE_MAX_GAP``). A probe whose mean accept length beats the refitted prediction by more than the threshold
-refits k by the measured ratio; the plan comes back if k then pays. Batch sizes where the offline plan runs no
+refits k by the measured ratio, up to k's offline profile (16 steps are evidence enough to undo a refit, not to
+credit k with more than the offline profile measured); the plan comes back if k then pays. Batch sizes where the offline plan runs no
 config are never probed.
 """
 
@@ -44,6 +45,10 @@ def _scaled(p: Point, cost: float, tokens: float) -> Point:
     acc = None if p.accept_length is None else max(1.0, p.accept_length * tokens)
     step = p.step_s * cost
     return Point(p.batch_size, step, tps, p.batch_size * tps / step, acc, p.verify_ct)
+
+
+def _accept(p: Point) -> float:
+    return p.accept_length or p.tokens_per_step
 
 
 class DriftProbe:
@@ -172,6 +177,7 @@ class OnlineReprofiler:
     ):
         """``base``: the offline plan probes follow (default: solved from ``profile`` for ``configs``)."""
         self.profile = copy.deepcopy(profile)
+        self.offline = SpeedupModel(copy.deepcopy(profile))  # what a probe may restore a config to, at most
         self.configs = list(configs)
         self.max_batch = max_batch
         self.threshold, self.window, self.min_samples = threshold, window, min_samples
@@ -224,9 +230,12 @@ class OnlineReprofiler:
 
     def _judge_probe(self, key: str) -> Optional[Plan]:
         """Verdict on a probe's samples: a refit of ``key`` by the measured/predicted accept-length ratio when it
-        beats the prediction by more than the threshold, else a confirmation (no refit)."""
+        beats the prediction by more than the threshold, else a confirmation (no refit). The ratio never lifts the
+        config above its offline profile: a probe undoes a drift refit, and ``PROBE_STEPS`` steps of one batch size
+        are too few to claim more (acceptance that high, sustained, is the drift monitor's to find)."""
         predicted = statistics.fmean(self.model.accept_length(key, b) for b, _ in self._probe_samples)
-        ratio = statistics.fmean(t for _, t in self._probe_samples) / predicted
+        offline = statistics.fmean(self.offline.accept_length(key, b) for b, _ in self._probe_samples)
+        ratio = min(statistics.fmean(t for _, t in self._probe_samples), offline) / predicted
         if ratio - 1.0 <= self.threshold:
             self._probe_samples = []
             self.probe.judged(False)
@@ -246,6 +255,9 @@ class OnlineReprofiler:
         for key, pts in self.profile.points.items():
             for b, p in list(pts.items()):
                 scale = tokens if key == trigger and key != PLAIN else 1.0
+                offline = self.offline.profile.points[key].get(b)
+                if cause == "probe" and scale > 1.0 and offline is not None:  # at most the offline point's
+                    scale = max(1.0, min(scale, _accept(offline) / _accept(p)))
                 self.profile.add(key, _scaled(p, cost, scale))
         # the trigger's batch sizes seen live often enough: measured step cost, acceptance moved by the measured ratio
         updated = []
@@ -254,7 +266,10 @@ class OnlineReprofiler:
                 continue
             p = self.profile.points[key][batch]
             step_s = statistics.median(s for s, _ in samples)
-            ratio = statistics.fmean(t for _, t in samples) / (p.accept_length or p.tokens_per_step)
+            ratio = statistics.fmean(t for _, t in samples) / _accept(p)
+            offline = self.offline.profile.points[key].get(batch)
+            if cause == "probe" and ratio > 1.0 and offline is not None:  # as above: at most the offline point's
+                ratio = max(1.0, min(ratio, _accept(offline) / _accept(p)))
             self.profile.add(key, _scaled(p, step_s / p.step_s, ratio if key != PLAIN else 1.0))
             updated.append(f"{key}@{batch}")
             samples.clear()
