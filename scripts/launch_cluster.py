@@ -49,6 +49,16 @@ def _port(text: str) -> int:
     return n
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0")
+    return x
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     ours, server_args = (list(argv), [])
     if "--" in ours:
@@ -65,6 +75,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--port", type=_port, default=30000, help="the router's port (default 30000)")
     p.add_argument("--no-bind", action="store_true", help="do not give each CPU server its own core range")
+    p.add_argument(
+        "--startup-timeout",
+        type=_positive_seconds,
+        default=600.0,
+        help="seconds each server may take to load and answer /health_generate (default 600; large models need more)",
+    )
     args = p.parse_args(ours)
     args.server_args = server_args
     return args
@@ -90,6 +106,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         assignment_mode=args.assignment_mode,
         bind=not args.no_bind,
         router_port=args.port,
+        startup_timeout=args.startup_timeout,
     )
     try:  # before any server starts (they take minutes to load on GPUs)
         check_router(args.port)
@@ -118,6 +135,9 @@ def main(argv: Optional[List[str]] = None) -> None:
             status = 1
     except KeyboardInterrupt:
         status = 0
+    except (RuntimeError, TimeoutError) as e:  # a server exited or was not ready in time: its log tail, no traceback
+        print(f"launch_cluster.py: {e}", file=sys.stderr)
+        status = 1
     print("stopped")  # Cluster.stop returned: every server and the router have exited
     sys.exit(status)
 

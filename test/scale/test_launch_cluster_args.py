@@ -82,6 +82,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _assert_stopped(launchers: List[int], wait_s: float = 60.0) -> None:
+    """Every server launcher has exited within ``wait_s`` (any left are killed, then the test fails)."""
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in launchers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [p for p in launchers if _alive(p)]
+    for p in left:
+        os.killpg(p, signal.SIGKILL)
+    assert left == [], "servers outlived the script"
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_while_the_servers_start_stops_them(tiny_model, sig):
@@ -102,10 +113,35 @@ def test_sigterm_while_the_servers_start_stops_them(tiny_model, sig):
     time.sleep(2.0)
     proc.send_signal(sig)
     proc.wait(timeout=90)
+    _assert_stopped(launchers)
+
+
+@pytest.mark.parametrize("seconds", ["0", "-3", "soon", "inf"])
+def test_a_startup_timeout_that_is_not_positive_seconds_exits_2(seconds):
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--startup-timeout", seconds], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "argument --startup-timeout:" in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+@pytest.mark.server
+def test_servers_not_ready_within_the_startup_timeout_stop_and_the_script_exits_1(tiny_model):
+    """Was: no way to give a large model more than 600 s, and a server that failed its start ended the script with a
+    traceback. Now ``--startup-timeout`` is the bound, and missing it stops every server and exits 1 with the log."""
+    port = str(free_port())
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--servers", "2", "--no-bind", "--port", port, "--startup-timeout", "3",
+         "--", "--model-path", tiny_model],  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
-    while any(_alive(p) for p in launchers) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = [p for p in launchers if _alive(p)]
-    for p in left:
-        os.killpg(p, signal.SIGKILL)
-    assert left == [], "servers outlived the script"
+    while len(_children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    launchers = _children(proc.pid)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "not ready after 3.0s" in err, err
+    _assert_stopped(launchers)
