@@ -214,3 +214,24 @@ def test_the_update_history_is_bounded(tiny_drafter, tiny_features, tiny_seqs, m
     state = lrn.state()
     assert state["attempts"] == 3 and len(published) == 3
     assert [u["attempt"] for u in state["updates"]] == [2, 3] and len(lrn.history) == 2
+
+
+def test_an_update_whose_rollouts_all_weigh_zero_publishes_nothing(tiny_drafter, tiny_features, tiny_seqs):
+    """w(r) = r / max|r| clamped at 0 ("max") gives every rollout of an all-negative-reward step weight 0: every KD
+    loss is 0 and the candidate equals the serving drafter. Was: published anyway (a new version, a hot-swap that
+    paused generation for nothing); now skipped, with its reason, and the features are never computed."""
+    calls = []
+
+    def features(*args, **kw):
+        calls.append(1)
+        return tiny_features.batch(*args, **kw)
+
+    published = []
+    cfg = LearnerConfig(mode="sync", update_interval=1, train_steps=2, micro_batch=2, kd_steps=1, lr=1e-3)
+    lrn = OnlineLearner(tiny_drafter, features, cfg, weight_mode="max", publish=lambda v, t: published.append(v))
+    lrn.submit(_rollouts(tiny_seqs[:3], rewards=(-1.0, -0.5, -2.0)))
+    (record,) = lrn.history
+    assert record.reason == "zero_weight" and record.outcome == "rolled_back" and record.rollouts == 3
+    assert published == [] and lrn.version == 0 and calls == []
+    lrn.submit(_rollouts(tiny_seqs[:3], rewards=(1.0, 0.5, 0.0)))  # some weight: trains and publishes
+    assert published == [1] and lrn.history[-1].outcome == "published"

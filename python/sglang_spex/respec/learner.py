@@ -91,7 +91,8 @@ class UpdateRecord:
     version_before: int
     version_after: int
     outcome: str  # "published" | "rolled_back"
-    reason: str  # "" | "nan_loss" | "nan_weights" | "acceptance_collapse" | "publish_failed: ..." | "error: ..."
+    reason: str  # "" | "empty_buffer" | "zero_weight" (every trained rollout weighs 0) | "nan_loss" | "nan_weights"
+    # | "acceptance_collapse" | "publish_failed: ..." | "error: ..."
     rollouts: int  # drained from the buffer (their rewards normalise the weights)
     tokens: int  # the update trained on: its rollouts (at most train_steps x micro_batch), windowed (train_window)
     losses: List[float]
@@ -254,7 +255,9 @@ class OnlineLearner:
 
     def _pays_back(self) -> bool:
         """The payback gate (see the module docstring); True where it does not apply. Called under the lock."""
-        trained = [r.seconds for r in self.history if r.rollouts and r.reason != "empty_buffer"][-3:]
+        trained = [r.seconds for r in self.history if r.rollouts and r.reason not in ("empty_buffer", "zero_weight")][
+            -3:
+        ]
         times = list(self._submit_times)
         if not self.config.payback or self.best_speedup is None or not trained or len(times) < 2:
             self.payback = None
@@ -465,6 +468,11 @@ class OnlineLearner:
         # (at most train_steps x micro_batch of them, however many were posted), so an update's time and memory are
         # bounded by the config, not by the buffer
         picks = [torch.randperm(len(rollouts), generator=self._rng)[: cfg.micro_batch] for _ in range(cfg.train_steps)]
+        mode = "none" if cfg.variant == "unweighted" else self.weight_mode
+        weights = reward_weights([r.reward for r in rollouts], mode, cfg.w_max)  # normalised over all drained
+        if not any(float(weights[idx].sum()) > 0 for idx in picks):  # every loss would be 0: nothing to publish
+            record.reason = "zero_weight"
+            return
         used = sorted({int(i) for idx in picks for i in idx})
         row = torch.full((len(rollouts),), -1, dtype=torch.long)
         row[used] = torch.arange(len(used))
@@ -476,8 +484,6 @@ class OnlineLearner:
         probe = self.features(self.probe) if self.probe else None
         if probe is not None:
             record.acceptance_before = acceptance_length(base, probe, cfg.probe_steps)
-        mode = "none" if cfg.variant == "unweighted" else self.weight_mode
-        weights = reward_weights([r.reward for r in rollouts], mode, cfg.w_max)  # normalised over all drained
 
         cand = copy.deepcopy(base).train()
         params = [p for p in cand.parameters() if p.requires_grad]
