@@ -41,6 +41,7 @@ import numpy as np
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import stats_channel
 from sglang_spex.srt import scheduling
+from sglang_spex.srt.dp_ranks import process_dp_rank
 from sglang_spex.srt.hook_guard import HookGuard
 from sglang_spex.srt.metrics import RankGauges
 
@@ -138,17 +139,6 @@ SUM_COUNTERS = tuple(c for c in COUNTERS if c.startswith("cancel_extra_")) + (
 def prepare_channel() -> str:
     """Fix the stats path for this process tree (call in the launching process, before SGLang forks)."""
     return stats_channel()
-
-
-def process_dp_rank() -> Optional[int]:
-    """The DP rank this scheduler process serves (SGLang's ``get_parallel().dp_rank``), None without DP."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        par = get_parallel()
-        return None if par.dp_size <= 1 or par.dp_rank is None else int(par.dp_rank)
-    except Exception:  # not written in this process (no DP controller spawned it)
-        return None
 
 
 def rank_path(base: str, dp_rank: Optional[int]) -> str:

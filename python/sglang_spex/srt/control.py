@@ -35,7 +35,7 @@ from sglang.utils import TypeBasedDispatcher
 
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.srt import scheduling
-from sglang_spex.srt.batch_stats import process_dp_rank
+from sglang_spex.srt.dp_ranks import process_dp_rank
 from sglang_spex.srt.hook_guard import HookGuard, guard_report
 from sglang_spex.srt.seeded_sampling import unseeded_counts
 from sglang_spex.tot.engine import search_rid_prefix

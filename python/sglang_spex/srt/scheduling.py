@@ -53,6 +53,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt.census import Census, census
+from sglang_spex.srt.dp_ranks import per_rank, process_dp_size
 from sglang_spex.srt.hook_guard import HookGuard
 from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.srt.prefill_allowance import PrefillAllowance, StepAllowance
@@ -128,10 +129,12 @@ class SpexSchedulerState:
     hook_by: Dict[str, float] = field(default_factory=dict)  # hook_s per hook
 
     @classmethod
-    def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
+    def from_config(cls, cfg: SpexConfig, dp_size: int = 1) -> "SpexSchedulerState":
+        """Under ``--dp-size N`` each rank takes ``ceil(k_total / N)`` as its budget and knee (:func:`per_rank`)."""
+        share = per_rank(cfg.k_total, dp_size)
         return cls(
-            budget=cfg.k_total,
-            knee=cfg.k_total,
+            budget=share,
+            knee=share,
             spec_priority=cfg.spec_priority,
             live_knee=cfg.live_knee,
             prefill=PrefillAllowance(share=cfg.spec_prefill_share),
@@ -194,7 +197,7 @@ def state_of(scheduler: Any) -> SpexSchedulerState:
     """The scheduler's plugin state; created on first use from the process's ``SpexConfig`` (read once)."""
     state = sa.attached_state(scheduler)
     if state is None:
-        state = SpexSchedulerState.from_config(SpexConfig.from_env())
+        state = SpexSchedulerState.from_config(SpexConfig.from_env(), dp_size=process_dp_size())
         sa.attach_state(scheduler, state)
     return state
 

@@ -24,6 +24,7 @@ from sglang_spex.speculation.budget import ModelBytes, model_bytes
 from sglang_spex.speculation.runner import SpexContext, context_factory, make_budget
 from sglang_spex.srt import control, metrics
 from sglang_spex.srt.batch_stats import StatsReader
+from sglang_spex.srt.dp_ranks import per_rank
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +82,17 @@ class SpexWiring:
         asyncio.ensure_future(self._set_k_total(profile))
 
     async def _set_k_total(self, profile: Profile) -> None:
-        """The knee becomes the HTTP-side budget and the scheduler's speculative admission cap."""
+        """The knee becomes the HTTP-side budget and the scheduler's speculative admission cap: the whole of it
+        without DP, each rank's share (:func:`per_rank`) under ``--dp-size N`` (the profile measured the server,
+        whose batches the DP controller splits over the ranks)."""
         self.budget.k_total = int(profile.k_total)
         logger.info("spex: k_total=%d from the roofline profile", self.budget.k_total)
         if self._tm is None:
             return
+        cap = per_rank(self.budget.k_total, int(getattr(self._tm.server_args, "dp_size", 1) or 1))
         try:
-            await control.send(self._tm, control.SpexControlReq(op="budget", value=float(self.budget.k_total)))
-            self.scheduler_cap = self.budget.k_total
+            await control.send(self._tm, control.SpexControlReq(op="budget", value=float(cap)))
+            self.scheduler_cap = cap
         except Exception:
             logger.exception("spex: setting the scheduler-side budget failed")
 
