@@ -275,6 +275,23 @@ def test_top_k_one_keeps_argmax_on_ties():
     assert got.max(-1).values.tolist() == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_k_renorm_without_a_sort_keeps_what_the_stable_sort_keeps(dtype):
+    """Ties included (values drawn from a few levels, so many tokens share the k-th value): the kept set is the
+    stable sort's (the lowest ids among the tied), for per-row k from 1 to past the vocabulary, and one int k."""
+    g = torch.Generator().manual_seed(11)
+    probs = torch.randint(1, 6, (64, 97), generator=g).to(dtype)
+    probs = probs / probs.sum(-1, keepdim=True)
+    ks = torch.randint(1, 120, (64,), generator=g)
+    ks[:4] = torch.tensor([1, 97, 1 << 30, 2])
+    for top_k in (ks, 7):
+        got = spec_sampling.top_k_renorm_prob(probs, top_k)
+        per_row = torch.as_tensor(top_k).expand(64) if isinstance(top_k, int) else top_k
+        ref = _pytorch_sampler_filter(probs.clone(), per_row, torch.full((64,), 2.0, dtype=dtype))  # no top-p
+        assert torch.equal(got > 0, ref > 0)
+        assert torch.allclose(got.float(), ref.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-7)
+
+
 def test_top_p_renorm_matches_sampler_filter():
     probs = torch.softmax(torch.randn(5, 40, generator=torch.Generator().manual_seed(9)) * 2, -1)
     ps = torch.tensor([0.05, 0.5, 0.9, 0.99, 1.0])
