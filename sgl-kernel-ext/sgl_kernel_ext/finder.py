@@ -1,7 +1,8 @@
 """A last-resort import finder that serves the ``sgl_kernel`` stand-in.
 
 It is appended to the *end* of ``sys.meta_path``, so it is consulted only when no other finder found
-``sgl_kernel``: a real, installed sgl_kernel always wins and is never shadowed. Set
+``sgl_kernel``: a real, installed sgl_kernel always wins and is never shadowed, and once it is loaded the finder
+serves none of its submodules either (a name the real package lacks stays an ImportError). Set
 ``SGL_KERNEL_EXT_DISABLE=1`` to turn the stand-in off entirely.
 
 ``python -m sgl_kernel_ext.finder install`` writes a ``.pth`` file into site-packages so the finder is
@@ -43,6 +44,11 @@ class StandinFinder(importlib.abc.MetaPathFinder):
         if fullname != ROOT and not fullname.startswith(ROOT + "."):
             return None
         if fullname in ABSENT or os.environ.get("SGL_KERNEL_EXT_DISABLE") == "1":
+            return None
+        root = sys.modules.get(ROOT)
+        if fullname != ROOT and root is not None and not getattr(root, "__sgl_kernel_ext_standin__", False):
+            # the real sgl_kernel is loaded (a GPU install): a submodule or op it lacks must stay an ImportError,
+            # which SGLang's try/except fallbacks expect, not become a stand-in that fails when called
             return None
         return importlib.machinery.ModuleSpec(fullname, _StandinLoader(), is_package=True)
 

@@ -84,3 +84,25 @@ def test_never_shadows_a_real_sgl_kernel(tmp_path):
         [sys.executable, "-c", "import sgl_kernel"], env={"SGL_KERNEL_EXT_DISABLE": "1"}, capture_output=True, text=True
     )
     assert off.returncode != 0 and "No module named 'sgl_kernel'" in off.stderr
+
+
+def test_a_name_the_real_sgl_kernel_lacks_stays_an_import_error(tmp_path):
+    """With the real package loaded (a GPU install), an op or submodule it lacks must raise ImportError, which
+    SGLang's try/except fallbacks expect (e.g. ``from sgl_kernel import fused_qk_rope_with_cos_sin_cache_inplace``);
+    the finder used to serve a stand-in module there, which failed only when called."""
+    real = tmp_path / "sgl_kernel"
+    real.mkdir()
+    (real / "__init__.py").write_text("REAL = True\n")
+    code = textwrap.dedent("""
+        import sgl_kernel
+        for stmt in ("from sgl_kernel import some_missing_op", "import sgl_kernel.some_missing_submodule"):
+            try:
+                exec(stmt)
+                print("imported")
+            except ImportError:
+                print("ImportError")
+        """)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["ImportError", "ImportError"], out.stdout + out.stderr
