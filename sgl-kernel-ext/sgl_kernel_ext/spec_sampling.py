@@ -18,6 +18,11 @@ signatures and semantics of the CUDA ones:
   ``top_p_renorm_probs``: zero the tokens outside the top-k / the top-p nucleus and renormalise. Ties
   keep the lower token id first (stable sort), so ``top_k = 1`` selects ``torch.argmax``'s token; the
   nucleus keeps a token when the mass strictly before it is ``<= top_p`` (SGLang's pytorch sampler rule).
+  SGLang's verify calls them one after the other, top-p on the top-k-renormalised rows; its non-speculative
+  CPU sampler filters both at once on the original mass. So the tensor :func:`top_k_renorm_prob` returns
+  carries the mass each row kept (``KEPT_MASS``), and :func:`top_p_renorm_prob` given that tensor compares with
+  ``top_p / kept``: the joint filter, exactly (a row's mass before a token, renormalised, is its original mass
+  before it over ``kept``). Min-p is never applied in SGLang's verify (on CUDA as here).
 
 Vectorised over the batch; loops run only over tree depth and siblings.
 """
@@ -126,8 +131,19 @@ def _sorted_desc(probs: torch.Tensor):
     return torch.sort(probs, dim=-1, descending=True, stable=True)
 
 
+KEPT_MASS = "_sgl_kernel_ext_kept_mass"  # attribute of top_k_renorm_prob's result: each row's kept mass, [rows, 1]
+
+
 def _renorm(kept: torch.Tensor) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _with_kept_mass(kept: torch.Tensor) -> torch.Tensor:
+    """``kept`` renormalised, carrying each row's kept mass for a top-p renorm that follows (module doc)."""
+    mass = kept.sum(dim=-1, keepdim=True)
+    out = kept / mass
+    setattr(out, KEPT_MASS, mass)
+    return out
 
 
 def top_k_renorm_prob(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
@@ -143,7 +159,7 @@ def top_k_renorm_prob(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> t
     k = k.expand(probs.shape[0], 1)
     rows = (k[:, 0] < vocab).nonzero().squeeze(-1)  # rows that drop anything (SGLang's "all" is 1 << 30)
     if rows.numel() == 0:
-        return _renorm(probs)
+        return _with_kept_mass(probs)
     every = rows.numel() == probs.shape[0]
     sub, ks = (probs, k) if every else (probs[rows], k[rows])
     top = torch.topk(sub, min(int(ks.max()) + 1, vocab), dim=-1).values
@@ -158,12 +174,16 @@ def top_k_renorm_prob(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> t
         room = kt - above.sum(-1, keepdim=True)  # how many of the tied tokens the row still keeps
         keep = above | (tied & (torch.cumsum(tied.to(torch.int32), dim=-1) <= room))
         out[at] = torch.where(keep, row, 0.0)
-    return _renorm(out)
+    return _with_kept_mass(out)
 
 
 def top_p_renorm_prob(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) -> torch.Tensor:
-    """Keep the top-p nucleus of each row (mass before a kept token ``<= top_p``), zero the rest, renormalise."""
+    """Keep the top-p nucleus of each row (mass before a kept token ``<= top_p``), zero the rest, renormalise;
+    on :func:`top_k_renorm_prob`'s result, the nucleus of the original mass (``top_p / kept``, module doc)."""
     p = torch.as_tensor(top_p, device=probs.device).to(probs.dtype).reshape(-1, 1)
+    kept = getattr(probs, KEPT_MASS, None)
+    if kept is not None and kept.shape[0] == probs.shape[0]:
+        p = p / kept.to(p.dtype)
     values, order = _sorted_desc(probs)
     before = torch.cumsum(values, dim=-1) - values
     values = values.masked_fill(before > p, 0.0)

@@ -11,8 +11,9 @@ V1 wraps ``_verify_uses_greedy``: for a CPU batch that is not all greedy it bind
 and answers as SGLang does on CUDA, so the batch takes SGLang's own sampling branch (temperature softmax,
 top-k / top-p renormalisation, coins, tree rejection sampling). All-greedy batches and non-CPU platforms
 are passed through unchanged. Registered with or without ``--tot-speculation``: it is a correctness fix.
-Limits inherited from SGLang's sampling branch: min-p is not applied in verify, and top-k with top-p is
-applied as two successive renormalisations.
+Limit inherited from SGLang's sampling branch: min-p is not applied in verify. Top-k with top-p, which that
+branch applies as two successive renormalisations, is the joint filter of the non-speculative CPU sampler with our
+ops (``spec_sampling.KEPT_MASS``).
 """
 
 from __future__ import annotations
