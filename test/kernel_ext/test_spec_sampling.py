@@ -193,7 +193,10 @@ def test_one_hot_target_equals_greedy_verify():
 
 
 def _chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Goodness of fit, cells with expected count < 5 pooled into one."""
+    """Goodness of fit, cells with expected count < 5 pooled into one; 0 when any sample fell on a token of
+    probability 0 (pooling would hide it: a truncated target's zeros are the cells that matter)."""
+    if counts[probs <= 0].sum() > 0:
+        return 0.0
     expected = probs * counts.sum()
     small = expected < 5
     obs = np.append(counts[~small], counts[small].sum())
@@ -266,6 +269,12 @@ def test_top_k_renorm_matches_sampler_filter():
     assert torch.allclose(got, ref, atol=1e-7)
     assert torch.allclose(got.sum(-1), torch.ones(6))
     assert (got > 0).sum(-1).tolist() == [1, 2, 5, 40, 40, 3]
+
+
+def test_the_fit_test_sees_samples_outside_the_support():
+    probs = np.array([0.5, 0.5, 0.0, 0.0])
+    assert _chi2_pvalue(np.array([500, 500, 0, 0]), probs) > 0.5
+    assert _chi2_pvalue(np.array([350, 350, 300, 0]), probs) == 0.0  # was p = 1.0: the zero cell was dropped
 
 
 def test_top_k_one_keeps_argmax_on_ties():

@@ -9,8 +9,9 @@ token greedy: speculation changes the output distribution.
 V1 wraps ``_verify_uses_greedy``: for a CPU batch that is not all greedy it binds the CPU ops of
 :mod:`sgl_kernel_ext.spec_sampling` to those ``None`` names of ``eagle_utils`` (never over a real kernel)
 and answers as SGLang does on CUDA, so the batch takes SGLang's own sampling branch (temperature softmax,
-top-k / top-p renormalisation, coins, tree rejection sampling). All-greedy batches and non-CPU platforms
-are passed through unchanged. Registered with or without ``--tot-speculation``: it is a correctness fix.
+top-k / top-p renormalisation, coins, tree rejection sampling). All-greedy batches, non-CPU platforms and
+``--speculative-use-rejection-sampling`` (its draft-probability kernel is Triton-only) are passed through
+unchanged. Registered with or without ``--tot-speculation``: it is a correctness fix.
 Limit inherited from SGLang's sampling branch: min-p is not applied in verify. Top-k with top-p, which that
 branch applies as two successive renormalisations, is the joint filter of the non-speculative CPU sampler with our
 ops (``spec_sampling.KEPT_MASS``).
@@ -52,7 +53,7 @@ def bind_cpu_ops(module: Any) -> bool:
 
 def v1_verify_uses_greedy(original: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
     """V1 (AROUND ``eagle_utils._verify_uses_greedy``): on CPU, sampling batches take the sampling branch."""
-    if kwargs.get("is_cpu") and not kwargs.get("is_all_greedy"):
+    if kwargs.get("is_cpu") and not kwargs.get("is_all_greedy") and not kwargs.get("use_rejection_sampling"):
         try:
             if bind_cpu_ops(importlib.import_module(EAGLE_UTILS)):
                 kwargs = {**kwargs, "is_cpu": False}
