@@ -1,7 +1,7 @@
-"""Under ``--dp-size N`` the server's speculative budget is split over the ranks: each rank's scheduler caps its
-speculative requests (and takes its knee) at ``ceil(k_total / N)``, for a static ``--tot-k-total`` and for the knee
-``auto`` measures. The roofline profile measures the whole server (the DP controller splits its batches over the
-ranks), so the whole knee per rank admitted up to N times the knee in all."""
+"""Under ``--dp-size N`` ``k_total`` is each rank's (``SpecBudget``: "the knee of one rank"; the scheduler caps per
+rank). ``--tot-k-total auto`` measures the knee on the whole server, whose batches the DP controller splits over the
+ranks: each rank takes ``ceil(knee / N)``, on the HTTP side and in its scheduler alike. (Session 34 first divided only
+the scheduler side; a review caught the HTTP side still handing each rank the whole knee.)"""
 
 from __future__ import annotations
 
@@ -13,18 +13,17 @@ import pytest
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt import control, spex_wiring
 from sglang_spex.srt.dp_ranks import per_rank
-from sglang_spex.srt.scheduling import SpexSchedulerState
 
 
-@pytest.mark.parametrize("k_total, dp_size, share", [(8, 1, 8), (8, 2, 4), (5, 2, 3), (1, 4, 1), (None, 2, None)])
-def test_a_ranks_share(k_total, dp_size, share):
-    assert per_rank(k_total, dp_size) == share
-    state = SpexSchedulerState.from_config(SpexConfig(enabled=True, k_total=k_total), dp_size=dp_size)
-    assert state.budget == share and state.knee == share
+@pytest.mark.parametrize(
+    "knee, dp_size, share", [(8, 1, 8), (8, 2, 4), (5, 2, 3), (1, 4, 1), (0, 2, 0), (None, 2, None)]
+)
+def test_a_ranks_share_of_a_server_knee(knee, dp_size, share):
+    assert per_rank(knee, dp_size) == share
 
 
-@pytest.mark.parametrize("dp_size, cap", [(1, 5), (2, 3)])
-def test_the_measured_knee_reaches_each_rank_as_its_share(monkeypatch, dp_size, cap):
+@pytest.mark.parametrize("dp_size, k", [(1, 5), (2, 3)])
+def test_the_measured_knee_reaches_each_rank_as_its_share_on_both_sides(monkeypatch, dp_size, k):
     sent = []
 
     async def send(tm, req):
@@ -34,5 +33,5 @@ def test_the_measured_knee_reaches_each_rank_as_its_share(monkeypatch, dp_size, 
     wiring = spex_wiring.SpexWiring(SpexConfig(enabled=True, k_total=None), lambda: None)
     wiring._tm = SimpleNamespace(server_args=SimpleNamespace(dp_size=dp_size))
     asyncio.run(wiring._set_k_total(SimpleNamespace(k_total=5)))
-    assert wiring.budget.k_total == 5  # the HTTP-side T2 budget stays the server's
-    assert sent == [("budget", float(cap))] and wiring.scheduler_cap == cap
+    assert wiring.budget.k_total == k  # the HTTP-side T2 budget: one rank's knee
+    assert sent == [("budget", float(k))] and wiring.scheduler_cap == k

@@ -1,6 +1,5 @@
-"""This scheduler process's place under ``--dp-size N``: its rank, the rank count, and a rank's share of the server's
-speculative budget. A leaf: SGLang's ``get_parallel()`` is read lazily (it is set only in processes the DP
-controller spawned)."""
+"""Data parallelism: the DP rank of this scheduler process, and one rank's knee from a knee measured on the whole
+server. A leaf: SGLang's ``get_parallel()`` is read lazily (it is set only in processes the DP controller spawned)."""
 
 from __future__ import annotations
 
@@ -18,17 +17,7 @@ def process_dp_rank() -> Optional[int]:
         return None
 
 
-def process_dp_size() -> int:
-    """How many DP ranks this scheduler process's server runs (SGLang's ``get_parallel().dp_size``), 1 without DP."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        return max(1, int(get_parallel().dp_size or 1))
-    except Exception:  # not written in this process (no DP controller spawned it)
-        return 1
-
-
-def per_rank(k_total: Optional[int], dp_size: int) -> Optional[int]:
-    """A rank's share of the server's speculative budget: ``ceil(k_total / dp_size)`` (the knee and ``k_total`` are
-    measured for the whole server, whose batches the DP controller splits over its ranks)."""
-    return None if k_total is None else max(1, -(-int(k_total) // max(1, dp_size)))
+def per_rank(knee: Optional[int], dp_size: int) -> Optional[int]:
+    """One rank's knee from a knee measured on the whole server (the roofline profile's batches are split over the
+    ranks by the DP controller): ``ceil(knee / dp_size)``; 0 stays 0."""
+    return None if knee is None else -(-int(knee) // max(1, dp_size))

@@ -299,8 +299,8 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "after P4 preempts, H6 matches the primary's prefix again before retrying (the release changed the tree)",
        by=SCHED_ADAPTER),
     _T("P20", "sglang.srt.runtime_context.get_parallel", "call", "scheduler",
-       "the DP rank and rank count of a scheduler process: names its stats ring, labels its report and gauges; "
-       "its share of --tot-k-total", by="sglang_spex.srt.dp_ranks"),
+       "the DP rank of a scheduler process: names its stats ring, labels its report and gauges",
+       by="sglang_spex.srt.dp_ranks"),
 )
 # fmt: on
 

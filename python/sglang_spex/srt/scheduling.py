@@ -53,7 +53,6 @@ from sglang.srt.managers.schedule_policy import AddReqResult
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.config import SpexConfig
 from sglang_spex.srt.census import Census, census
-from sglang_spex.srt.dp_ranks import per_rank, process_dp_size
 from sglang_spex.srt.hook_guard import HookGuard
 from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.srt.prefill_allowance import PrefillAllowance, StepAllowance
@@ -129,12 +128,10 @@ class SpexSchedulerState:
     hook_by: Dict[str, float] = field(default_factory=dict)  # hook_s per hook
 
     @classmethod
-    def from_config(cls, cfg: SpexConfig, dp_size: int = 1) -> "SpexSchedulerState":
-        """Under ``--dp-size N`` each rank takes ``ceil(k_total / N)`` as its budget and knee (:func:`per_rank`)."""
-        share = per_rank(cfg.k_total, dp_size)
+    def from_config(cls, cfg: SpexConfig) -> "SpexSchedulerState":
         return cls(
-            budget=share,
-            knee=share,
+            budget=cfg.k_total,
+            knee=cfg.k_total,
             spec_priority=cfg.spec_priority,
             live_knee=cfg.live_knee,
             prefill=PrefillAllowance(share=cfg.spec_prefill_share),
@@ -197,7 +194,7 @@ def state_of(scheduler: Any) -> SpexSchedulerState:
     """The scheduler's plugin state; created on first use from the process's ``SpexConfig`` (read once)."""
     state = sa.attached_state(scheduler)
     if state is None:
-        state = SpexSchedulerState.from_config(SpexConfig.from_env(), dp_size=process_dp_size())
+        state = SpexSchedulerState.from_config(SpexConfig.from_env())
         sa.attach_state(scheduler, state)
     return state
 

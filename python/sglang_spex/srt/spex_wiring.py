@@ -82,17 +82,17 @@ class SpexWiring:
         asyncio.ensure_future(self._set_k_total(profile))
 
     async def _set_k_total(self, profile: Profile) -> None:
-        """The knee becomes the HTTP-side budget and the scheduler's speculative admission cap: the whole of it
-        without DP, each rank's share (:func:`per_rank`) under ``--dp-size N`` (the profile measured the server,
-        whose batches the DP controller splits over the ranks)."""
-        self.budget.k_total = int(profile.k_total)
+        """The knee becomes the HTTP-side budget and the scheduler's speculative admission cap, both per rank
+        (``SpecBudget``'s ``k_total`` is one rank's knee): under ``--dp-size N`` the profile measured the whole
+        server, whose batches the DP controller splits over the ranks, so each rank takes ``ceil(knee / N)``."""
+        dp = int(getattr(getattr(self._tm, "server_args", None), "dp_size", 1) or 1)
+        self.budget.k_total = per_rank(int(profile.k_total), dp)
         logger.info("spex: k_total=%d from the roofline profile", self.budget.k_total)
         if self._tm is None:
             return
-        cap = per_rank(self.budget.k_total, int(getattr(self._tm.server_args, "dp_size", 1) or 1))
         try:
-            await control.send(self._tm, control.SpexControlReq(op="budget", value=float(cap)))
-            self.scheduler_cap = cap
+            await control.send(self._tm, control.SpexControlReq(op="budget", value=float(self.budget.k_total)))
+            self.scheduler_cap = self.budget.k_total
         except Exception:
             logger.exception("spex: setting the scheduler-side budget failed")
 
