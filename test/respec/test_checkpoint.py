@@ -201,3 +201,23 @@ def test_a_learner_push_into_a_drafter_sharing_the_targets_head_leaves_the_polic
         HotSwapClient(srv.url).push(1, drafter.hot_swap_tensors(torch.float32))
         outs = generate(srv.url, WORKLOADS["b1"])
     assert [x["output_ids"] for x in outs] == respec_reference["workloads"]["b1"]
+
+
+def test_the_learner_follows_a_policy_push_into_the_shared_head(tiny_target, tmp_path, tiny_seqs):
+    """The served drafter holds the target's lm_head tensor, so a policy push moves its head; the learner's drafter
+    takes the policy copy's current head before it trains (review of session 34: it kept the first policy's)."""
+    import copy
+
+    from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
+    from sglang_spex.respec.target import TargetFeatures
+
+    target = copy.deepcopy(tiny_target)  # (the session's target stays as it is)
+    drafter = Eagle3Drafter.from_pretrained(_head_from_target_dir(target, tmp_path / "h"), target_model=target)
+    feats = TargetFeatures(target, drafter.cfg.aux_layer_ids, drafter.t2d)
+    cfg = LearnerConfig(mode="sync", variant="unweighted", update_interval=1, train_steps=1, micro_batch=2)
+    lrn = OnlineLearner(drafter, feats.batch, cfg, publish=lambda v, t: None, policy_sync=feats.load_weights)
+    moved = target.get_output_embeddings().weight.detach() * 1.5
+    lrn.set_policy(1, [("lm_head.weight", moved)])
+    lrn.submit([{"prompt_ids": list(p), "response_ids": list(r), "reward": 1.0} for p, r in tiny_seqs[:2]])
+    assert lrn.history[-1].outcome == "published", lrn.history[-1]
+    assert torch.equal(lrn.current()[1].lm_head.weight, moved)

@@ -45,6 +45,7 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -462,8 +463,21 @@ class OnlineLearner:
         )
         return batch
 
+    def _follow_target_head(self, drafter: Eagle3Drafter) -> None:
+        """A drafter whose served form holds the target's lm_head tensor (``head_from_target``) takes the policy
+        copy's current head: a policy push moved the server's drafter head with the target's, and only the copy
+        learned of it (``set_policy``)."""
+        feats = getattr(self.features, "__self__", None)
+        model = getattr(feats, "model", None)
+        head = model.get_output_embeddings() if isinstance(model, torch.nn.Module) else None
+        if not drafter.cfg.head_from_target or head is None:
+            return
+        with getattr(feats, "_lock", None) or contextlib.nullcontext(), torch.no_grad():  # (the copy's push lock)
+            drafter.lm_head.weight.copy_(head.weight.to(drafter.lm_head.weight.dtype))
+
     def _train_and_publish(self, rollouts: List[Rollout], base: Eagle3Drafter, record: UpdateRecord) -> None:
         cfg = self.config
+        self._follow_target_head(base)  # (under the update lock: the serving drafter, in place)
         # each optimizer step's micro-batch is drawn first: the copy runs only on the rollouts some step trains on
         # (at most train_steps x micro_batch of them, however many were posted), so an update's time and memory are
         # bounded by the config, not by the buffer
