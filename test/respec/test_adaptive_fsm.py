@@ -94,3 +94,12 @@ def test_near_a_boundary_between_two_configs_plain_decode_is_not_held():
     assert states[-1] == BIG and fsm.switches == 1
     fsm = AdaptiveFSM(plan, Hysteresis(margin=1, min_dwell=0, confirm=1), initial=BIG)
     assert [fsm.observe(b) for b in (3, 3, 4, 3, 2)] == [BIG, BIG, SPEC, SPEC, SPEC]  # near 2|3 each holds its own
+
+
+def test_a_batch_alternating_between_two_configs_regions_leaves_plain_decode():
+    """Review of session 34: B alternating 2, 3 (plan: BIG at <= 2, SPEC at 3..5) voted BIG, SPEC, BIG, ... so the
+    same-state confirm count never reached 2 and plain decode held for good."""
+    plan = Plan({b: Choice(BIG if b <= 2 else SPEC if b <= 5 else None, 1.2) for b in range(1, 65)})
+    fsm = AdaptiveFSM(plan, Hysteresis(margin=1, min_dwell=8, confirm=2), initial=None)
+    states = [fsm.observe(2 + i % 2) for i in range(40)]
+    assert states[-1] in (BIG, SPEC) and fsm.switches >= 1

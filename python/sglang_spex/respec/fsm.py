@@ -9,7 +9,9 @@ batch size that oscillates around a threshold from switching every step:
   state somewhere in the band (near a boundary between two other states, e.g. two configs, it votes for B's own
   choice: staying in a state no nearby size wants would hold it for good). For a single spec→plain boundary at T
   this gives ``exit_threshold = T + margin`` and ``enter_threshold = T - 1 - margin``;
-* **confirm** (steps): the same new state must be voted for this many consecutive steps;
+* **confirm** (steps): this many consecutive steps must vote to leave the current state (for the state the last
+  vote names: a batch alternating between two sizes whose configs differ, next to neither's boundary with the
+  current state, still leaves it);
 * **min dwell** (steps): no switch until the current state has lasted this many steps -- unless the batch size is
   *far* from every threshold: the plan picks the new state for every size from B/2 to 2B. A batch that oscillates
   around a threshold never is; one that jumps across it (a burst of arrivals after a small-batch tail, an RL step's
@@ -106,8 +108,7 @@ class AdaptiveFSM:
         if want == self.state:
             self._pending = (self.state, 0)
             return self.state
-        cand, n = self._pending
-        self._pending = (want, n + 1 if cand == want else 1)
+        self._pending = (want, self._pending[1] + 1)  # consecutive votes to leave; the latest names the state
         if self._pending[1] >= self.hyst.confirm and (self.dwell >= self.hyst.min_dwell or self._far(batch, want)):
             self.transitions = (self.transitions + [(self.steps, self.state, want, batch)])[-64:]
             self.state, self.dwell, self._pending = want, 0, (want, 0)
