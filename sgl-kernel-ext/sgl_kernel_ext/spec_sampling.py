@@ -131,7 +131,9 @@ def _sorted_desc(probs: torch.Tensor):
     return torch.sort(probs, dim=-1, descending=True, stable=True)
 
 
-KEPT_MASS = "_sgl_kernel_ext_kept_mass"  # attribute of top_k_renorm_prob's result: each row's kept mass, [rows, 1]
+# attribute of top_k_renorm_prob's result: (each row's kept mass [rows, 1], the tensor's version then); a view or a
+# copy of the result does not carry it (two successive renormalisations, SGLang's own rule, then apply)
+KEPT_MASS = "_sgl_kernel_ext_kept_mass"
 
 
 def _renorm(kept: torch.Tensor) -> torch.Tensor:
@@ -142,7 +144,7 @@ def _with_kept_mass(kept: torch.Tensor) -> torch.Tensor:
     """``kept`` renormalised, carrying each row's kept mass for a top-p renorm that follows (module doc)."""
     mass = kept.sum(dim=-1, keepdim=True)
     out = kept / mass
-    setattr(out, KEPT_MASS, mass)
+    setattr(out, KEPT_MASS, (mass, out._version))  # the version: a buffer changed in place since carries no mass
     return out
 
 
@@ -181,8 +183,8 @@ def top_p_renorm_prob(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) ->
     """Keep the top-p nucleus of each row (mass before a kept token ``<= top_p``), zero the rest, renormalise;
     on :func:`top_k_renorm_prob`'s result, the nucleus of the original mass (``top_p / kept``, module doc)."""
     p = torch.as_tensor(top_p, device=probs.device).to(probs.dtype).reshape(-1, 1)
-    kept = getattr(probs, KEPT_MASS, None)
-    if kept is not None and kept.shape[0] == probs.shape[0]:
+    kept, version = getattr(probs, KEPT_MASS, (None, None))
+    if kept is not None and version == probs._version and kept.shape[0] == probs.shape[0]:
         p = p / kept.to(p.dtype)
     values, order = _sorted_desc(probs)
     before = torch.cumsum(values, dim=-1) - values

@@ -319,6 +319,12 @@ def test_top_k_then_top_p_as_verify_calls_them_is_the_samplers_joint_filter():
     assert torch.allclose(got, ref, atol=1e-6)
 
 
+def test_a_top_k_result_changed_in_place_carries_no_kept_mass():
+    out = spec_sampling.top_k_renorm_prob(torch.tensor([[0.4, 0.3, 0.2, 0.1]]), 2)
+    out.copy_(torch.tensor([[0.5, 0.3, 0.2, 0.0]]))  # reused as a buffer: its old mass no longer applies
+    assert torch.allclose(spec_sampling.top_p_renorm_prob(out, 0.45), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+
+
 def test_top_p_renorm_matches_sampler_filter():
     probs = torch.softmax(torch.randn(5, 40, generator=torch.Generator().manual_seed(9)) * 2, -1)
     ps = torch.tensor([0.05, 0.5, 0.9, 0.99, 1.0])
