@@ -121,7 +121,15 @@ def start_all(servers: Sequence["ServerProcess"], attempts: int = 3) -> None:
         for _ in range(min(s.attempts(attempts) for s in waiting)):
             for s in waiting:
                 s.spawn()
-            ready = list(pool.map(ServerProcess.wait_ready, waiting)) if pool else [waiting[0].wait_ready()]
+            if pool is None:
+                ready = [waiting[0].wait_ready()]
+            else:  # the first server to fail raises at once, not after the ones before it are ready or time out
+                futures = [pool.submit(ServerProcess.wait_ready, s) for s in waiting]
+                done, _ = cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
+                for f in done:
+                    if f.exception() is not None:
+                        f.result()  # raises it
+                ready = [f.result() for f in futures]
             waiting = [s for s, ok in zip(waiting, ready) if not ok]
             if not waiting:
                 return
