@@ -7,7 +7,10 @@ Sequence (``sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``):
    manager's ``update_weights_from_tensor`` takes the model-update *writer* lock, i.e. waits until every in-flight
    request has finished and holds back new ones meanwhile — no swap mid-request, and a stall. Skipped when
    generation is paused already (``GET /ready`` answers 503): that pause is someone else's, and the push neither
-   takes it again nor releases it;
+   takes it again nor releases it. (``/ready`` is also 503 while the server is starting, unhealthy or shutting
+   down: the push then runs unpaused, under the writer lock. SGLang keeps one pause flag for every writer, so two
+   writers that pause can still release each other's pause: a second writer that saw this push's pause and did
+   not pause may run its update unpaused once this push, refused, releases it);
 1. ``POST /begin_weight_update``  ``{"selector": "draft"}``. Refused while another writer's session is open (e.g.
    the RL trainer's policy push): the push releases its own pause (step 4), sleeps ``retry_sleep`` and starts again
    at step 0, up to ``begin_retries`` times — generation runs while it waits. (Holding the pause instead froze every
