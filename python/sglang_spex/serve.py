@@ -116,6 +116,8 @@ def start_all(servers: Sequence["ServerProcess"], attempts: int = 3) -> None:
     exits), that server is stopped and started again on a new port, up to ``attempts`` tries (one when a port was
     given). Raises on a server that exits, times out or finds no port; stopping them is the caller's part."""
     waiting = list(servers)
+    if not waiting:
+        return
     pool = cf.ThreadPoolExecutor(len(waiting)) if len(waiting) > 1 else None
     try:
         for _ in range(min(s.attempts(attempts) for s in waiting)):

@@ -235,3 +235,23 @@ def test_an_update_whose_rollouts_all_weigh_zero_publishes_nothing(tiny_drafter,
     assert published == [] and lrn.version == 0 and calls == []
     lrn.submit(_rollouts(tiny_seqs[:3], rewards=(1.0, 0.5, 0.0)))  # some weight: trains and publishes
     assert published == [1] and lrn.history[-1].outcome == "published"
+
+
+def test_a_worker_that_cannot_start_leaves_the_learner_idle(tiny_drafter, tiny_features, tiny_seqs, monkeypatch):
+    """Review of session 34: a failed thread start left the update queued and ``updating`` true for good."""
+    import threading
+
+    import pytest
+
+    lrn, published = _learner(tiny_drafter, tiny_features, tiny_seqs, mode="sync", update_interval=1)
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="start new thread"):
+        lrn.submit(_rollouts(tiny_seqs[:3]))
+    assert lrn.wait_idle(0.5) and not lrn.state()["updating"] and published == []
+    monkeypatch.undo()
+    lrn.submit(_rollouts(tiny_seqs[:3]))  # a thread again: the next update runs, once
+    assert len(published) == 1

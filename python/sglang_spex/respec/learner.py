@@ -374,8 +374,14 @@ class OnlineLearner:
                 self._thread = threading.Thread(target=self._worker, name="respec-learner", daemon=True)
                 try:
                     self._thread.start()
-                except BaseException:  # (no thread to be had: the job stays queued for the next start)
+                except BaseException:  # no thread to be had: the job is dropped, the learner as it was before
                     self._thread = None
+                    if waiter is None:
+                        self._pending = False
+                    else:
+                        self._waiting.remove(waiter)
+                    if not self._waiting and not self._pending:
+                        self._idle.set()
                     raise
 
     def _next_job(self) -> Union[Future, bool, None]:
