@@ -35,3 +35,17 @@ def test_the_measured_knee_reaches_each_rank_as_its_share_on_both_sides(monkeypa
     asyncio.run(wiring._set_k_total(SimpleNamespace(k_total=5)))
     assert wiring.budget.k_total == k  # the HTTP-side T2 budget: one rank's knee
     assert sent == [("budget", float(k))] and wiring.scheduler_cap == k
+
+
+@pytest.mark.parametrize("dp_size, seen", [(1, 3), (2, 6)])
+def test_a_ranks_decode_step_reaches_the_drift_monitor_on_the_servers_scale(monkeypatch, dp_size, seen):
+    """The profile's batch is the whole server's: a rank decoding 3 rows under --dp-size 2 is its curve at 6 (was
+    compared with its curve at 3: a drift that never goes away, and re-profiles)."""
+    observed = []
+    manager = SimpleNamespace(observe=lambda batch, step_s: observed.append((batch, step_s)))
+    wiring = spex_wiring.SpexWiring(SpexConfig(enabled=True, k_total=None), lambda: manager)
+    wiring._tm = SimpleNamespace(server_args=SimpleNamespace(dp_size=dp_size))
+    row = {"mode": spex_wiring.DECODE_MODE, "step_s": 0.1, "time": 1.0, "batch_size": 3, "primary_live": 2}
+    monkeypatch.setattr(wiring, "_reader", lambda rank: SimpleNamespace(latest=lambda: row))
+    assert wiring.engine_primary(0) == 2
+    assert observed == [(seen, 0.1)]

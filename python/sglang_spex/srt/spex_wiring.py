@@ -81,12 +81,14 @@ class SpexWiring:
     def _on_profile(self, profile: Profile) -> None:
         asyncio.ensure_future(self._set_k_total(profile))
 
+    def _dp_size(self) -> int:
+        return int(getattr(getattr(self._tm, "server_args", None), "dp_size", 1) or 1)
+
     async def _set_k_total(self, profile: Profile) -> None:
         """The knee becomes the HTTP-side budget and the scheduler's speculative admission cap, both per rank
         (``SpecBudget``'s ``k_total`` is one rank's knee): under ``--dp-size N`` the profile measured the whole
         server, whose batches the DP controller splits over the ranks, so each rank takes ``ceil(knee / N)``."""
-        dp = int(getattr(getattr(self._tm, "server_args", None), "dp_size", 1) or 1)
-        self.budget.k_total = per_rank(int(profile.k_total), dp)
+        self.budget.k_total = per_rank(int(profile.k_total), self._dp_size())
         logger.info("spex: k_total=%d from the roofline profile", self.budget.k_total)
         if self._tm is None:
             return
@@ -148,7 +150,8 @@ class SpexWiring:
         if fresh and self.cfg.k_total is None:  # a fixed k_total never reads the profile: no re-profiling
             self._last_row_time[rank] = row["time"]
             try:  # the drift monitor may re-profile in the background; it must never break the budget
-                self._profile().observe(int(row.get("batch_size", 0)), step_s)
+                # the profile measured the whole server: a rank's batch b is its curve's b * dp_size (per_rank)
+                self._profile().observe(int(row.get("batch_size", 0)) * self._dp_size(), step_s)
             except Exception:
                 logger.debug("spex: drift observation failed", exc_info=True)
         live = row.get("primary_live")  # every row carries the gate's census (a ring of another version is refused)
