@@ -174,7 +174,7 @@ class DrafterConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
             vocab_size=d["vocab_size"],
             draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
-            head_from_target=d.get("draft_vocab_size") is None,
+            head_from_target=shares_target_head(d),
             target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
             aux_layer_ids=aux,
             target_num_layers=n_target,
@@ -453,6 +453,12 @@ class Eagle3Drafter(nn.Module):
             head = target_model.get_output_embeddings().weight.float()
             model.lm_head.weight.copy_(head[model.t2d])
         return model
+
+
+def shares_target_head(config: dict) -> bool:
+    """SGLang's EAGLE-3 drafter of this config.json serves the target's lm_head tensor itself: its
+    ``draft_vocab_size`` is null (``load_lm_head_from_target``) or its embeddings are tied."""
+    return config.get("draft_vocab_size") is None or bool(config.get("tie_word_embeddings"))
 
 
 def drafter_summary(model: Eagle3Drafter) -> dict:

@@ -19,8 +19,8 @@ runs config k, it has the FSM follow the offline plan restricted to k for ``PROB
 ``PROBE_GAP`` decode steps after the refit, then after a gap that doubles each time a probe confirms the refit (at
 most ``PROBE_MAX_GAP``). A probe whose mean accept length beats the refitted prediction by more than the threshold
 refits k by the measured ratio, up to k's offline profile (16 steps are evidence enough to undo a refit, not to
-credit k with more than the offline profile measured); the plan comes back if k then pays. Batch sizes where the offline plan runs no
-config are never probed.
+credit k with more than the offline profile measured); the plan comes back if k then pays. Batch sizes where the
+offline plan runs no config are never probed.
 """
 
 from __future__ import annotations
@@ -242,6 +242,13 @@ class OnlineReprofiler:
             return None
         return self._refit(key, tokens=ratio)
 
+    def _capped(self, cause: str, key: str, p: Point, scale: float) -> float:
+        """A probe's acceptance ``scale`` for point ``p`` of ``key``, raised at most to the offline point's."""
+        offline = self.offline.profile.points[key].get(p.batch_size)
+        if cause != "probe" or scale <= 1.0 or offline is None:
+            return scale
+        return max(1.0, min(scale, _accept(offline) / _accept(p)))
+
     def _refit(self, trigger: str, tokens: Optional[float] = None) -> Plan:
         """Refit from the trigger's windows, or for a probe verdict (``tokens``: its accept-length ratio, no cost
         scaling); then re-plan and pass the plan to :attr:`probe`."""
@@ -255,10 +262,7 @@ class OnlineReprofiler:
         for key, pts in self.profile.points.items():
             for b, p in list(pts.items()):
                 scale = tokens if key == trigger and key != PLAIN else 1.0
-                offline = self.offline.profile.points[key].get(b)
-                if cause == "probe" and scale > 1.0 and offline is not None:  # at most the offline point's
-                    scale = max(1.0, min(scale, _accept(offline) / _accept(p)))
-                self.profile.add(key, _scaled(p, cost, scale))
+                self.profile.add(key, _scaled(p, cost, self._capped(cause, key, p, scale)))
         # the trigger's batch sizes seen live often enough: measured step cost, acceptance moved by the measured ratio
         updated = []
         for (key, batch), samples in self._samples.items():
@@ -266,10 +270,7 @@ class OnlineReprofiler:
                 continue
             p = self.profile.points[key][batch]
             step_s = statistics.median(s for s, _ in samples)
-            ratio = statistics.fmean(t for _, t in samples) / _accept(p)
-            offline = self.offline.profile.points[key].get(batch)
-            if cause == "probe" and ratio > 1.0 and offline is not None:  # as above: at most the offline point's
-                ratio = max(1.0, min(ratio, _accept(offline) / _accept(p)))
+            ratio = self._capped(cause, key, p, statistics.fmean(t for _, t in samples) / _accept(p))
             self.profile.add(key, _scaled(p, step_s / p.step_s, ratio if key != PLAIN else 1.0))
             updated.append(f"{key}@{batch}")
             samples.clear()

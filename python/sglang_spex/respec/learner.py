@@ -298,8 +298,8 @@ class OnlineLearner:
         a policy copy."""
         if self.policy_sync is None:
             return 0
-        model = getattr(getattr(self.policy_sync, "__self__", None), "model", None)
-        if not isinstance(model, torch.nn.Module):
+        model = _bound_model(self.policy_sync)
+        if model is None:
             return None
         state = model.state_dict()
         raw = sum(t.numel() for t in state.values()) * POLICY_VALUE_BYTES + len(state) * POLICY_TENSOR_FRAMING
@@ -473,12 +473,12 @@ class OnlineLearner:
         """A drafter whose served form holds the target's lm_head tensor (``head_from_target``) takes the policy
         copy's current head: a policy push moved the server's drafter head with the target's, and only the copy
         learned of it (``set_policy``)."""
-        feats = getattr(self.features, "__self__", None)
-        model = getattr(feats, "model", None)
-        head = model.get_output_embeddings() if isinstance(model, torch.nn.Module) else None
+        model = _bound_model(self.features)
+        head = model.get_output_embeddings() if model is not None else None
         if not drafter.cfg.head_from_target or head is None:
             return
-        with getattr(feats, "_lock", None) or contextlib.nullcontext(), torch.no_grad():  # (the copy's push lock)
+        lock = getattr(self.features.__self__, "_lock", None)  # the copy's push lock (``TargetFeatures``)
+        with lock or contextlib.nullcontext(), torch.no_grad():
             drafter.lm_head.weight.copy_(head.weight.to(drafter.lm_head.weight.dtype))
 
     def _train_and_publish(self, rollouts: List[Rollout], base: Eagle3Drafter, record: UpdateRecord) -> None:
@@ -551,6 +551,12 @@ class OnlineLearner:
         with self._lock:
             self._drafter, self._version = cand, new_version
         record.outcome, record.version_after = "published", new_version
+
+
+def _bound_model(fn: Any) -> Optional[torch.nn.Module]:
+    """The ``model`` of the object ``fn`` is bound to (the policy copy, ``TargetFeatures``), None if there is none."""
+    model = getattr(getattr(fn, "__self__", None), "model", None)
+    return model if isinstance(model, torch.nn.Module) else None
 
 
 def _resolve(future: Future, result: Any = None, error: Optional[BaseException] = None) -> None:

@@ -55,6 +55,7 @@ from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
 from starlette.concurrency import run_in_threadpool
 
+from sglang_spex.respec.drafter import shares_target_head
 from sglang_spex.respec.hotswap import DP_DRAFTER_PATH, check_weights, deserialize_named_tensors
 from sglang_spex.srt.http_api import Body, BodyError, error_response, parse_body, read_json
 from sglang_spex.srt.http_state import http_state
@@ -180,7 +181,7 @@ def shared_with_target(drafter_path: Any) -> Dict[str, str]:
         cfg = json.loads(config.read_text()) if config is not None and config.is_file() else {}
     except (OSError, ValueError):
         cfg = {}
-    if isinstance(cfg, dict) and cfg and (cfg.get("draft_vocab_size") is None or cfg.get("tie_word_embeddings")):
+    if isinstance(cfg, dict) and cfg and shares_target_head(cfg):
         shared["lm_head.weight"] = SHARED_HEAD
     return shared
 
