@@ -501,6 +501,9 @@ class GpuCheck:
             res = _generate(srv.url, texts, n)
             out[b] = {"tok_s": b * n / (time.perf_counter() - t0), "ids": [o["output_ids"] for o in res]}
         got = [o["output_ids"] for o in _generate(srv.url, PROMPTS[:4], n)]
+        # one sampling request at B=1 (a speculating state): hook V3 wraps the real verify kernel for min-p
+        params = {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": n}
+        sampled = httpx.post(srv.url + "/generate", json={"text": PROMPTS[0], "sampling_params": params}, timeout=120)
         ref = self.state.get("greedy_ref")
         same = "n/a" if ref is None else f"{sum(a == b for a, b in zip(got, ref))}/{len(got)}"
         info = httpx.get(srv.url + "/get_server_info", timeout=60).json()
@@ -510,9 +513,10 @@ class GpuCheck:
         switches = (st.get("fsm") or {}).get("switches")
         detail = (
             f"B=1 {out[1]['tok_s']:.0f} tok/s, B=8 {out[8]['tok_s']:.0f} tok/s; spec steps {spec_steps}, "
-            f"plain steps {plain_steps}, switches {switches}; greedy = plain {same}; overlap {overlap}"
+            f"plain steps {plain_steps}, switches {switches}; greedy = plain {same}; overlap {overlap}; "
+            f"top-k/top-p/min-p request {sampled.status_code}"
         )
-        return {"_fail": not (spec_steps > 0 and plain_steps > 0), "_detail": detail}
+        return {"_fail": not (spec_steps > 0 and plain_steps > 0 and sampled.status_code == 200), "_detail": detail}
 
     def stage_respec_ngram(self) -> Dict[str, Any]:
         return self._respec(NGRAM, [])

@@ -160,6 +160,7 @@ def test_without_speculation_only_the_report_and_backend_features_register(clean
     ours = {tp.target for f in plan.enabled for tp in hooks.points_of(f) if tp.registered_here}
     assert ours == {
         f"{hooks.SCHEDULER}.get_internal_state",
+        "sglang.srt.speculative.eagle_utils.eagle_sample",
         "sglang.srt.speculative.eagle_utils._verify_uses_greedy",
         "sglang.srt.managers.overlap_utils.gather_spec_extras",
         "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_tensor",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -41,7 +42,12 @@ MIN_CELL = 10
 ALPHA = 1e-4
 LM_HEAD_SCALE = 20.0
 GREEDY_PROMPTS = ["a b c a b c", "Step 1: add the numbers.", "the answer is 4 2"]
-POPULATIONS = {"t1": {"temperature": 1.0}, "t1_top_p": {"temperature": 1.0, "top_p": 0.8}}
+POPULATIONS = {
+    "t1": {"temperature": 1.0},
+    "t1_top_p": {"temperature": 1.0, "top_p": 0.8},
+    "t1_min_p": {"temperature": 1.0, "min_p": 0.1},  # SGLang's verify leaves min-p out (V3 applies it)
+    "t1_top_k_top_p": {"temperature": 1.0, "top_k": 5, "top_p": 0.7},  # the joint filter, not two renorms
+}
 SERVER = ["--dtype", "float32", "--attention-backend", "spex_cpu"]
 
 Sample = Tuple[int, ...]
@@ -212,62 +218,122 @@ def test_v1_never_replaces_a_real_kernel():
     assert Module.top_k_renorm_prob is spec_sampling.top_k_renorm_prob
 
 
-def _filtered(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """T=1 probabilities after SGLang's top-p rule (mass strictly before a kept token <= top_p)."""
+def test_v3_applies_min_p_to_the_verify_sampling_of_its_call_only(monkeypatch):
+    """V3 on SGLang's module: the sampling op sees min-p applied (per row) during the call, and is restored."""
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+
+    for name in lossless_verify.OP_NAMES:
+        monkeypatch.setattr(eagle_utils, name, None)
+    seen: List[torch.Tensor] = []
+
+    def op(**kwargs):
+        seen.append(kwargs["target_probs"])
+
+    monkeypatch.setattr(eagle_utils, lossless_verify.SAMPLING_OP, op)
+    probs = torch.tensor([[[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]], [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]])
+
+    def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):  # calls the op as SGLang does
+        eagle_utils.tree_speculative_sampling_target_only(target_probs=probs, deterministic=True)
+        if grammar_mask == "raise":
+            raise RuntimeError("verify failed")
+        return "sampled"
+
+    def batch(min_ps, need=True, greedy=False):
+        info = SimpleNamespace(need_min_p_sampling=need, is_all_greedy=greedy, min_ps=torch.tensor(min_ps))
+        return SimpleNamespace(sampling_info=info)
+
+    assert lossless_verify.v3_eagle_sample(eagle_sample, None, batch([0.5, 0.0]), None) == "sampled"
+    expected = torch.tensor([[[0.625, 0.375, 0.0], [0.0, 0.0, 1.0]], [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]])
+    assert torch.allclose(seen[-1], expected)  # row 0: min_p 0.5 of each row's max; row 1: min_p 0 keeps all
+    assert eagle_utils.tree_speculative_sampling_target_only is op  # restored after the call
+    for kwargs in ({"need": False}, {"greedy": True}):  # no min-p request, or an all-greedy batch: untouched
+        lossless_verify.v3_eagle_sample(eagle_sample, None, batch([0.5, 0.5], **kwargs), None)
+        assert seen[-1] is probs
+    with pytest.raises(RuntimeError):
+        lossless_verify.v3_eagle_sample(eagle_sample, None, batch([0.5, 0.5]), None, "raise")
+    assert eagle_utils.tree_speculative_sampling_target_only is op  # restored when verify raises too
+
+
+def _filtered(logits: torch.Tensor, pop: dict, two_renorms: bool = False, min_p: bool = True) -> torch.Tensor:
+    """T=1 probabilities after the non-speculative sampler's joint filter for ``pop`` (SGLang's rules: rank below
+    top-k, mass strictly before a token <= top_p, probability >= min_p * max).
+
+    ``two_renorms`` gives top-p on the top-k-renormalised row instead (SGLang's verify before our ops), ``min_p=False``
+    leaves min-p out (SGLang's verify before V3).
+    """
     probs = torch.softmax(logits.float(), -1)
     values, order = probs.sort(dim=-1, descending=True, stable=True)
-    values[(values.cumsum(-1) - values) > top_p] = 0
+    values[:, pop.get("top_k", values.shape[-1]) :] = 0
+    if two_renorms:
+        values = values / values.sum(-1, keepdim=True)
+    values[(values.cumsum(-1) - values) > pop.get("top_p", 1.0)] = 0
+    if min_p:
+        values[values < pop.get("min_p", 0.0) * values[:, :1]] = 0
     probs = torch.zeros_like(probs).scatter_(-1, order, values)
     return probs / probs.sum(-1, keepdim=True)
 
 
-def exact_distributions(model_dir: str, top_p: float, floor: float = 1e-3):
-    """(categories, true probs, argmax-collapsed probs) of the first K=3 tokens, from transformers.
+def exact_distributions(model_dir: str, pop: dict, floor: float = 1e-3):
+    """(categories, {name: probs}) of the first K=3 tokens, from transformers.
 
-    Exact except that (t1, t2) pairs below ``floor`` are merged into one category (the test pools such rare
-    tuples into one cell anyway).
+    ``true``: every token from the joint filter; ``collapsed``: the first token sampled, the rest greedy (SGLang's
+    CPU verify); ``two_renorms`` / ``no_min_p``: the first token sampled by the non-speculative sampler, the rest by
+    SGLang's verify filter before our ops / before V3. Exact except that (t1, t2) pairs below ``floor`` are merged
+    into one category (the test pools such rare tuples into one cell anyway).
     """
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     ids = tok(PROMPT, return_tensors="pt").input_ids[0].tolist()
 
-    def next_probs(prefixes: List[List[int]]) -> torch.Tensor:
+    def logits(prefixes: List[List[int]]) -> torch.Tensor:
         with torch.no_grad():
-            return _filtered(model(torch.tensor([ids + p for p in prefixes])).logits[:, -1], top_p)
+            return model(torch.tensor([ids + p for p in prefixes])).logits[:, -1]
 
-    p1 = next_probs([[]])[0]
+    p1 = _filtered(logits([[]]), pop)[0]
     vocab = p1.numel()
-    p2 = next_probs([[t] for t in range(vocab)])  # [t1, t2]
-    joint2 = p1[:, None] * p2
-    pairs = [tuple(x) for x in (joint2 >= floor).nonzero().tolist()]
-    p3 = next_probs([list(x) for x in pairs])
-    true: Dict[Sample, float] = {}
-    for (t1, t2), row in zip(pairs, p3):
-        for t3 in row.nonzero()[:, 0].tolist():
-            true[(t1, t2, t3)] = float(joint2[t1, t2] * row[t3])
-    true[(-1, -1, -1)] = max(0.0, 1.0 - sum(true.values()))
-    a1 = p2.argmax(-1)  # greedy t2 after each t1; collapsed only where p1 > 0
+    l2 = logits([[t] for t in range(vocab)])  # [t1, t2]
+    dists: Dict[str, Dict[Sample, float]] = {}
+    for name, rule in {"true": {}, "two_renorms": {"two_renorms": True}, "no_min_p": {"min_p": False}}.items():
+        joint2 = p1[:, None] * _filtered(l2, pop, **rule)
+        pairs = [tuple(x) for x in (joint2 >= floor).nonzero().tolist()]
+        p3 = _filtered(logits([list(x) for x in pairs]), pop, **rule)
+        dist = dists[name] = {}
+        for (t1, t2), row in zip(pairs, p3):
+            for t3 in row.nonzero()[:, 0].tolist():
+                dist[(t1, t2, t3)] = float(joint2[t1, t2] * row[t3])
+        dist[(-1, -1, -1)] = max(0.0, 1.0 - sum(dist.values()))
+    a1 = l2.argmax(-1)  # greedy t2 after each t1; collapsed only where p1 > 0
     firsts = p1.nonzero()[:, 0].tolist()
-    a2 = next_probs([[t, int(a1[t])] for t in firsts]).argmax(-1)
-    collapsed = {(t, int(a1[t]), int(b)): float(p1[t]) for t, b in zip(firsts, a2.tolist())}
-    cats = sorted(set(true) | set(collapsed))
-    return cats, np.array([true.get(c, 0.0) for c in cats]), np.array([collapsed.get(c, 0.0) for c in cats])
+    a2 = logits([[t, int(a1[t])] for t in firsts]).argmax(-1)
+    dists["collapsed"] = {(t, int(a1[t]), int(b)): float(p1[t]) for t, b in zip(firsts, a2.tolist())}
+    cats = sorted(set().union(*dists.values()))
+    return cats, {name: np.array([d.get(c, 0.0) for c in cats]) for name, d in dists.items()}
 
 
 POWER_REPLICATES = 500
 
 
-@pytest.mark.parametrize("population", list(POPULATIONS))
-def test_power_against_argmax_collapse(peaked_model, population):
-    """Simulated on the model's exact distribution: the test rejects argmax collapse in every replicate."""
-    cats, true, collapsed = exact_distributions(peaked_model, POPULATIONS[population].get("top_p", 1.0))
-    rng = np.random.default_rng(0)
+def _rejections(cats: List[Sample], a: np.ndarray, b: np.ndarray, seed: int = 0) -> float:
+    """Share of ``POWER_REPLICATES`` simulated pairs of ``N`` draws from ``a`` and ``b`` that the test rejects."""
+    rng = np.random.default_rng(seed)
 
     def draw(probs: np.ndarray) -> List[Sample]:
         return [cats[i] for i in rng.choice(len(cats), size=N, p=probs / probs.sum())]
 
-    size = np.mean([homogeneity_pvalue(draw(true), draw(true)) < ALPHA for _ in range(POWER_REPLICATES)])
-    power = np.mean([homogeneity_pvalue(draw(true), draw(collapsed)) < ALPHA for _ in range(POWER_REPLICATES)])
-    print(f"{population}: simulated size {size:.4f}, power {power:.4f} over {POWER_REPLICATES} replicates")
-    assert power == 1.0  # 500/500 rejections: power >= 0.994 at 95 % confidence
+    return float(np.mean([homogeneity_pvalue(draw(a), draw(b)) < ALPHA for _ in range(POWER_REPLICATES)]))
+
+
+# what each population's samples would be drawn from if its verify still had the bug the population is there for
+WRONG_VERIFY = {"t1": "collapsed", "t1_top_p": "collapsed", "t1_min_p": "no_min_p", "t1_top_k_top_p": "two_renorms"}
+
+
+@pytest.mark.parametrize("population", list(POPULATIONS))
+def test_power_against_argmax_collapse(peaked_model, population):
+    """Simulated on the model's exact distribution: the test rejects argmax collapse in every replicate (and the
+    population's own verify bug: min-p left out, top-k then top-p as two renormalisations)."""
+    cats, dists = exact_distributions(peaked_model, POPULATIONS[population])
+    size = _rejections(cats, dists["true"], dists["true"])
+    power = {name: _rejections(cats, dists["true"], dists[name]) for name in {"collapsed", WRONG_VERIFY[population]}}
+    print(f"{population}: simulated size {size:.4f}, power {power} over {POWER_REPLICATES} replicates")
+    assert all(p == 1.0 for p in power.values())  # 500/500 rejections: power >= 0.994 at 95 % confidence
     assert size <= 0.01

@@ -168,6 +168,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
     _T("V1", "sglang.srt.speculative.eagle_utils._verify_uses_greedy", "AROUND", "lossless_verify",
        "CPU speculative verify at temperature > 0 samples (rejection sampling) instead of committing the argmax",
        "sglang_spex.srt.lossless_verify:v1_verify_uses_greedy"),
+    _T("V3", "sglang.srt.speculative.eagle_utils.eagle_sample", "AROUND", "lossless_verify",
+       "a verify batch with a min-p request applies min-p (SGLang's sampling branch leaves it out on every device): "
+       "the tree sampling op is rebound on eagle_utils for that call", "sglang_spex.srt.lossless_verify:v3_eagle_sample"),
     # ---- cpu_spec_overlap (always: acts only on CPU tensors)
     _T("V2", "sglang.srt.managers.overlap_utils.gather_spec_extras", "AROUND", "cpu_spec_overlap",
        "the overlap scheduler's EAGLE draft-state relay gathers rows on CPU without SGLang's Triton kernel",
