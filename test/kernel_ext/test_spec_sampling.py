@@ -333,3 +333,32 @@ def test_top_p_renorm_matches_sampler_filter():
     assert torch.allclose(got, ref, atol=1e-7)
     kept = (got > 0).sum(-1)
     assert kept[0] == 1 and kept[-1] == 40 and bool((kept[1:] >= kept[:-1]).all())
+
+
+@pytest.mark.parametrize("nucleus_k", [4, spec_sampling.NUCLEUS_K])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_renorm_without_a_sort_keeps_what_the_stable_sort_keeps(monkeypatch, nucleus_k, dtype):
+    """Rows whose nucleus ends inside the first topk, rows that need it doubled (flat rows), ties drawn from a few
+    levels (a tie group across the nucleus edge keeps its lowest ids), top_p 0 and >= 1, and after top-k: the kept
+    set and values are the full stable sort's."""
+    monkeypatch.setattr(spec_sampling, "NUCLEUS_K", nucleus_k)
+    g = torch.Generator().manual_seed(13)
+    rows, vocab = 96, 1500
+    scale = torch.tensor([0.0, 0.5, 2.0, 6.0]).repeat(rows // 4)[:, None]  # flat ... peaked
+    probs = torch.softmax(torch.randn(rows, vocab, generator=g) * scale, -1)
+    levels = torch.randint(1, 6, (rows // 4, vocab), generator=g).float()
+    probs[: rows // 4] = levels / levels.sum(-1, keepdim=True)  # ties everywhere
+    probs = probs.to(dtype)
+    ps = (torch.rand(rows, generator=g) * 0.98 + 0.01).to(dtype)
+    ps[:4] = torch.tensor([0.0, 1.0, 2.0, 0.999])
+    ks = torch.randint(1, 2 * vocab, (rows,), generator=g)
+    for top_k in (None, ks):
+        filtered = probs if top_k is None else spec_sampling.top_k_renorm_prob(probs, top_k)
+        got = spec_sampling.top_p_renorm_prob(filtered, ps)
+        monkeypatch.setattr(spec_sampling, "NUCLEUS_K", vocab)  # the full stable sort of every row
+        assert torch.equal(got, spec_sampling.top_p_renorm_prob(filtered, ps))
+        monkeypatch.setattr(spec_sampling, "NUCLEUS_K", nucleus_k)
+        if dtype == torch.float32:  # (in bf16, top_p / kept is rounded: the sort's result too)
+            ref = _pytorch_sampler_filter(probs.clone(), torch.full((rows,), 1 << 30) if top_k is None else ks, ps)
+            assert torch.equal(got > 0, ref > 0)
+            assert torch.allclose(got, ref, atol=1e-6)
