@@ -77,7 +77,7 @@ def prepare(a, task, work: Path):
         server_args = ["--attention-backend", "spex_cpu", "--dtype", a.dtype]
         prof = profile_configs(
             str(setup.policy_dir), [None, SpecConfig.parse(EAGLE_KEY)], a.profile_batches, 8, 40, 2, server_args,
-            str(setup.drafter_dir), prompts=_profile_prompts(setup, task),
+            str(setup.drafter_dir), prompts=_profile_prompts(setup, task), temperature=a.temperature,
         )  # fmt: skip
         prof.save(profile)
     return setup, profile

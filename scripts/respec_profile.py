@@ -2,7 +2,7 @@
 
     python scripts/respec_profile.py --model tiny --configs NGRAM:s4t1n4 NGRAM:s8t1n8 --batch-sizes 1 4 16
     python scripts/respec_profile.py --model smollm2 --configs EAGLE3:s1t1n2 EAGLE3:s3t1n4 --drafter bootstrap \
-        --prompts task:toy_add --batch-sizes 1 4 16 32
+        --prompts task:toy_add --batch-sizes 1 4 16 32 [--temperature 1.0]
 
 One server per config plus one without speculation, started one after another (never two at once). The profile
 lands in ``~/.cache/sglang-spex/profiles/respec/<model>__<drafter>__<device>.json`` unless ``--out`` is given;
@@ -48,6 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, help="default: float32 for tiny, the launcher's otherwise")
     ap.add_argument("--drafter", default=None, help="EAGLE/EAGLE3 draft model path, or 'bootstrap' (cached one)")
     ap.add_argument("--prompts", default="calibration", help="'calibration' or 'task:NAME' (chat-formatted)")
+    ap.add_argument(
+        "--temperature", type=float, default=0.0, help="the requests' sampling temperature (profile at the served one)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -61,8 +64,9 @@ def main(argv=None) -> int:
         drafter = default_drafter(model) if a.drafter in (None, "bootstrap") else a.drafter
     prompts = prompt_set(a.prompts, model)
     prof = profile_configs(
-        model, configs, a.batch_sizes, a.n_short, a.n_long, a.repeats, server_args, drafter, prompts=prompts
-    )
+        model, configs, a.batch_sizes, a.n_short, a.n_long, a.repeats, server_args, drafter, prompts=prompts,
+        temperature=a.temperature,
+    )  # fmt: skip
     path = prof.save(a.out or default_profile_path(prof.model, prof.drafter, prof.device))
     print(f"profile: {path}")
     for key, pts in prof.points.items():

@@ -34,6 +34,15 @@ def test_measure_point_reads_acceptance(ngram_server):
     assert 1.0 <= p.tokens_per_step <= CONFIG.num_draft_tokens + 1
 
 
+def test_measure_point_samples_at_the_temperature_it_is_given(ngram_server):
+    """At T=1 a draft token is accepted with its target probability (the tiny model's rows are nearly flat), not
+    whenever it is the argmax: the profile of a T=1 workload must be measured at T=1."""
+    greedy = measure_point(ngram_server.url, 2, n_short=4, n_long=12, repeats=1)
+    sampled = measure_point(ngram_server.url, 2, n_short=4, n_long=12, repeats=1, temperature=1.0)
+    print(f"accept length greedy {greedy.accept_length:.2f}, T=1 {sampled.accept_length:.2f}")
+    assert sampled.accept_length < greedy.accept_length
+
+
 def test_profile_configs_end_to_end(ngram_server, tmp_path):
     # The same server stands in for both the baseline and the config: the loop, not the numbers, is tested.
     prof = profile_configs(
@@ -44,7 +53,9 @@ def test_profile_configs_end_to_end(ngram_server, tmp_path):
         n_long=6,
         repeats=1,
         server_factory=lambda args: contextlib.nullcontext(ngram_server),
+        temperature=0.5,
     )
+    assert prof.meta["temperature"] == 0.5
     assert set(prof.points) == {PLAIN, CONFIG.key} and set(prof.points[CONFIG.key]) == {1, 3}
     # SGLang's windowed average may be empty (None) right after a read; the per-request one is always there
     assert CONFIG.key in prof.meta["avg_spec_accept_length"]

@@ -97,8 +97,8 @@ def default_profile_path(model: str, drafter: str, device: str) -> Path:
 # --- measurement -------------------------------------------------------------------------------------------
 
 
-def _generate(url: str, texts: List[str], n: int) -> List[dict]:
-    params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+def _generate(url: str, texts: List[str], n: int, temperature: float = 0.0) -> List[dict]:
+    params = {"temperature": temperature, "max_new_tokens": n, "ignore_eos": True}
     r = httpx.post(url + "/generate", json={"text": texts, "sampling_params": params}, timeout=900)
     r.raise_for_status()
     return [x["meta_info"] for x in r.json()]
@@ -160,6 +160,7 @@ def measure_point(
     min_sequences: int = 8,
     min_steps: int = 32,
     max_rounds: int = 8,
+    temperature: float = 0.0,
 ) -> Point:
     """Decode numbers of the server at ``url`` for one batch size (two-point difference, see module doc).
 
@@ -169,6 +170,10 @@ def measure_point(
     It also covers at least ``min_steps`` decode (verify) steps, with up to ``max_rounds`` rounds in all: a
     speculative config that accepts much takes few verify steps between ``n_short`` and ``n_long`` tokens, and a
     point from 21 steps read B=16 cheaper than B=4.
+
+    ``temperature``: the requests' sampling temperature. A speculative config accepts less at T=1 than greedy (a
+    draft token is accepted with its target probability, not only when it is the argmax): profile at the
+    temperature the server will serve (RL rollouts: their own).
     """
     rounds = max(1, -(-min_sequences // max(batch, 1)))
     dt_sum, steps_sum, verify_sum, accepts = 0.0, 0, 0, []
@@ -183,7 +188,7 @@ def measure_point(
             for _ in range(max(1, repeats)):  # the fastest of a few runs: other processes only ever add time
                 flush(url)  # every run starts cold: same prefill to cancel out, and no n-gram corpus of earlier runs
                 t0 = time.perf_counter()
-                meta = _generate(url, texts, n)
+                meta = _generate(url, texts, n, temperature)
                 best = min(best, time.perf_counter() - t0)
             runs.append((best, meta))
         (t_s, m_s), (t_l, m_l) = runs
@@ -219,15 +224,22 @@ def profile_configs(
     drafter: str = "",
     prompts: Sequence[str] = CALIBRATION_PROMPTS,
     server_factory: Optional[Callable[[List[str]], object]] = None,
+    temperature: float = 0.0,
 ) -> Profile:
-    """Start one server per config (``None`` = no speculation), measure every batch size, return the profile."""
+    """Start one server per config (``None`` = no speculation), measure every batch size at ``temperature``
+    (:func:`measure_point`), return the profile."""
     from sglang_spex.serve import ServerProcess
 
     factory = server_factory or ServerProcess
     algs = sorted({c.algorithm for c in configs if c is not None})
     prof = Profile(model=model, drafter=drafter or "+".join(algs) or "none", device=device_name())
     prof.meta.update(
-        n_short=n_short, n_long=n_long, repeats=repeats, batch_sizes=list(batch_sizes), server_args=list(server_args)
+        n_short=n_short,
+        n_long=n_long,
+        repeats=repeats,
+        batch_sizes=list(batch_sizes),
+        server_args=list(server_args),
+        temperature=temperature,
     )
     prof.meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     for cfg in configs:
@@ -240,12 +252,14 @@ def profile_configs(
             points: List[Point] = []
             remeasured: List[int] = []
             for b in batch_sizes:
-                points.append(measure_point(srv.url, b, n_short, n_long, prompts, repeats))
+                points.append(measure_point(srv.url, b, n_short, n_long, prompts, repeats, temperature=temperature))
                 logger.info("respec profile %s B=%d: %s", key, b, points[-1])
                 for i in out_of_order([p.step_s for p in points], REMEASURE_DIP):  # slower than a bigger batch
                     if points[i].batch_size not in remeasured:  # disturbed: once more, the faster one stays
                         remeasured.append(points[i].batch_size)
-                        again = measure_point(srv.url, points[i].batch_size, n_short, n_long, prompts, repeats)
+                        again = measure_point(
+                            srv.url, points[i].batch_size, n_short, n_long, prompts, repeats, temperature=temperature
+                        )
                         points[i] = min(points[i], again, key=lambda p: p.step_s)
             for p in points:
                 prof.add(key, p)
