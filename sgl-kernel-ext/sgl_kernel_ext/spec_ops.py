@@ -167,34 +167,42 @@ def build_tree_kernel_efficient_cpu(
     match = sel[:, None, : n - 1] == ptok[:, :, None]  # [b, k, cp]
     first = torch.where(match.any(-1), match.to(torch.int8).argmax(-1), -2)
     par = torch.where(ptb == 0, -1, first)  # [b, n-1]
-    # retrieve links, children inserted from the last node down (the kernel's order)
+    # retrieve links as the kernel inserts children (from the last node down): a parent's next_token is its first
+    # child, a child's next_sibling the next child of the same parent (a node whose parent was not found: no link)
     ri = rows[:, None] * n + torch.arange(n, device=dev)[None, :]
     retrieve_index.view(bs, n).copy_(ri.to(retrieve_index.dtype))
     nt = retrieve_next_token.view(bs, n)
     ns = retrieve_next_sibling.view(bs, n)
-    for i in range(n - 1, 0, -1):
-        p = par[:, i - 1]
-        found = p != -2
-        pos = torch.where(p == -1, 0, p + 1).clamp(min=0)
-        old = nt[rows, pos]
-        nt[rows[found], pos[found]] = i
-        link = found & (old != -1)
-        ns[rows[link], i] = old[link].to(ns.dtype)
-    # ancestor rows and depths
+    found = par != -2  # [b, n-1], node i = entry i - 1
+    at = torch.where(par == -1, 0, par + 1)  # the parent's node
+    node = torch.arange(1, n, device=dev)
+    none = torch.full_like(at, n)
+    same = (at[:, :, None] == at[:, None, :]) & found[:, :, None] & found[:, None, :]
+    later = torch.where(same & (node[None, None, :] > node[None, :, None]), node[None, None, :], n).min(-1).values
+    link = later < n
+    ns[:, 1:][link] = later[link].to(ns.dtype)
+    child = torch.where(found, node[None, :], none)
+    first = torch.full((bs, n), n, dtype=torch.int64, device=dev).scatter_reduce_(
+        1, torch.where(found, at, 0), child, reduce="amin"
+    )
+    has = first < n
+    nt[has] = first[has].to(nt.dtype)
+    # ancestor rows and depths: every node walks up its parents at once, one level per step
     m = torch.zeros(bs, n, n, dtype=torch.bool, device=dev)
     m[:, :, 0] = True
     depth_of = torch.zeros(bs, n, dtype=torch.int64, device=dev)
-    for x in range(1, n):
-        cur = torch.full((bs,), x - 1, dtype=torch.int64, device=dev)
-        cont = torch.ones(bs, dtype=torch.bool, device=dev)
-        for _ in range(int(depth)):
-            if not bool(cont.any()):
-                break
-            depth_of[cont, x] += 1
-            m[rows[cont], x, cur[cont] + 1] = True
-            nxt = par[rows, cur.clamp(min=0)]
-            cont = cont & (nxt >= 0)
-            cur = torch.where(cont, nxt, cur)
+    cur = node[None, :].expand(bs, n - 1) - 1  # entry index of each node x = 1 .. n-1
+    cont = torch.ones(bs, n - 1, dtype=torch.bool, device=dev)
+    b_idx = rows[:, None].expand(bs, n - 1)
+    x_idx = node[None, :].expand(bs, n - 1)
+    for _ in range(int(depth)):
+        if not bool(cont.any()):
+            break
+        depth_of[:, 1:] += cont.to(torch.int64)
+        m[b_idx[cont], x_idx[cont], cur[cont] + 1] = True
+        nxt = par.gather(1, cur.clamp(min=0))
+        cont = cont & (nxt >= 0)
+        cur = torch.where(cont, nxt, cur)
     positions.view(-1)[: bs * n] = (depth_of + seq[:, None]).reshape(-1).to(positions.dtype)
     x = torch.arange(n, device=dev)[None, :, None]
     c = torch.arange(n, device=dev)[None, None, :]

@@ -201,10 +201,11 @@ def _draft_tree(rng: random.Random, topk: int, depth: int, n: int):
     return parent_list, torch.tensor(sel)
 
 
+@pytest.mark.parametrize("topk, depth, n", [(2, 3, 5), (1, 4, 5), (4, 4, 16), (8, 5, 48)])
 @pytest.mark.parametrize("full", [False, True])
-def test_build_tree_kernel_efficient_matches_reference(full):
-    rng = random.Random(3)
-    topk, depth, n, bs = 2, 3, 5, 3
+def test_build_tree_kernel_efficient_matches_reference(full, topk, depth, n):
+    rng = random.Random(3 + n)
+    bs = 3
     trees = [_draft_tree(rng, topk, depth, n) for _ in range(bs)]
     parent_list = torch.stack([p for p, _ in trees])
     sel = torch.stack([s for _, s in trees])
