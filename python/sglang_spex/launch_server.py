@@ -63,6 +63,7 @@ CPU_ENV = {
     # Default torch threading slowed decode 17x on a contended 2-core host; one thread per process.
     "OMP_NUM_THREADS": "1",
 }
+PRIORITY_POLICIES = ("fcfs", "lof")  # allowed with priority scheduling (SGLang: arg_groups/validation_hook.py)
 TOT_DEFAULTS: Dict[str, Optional[str]] = {
     # Speculative requests carry low priorities: let SGLang order by them and evict their KV first.
     "--enable-priority-scheduling": None,
@@ -215,6 +216,13 @@ def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List
         args = _apply(args, CPU_DEFAULTS)
     if cfg.spex.enabled:
         args = _apply(args, TOT_DEFAULTS)
+        policy = flag_value(args, "--schedule-policy")
+        if policy not in PRIORITY_POLICIES:  # SGLang's check_server_args would assert after seconds of start-up
+            raise ConfigError(
+                f"--schedule-policy {policy}: --tot-speculation ranks speculative requests below primaries with "
+                f"SGLang's priority scheduling, which SGLang allows only with --schedule-policy "
+                f"{' or '.join(PRIORITY_POLICIES)} (the default under --tot-speculation is fcfs)"
+            )
         if cfg.spex.mixed_prefill and not _given(args, "--speculative-algorithm"):
             args = _apply(args, {MIXED_CHUNK: None})  # speculative prefill rides the primaries' decode step
     return args

@@ -135,3 +135,17 @@ def test_tot_speculation_samples_with_torch_unless_told(tiny_model):
     assert flag_value(args, "--sampling-backend") == "flashinfer" and args.count("--sampling-backend") == 1
     cfg, rest = parse_args(model)
     assert "--sampling-backend" not in build_sglang_args(cfg, rest, gpu=True)
+
+
+@pytest.mark.parametrize("policy, ok", [("lpm", False), ("dfs-weight", False), ("lof", True), ("fcfs", True)])
+def test_a_schedule_policy_without_priority_scheduling_is_refused_before_start(tiny_model, policy, ok):
+    """--tot-speculation needs SGLang's priority scheduling, which SGLang asserts only with fcfs/lof: seconds into
+    start-up, as a traceback (review); the launcher names the conflict first. Without --tot-speculation, any policy."""
+    cfg, rest = parse_args(["--tot-speculation", "--model-path", tiny_model, "--schedule-policy", policy])
+    if ok:
+        assert "--enable-priority-scheduling" in build_sglang_args(cfg, rest, gpu=False)
+    else:
+        with pytest.raises(ConfigError, match=f"--schedule-policy {policy}: .*fcfs or lof"):
+            build_sglang_args(cfg, rest, gpu=False)
+    cfg, rest = parse_args(["--model-path", tiny_model, "--schedule-policy", policy])
+    assert build_sglang_args(cfg, rest, gpu=False).count("--schedule-policy") == 1
