@@ -29,6 +29,7 @@ from sglang_spex.speculation.payoff import Payoff, SearchPayoff, WaveMeter, poli
 from sglang_spex.speculation.settings import resolve
 from sglang_spex.speculation.store import CANCELLED as SPEC_CANCELLED
 from sglang_spex.speculation.store import READY, RUNNING, SpecEntry, SpecStore, adopt
+from sglang_spex.tot.backpressure import gate_for, refused_for_load
 from sglang_spex.tot.context import SearchContext
 from sglang_spex.tot.engine import ROLE_SPEC, node_rid
 from sglang_spex.tot.policies.base import Stat
@@ -106,6 +107,7 @@ class SpexContext(SearchContext):
         )
         self.meter = WaveMeter(self.pay.on_wave, self.clock)  # steps speculation took off the critical path
         self._spec_done: Dict[str, float] = {}  # speculative node path -> when its generation returned
+        self.queue_gate = gate_for(self.port)  # SGLang's request-queue back-pressure, shared by the port's searches
         budget.register(self)
         self._dues = dfs_lookahead.DuePredictions(lambda: self.payoff().distances)  # DFS: each prediction's rollout
 
@@ -429,6 +431,8 @@ class SpexContext(SearchContext):
         """Refill idle speculative producers up to this search's T2 share."""
         if not self.t1 or self.should_stop() or self._finalized:
             return
+        if not self.queue_gate.spec_ok():  # SGLang's queue is at its cap: its places are the primaries'
+            return
         share = self.budget.share(self)
         self.acc.on_share(share)
         room = share - len(self.store.running())
@@ -455,8 +459,10 @@ class SpexContext(SearchContext):
         req.worth_s, req.sure = worth_s, sure
         try:
             res = await self.port.generate(req)
-        except Exception as e:
+        except Exception as e:  # a miss, never a failure; refused for load (503, queue full): not sent again
             node.status, node.error = CANCELLED, f"speculative generate: {e!r}"
+            if refused_for_load(e):
+                self.queue_gate.note_refused()  # no speculation until the primaries got in
             return
         self._spec_done[node.path] = self.clock()
         if res.aborted:

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from sglang_spex.tot.answers import PatternBudget, PatternTooSlow, aggregate, candidates
+from sglang_spex.tot.backpressure import gate_for
 from sglang_spex.tot.engine import (
     ROLE_PRIMARY,
     EngineLost,
@@ -159,7 +160,9 @@ class SearchContext:
         self.inflight.add(node.rid)
         self.num_requests += 1
         try:
-            res = await self.port.generate(self.request_for(node))
+            res = await gate_for(self.port).generate_primary(
+                self.port, self.request_for(node), lambda: self.cancelled, lambda w: self._backing_off(node.rid, w)
+            )
         except asyncio.CancelledError:
             node.status = CANCELLED
             raise
@@ -183,6 +186,14 @@ class SearchContext:
         self._emit_node(node)
         if node.ok and node.answer is not None and node.kind == KIND_STEP:
             self.on_answer(node)
+
+    def _backing_off(self, rid: str, waiting: bool) -> None:
+        """A primary refused for load waits to be sent again: nothing of it is in the engine meanwhile (a cancel
+        need not wait for it; it is not sent again once cancelled)."""
+        if waiting:
+            self.inflight.discard(rid)
+        else:
+            self.inflight.add(rid)
 
     def apply_result(self, node: Node, res: GenResult) -> None:
         """Fill the node from the engine result; decide whether it is terminal and what it answers."""

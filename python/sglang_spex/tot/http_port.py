@@ -18,9 +18,9 @@ whose worker drops its connection, or that the router answers with an error of i
 :class:`WorkerLost` instead of landing on another worker with none of its cache. A worker's *own* 503 (SGLang's
 load shedding: ``--max-queued-requests`` "The request queue is full.", or a queued request preempted by a higher
 priority one, or one retracted under memory pressure) comes from a live worker, so it is *busy*, not lost: the
-request is sent again after each wait of ``BUSY_BACKOFF_S`` in turn (not one that timed out waiting or running),
-and if the worker still refuses it, only its own node fails (:class:`WorkerBusy`); the search and its later
-requests go on.
+request is sent again after each wait of ``BUSY_BACKOFF_S`` in turn (not one that timed out waiting or running,
+nor a speculative one: refused, it is a miss), and if the worker still refuses it, only its own node fails
+(:class:`WorkerBusy`); the search and its later requests go on.
 
 :meth:`HttpPort.capacity` asks the server (a router's first healthy worker) once for the model's context length
 and longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Set
 import httpx
 
 from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
-from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
+from sglang_spex.tot.engine import ROLE_SPEC, EngineLost, EnginePort, GenRequest, GenResult
 from sglang_spex.tot.validation import SearchSpecError
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,8 @@ class HttpPort(EnginePort):
             raise WorkerLost(self.lost[key])
         headers = {ROUTING_KEY_HEADER: key} if key is not None else None
         self.inflight.add(req.rid)
-        for wait_s in (*BUSY_BACKOFF_S, None):
+        waits = BUSY_BACKOFF_S if req.role != ROLE_SPEC else ()  # a refused speculative request is a miss
+        for wait_s in (*waits, None):
             t0 = time.monotonic()
             r = await self._post_generate(req.rid, key, body, headers)
             if not _busy(r) or wait_s is None or "timeout" in r.text.lower():  # a timed-out request: not again
@@ -161,7 +162,7 @@ class HttpPort(EnginePort):
         self.inflight.discard(req.rid)
         if _busy(r):
             raise WorkerBusy(
-                f"generate: worker busy, HTTP {r.status_code} after {len(BUSY_BACKOFF_S)} retries: "
+                f"generate: worker busy, HTTP {r.status_code} after {len(waits)} retries: "
                 f"{r.text[:ERROR_BODY_CHARS]}",
                 request=r.request,
                 response=r,
