@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
+from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 from sglang.srt.mem_cache.common import release_kv_cache
 
 from sglang_spex.tot.engine import ROLE_PRIMARY, ROLE_SPEC, parse_rid
@@ -361,6 +362,22 @@ def kv_figures(scheduler: Any) -> Tuple[int, int, int, int]:
 
 def kv_total(scheduler: Any) -> int:
     return int(scheduler.max_total_num_tokens)
+
+
+def admission_shortfall(scheduler: Any, req: Any) -> int:
+    """KV tokens the waiting ``req`` lacks for SGLang's prefill admission while nothing runs (0: it fits).
+
+    SGLang's ``PrefillAdder.add_one_req`` charges the uncached prompt (from the prefix ``req`` matched when it was
+    last tried; the whole sequence if never) and the output it may still write, ``min(max_new_tokens - output,
+    CLIP_MAX_NEW_TOKENS)`` (touch point P24), against the free and evictable KV; its smaller charges (a page of
+    per-request overhead is counted here; allocator slot reserves are not) are left to the caller's stall fallback.
+    """
+    n_fill = len(req.origin_input_ids) + len(req.output_ids)
+    extend = max(n_fill - int(req.prefix_len or 0), 0)
+    left = max(int(req.sampling_params.max_new_tokens or 0) - len(req.output_ids), 0)
+    need = extend + min(left, CLIP_MAX_NEW_TOKENS) + int(scheduler.page_size)
+    _, free, evictable, _ = kv_figures(scheduler)
+    return max(need - free - evictable, 0)
 
 
 def batch_mode(batch: Any) -> int:

@@ -10,9 +10,12 @@ client vanished).
 Protected tokens are capped at ``max_fraction`` of the KV pool (checked after each lock is taken, so one sequence
 cannot overshoot it), and protection never keeps a request out: when a waiting request cannot fit in the KV that
 is free or evictable and no running request will free any, the searches protected longest ago lose their locks
-until it fits (``yielded``). A search is known by its rids (``spex:<search>:<path>:``), so any client may have its
-prefixes protected this way, within the cap; ids kept for ended searches are bounded in number
-(:data:`MAX_TRACKED`).
+until it fits (``yielded``; the need is SGLang's admission charge, prompt and reserved output, see
+:func:`sglang_spex.adapters.scheduler.admission_shortfall`). Should that estimate miss a case, a scheduler that has
+admitted nothing for :data:`STALL_YIELD_S` while a primary request waits and locks are held yields the oldest
+search anyway, one per period (``yielded_stall``): protection never holds the scheduler idle. A search is known by
+its rids (``spex:<search>:<path>:``), so any client may have its prefixes protected this way, within the cap; ids
+kept for ended searches are bounded in number (:data:`MAX_TRACKED`).
 Speculative-only KV is evicted first by SGLang itself: speculative requests carry the lowest priority,
 which ``--radix-eviction-policy priority`` stores on the nodes they insert.
 
@@ -39,6 +42,7 @@ DEFAULT_MAX_FRACTION = 0.5
 ENDED_TTL_S = 120.0  # a late finish of an ended search is not protected again
 SWEEP_EVERY_S = 1.0
 YIELD_AFTER_S = 1.0  # a waiting request held out this long (past batch boundaries) makes protection give way
+STALL_YIELD_S = 5.0  # nothing admitted this long while a primary waits: the oldest search yields, whatever the need
 MAX_TRACKED = 4096  # searches kept in ``last_seen`` / ``ended`` at most (the oldest go first)
 G_PROTECT = HookGuard("prefix_protect")
 
@@ -61,7 +65,7 @@ class PrefixProtection:
     pending: List[Tuple[str, str, Any]] = field(default_factory=list)
     counters: Dict[str, int] = field(default_factory=dict)
     last_sweep: float = 0.0
-    _held_since: Optional[float] = None  # since when a waiting request has been held out (``_held_out``)
+    _stalled_since: Optional[float] = None  # since when requests have waited with nothing admitted (``_stalled``)
     _num_locks: int = 0  # kept with ``locks`` (read by every published step: no walk over all locks)
     _locked_tokens: int = 0
 
@@ -161,33 +165,47 @@ class PrefixProtection:
                 del self.last_seen[s]
                 self.locks.pop(s, None)
 
+    def _stalled(self, scheduler: Any) -> bool:
+        """We hold locks, requests wait, and nothing runs, is mid-prefill, or was prefilled last step: a scheduling
+        step that admits nothing (only protection or a waiting request's own size can be why)."""
+        if not self._num_locks or sa.reqs_view(sa.running_batch(scheduler)) or sa.chunked_req(scheduler) is not None:
+            return False
+        return bool(sa.waiting(scheduler)) and not sa.scheduled_reqs(None, sa.last_batch(scheduler))
+
     def _held_out(self, scheduler: Any) -> int:
-        """Tokens the longest waiting prompt lacks in the free and evictable KV while nothing is scheduled that
-        would free some (0: none lacks any, or something runs)."""
-        if not self.locks or sa.reqs_view(sa.running_batch(scheduler)) or sa.chunked_req(scheduler) is not None:
+        """KV tokens the head of the waiting queue (the request SGLang's adder tried first and stopped at) lacks
+        for admission while the scheduler is :meth:`_stalled` (0: it fits, or something runs)."""
+        if not self._stalled(scheduler):
             return 0
-        waiting = sa.waiting(scheduler)
-        if not waiting or sa.scheduled_reqs(None, sa.last_batch(scheduler)):  # (a prefill launched last step)
-            return 0
-        _, free, evictable, _ = sa.kv_figures(scheduler)
-        return max(max(len(r.origin_input_ids) for r in waiting) + 1 - free - evictable, 0)
+        return sa.admission_shortfall(scheduler, sa.waiting(scheduler)[0])
 
     def _yield_to_waiting(self, scheduler: Any) -> None:
-        """Unlock the searches protected longest ago once a waiting request has been held out (:meth:`_held_out`)
-        for :data:`YIELD_AFTER_S`: protection would hold it until a lease ran out."""
-        if not self._held_out(scheduler):
-            self._held_since = None
+        """Once the scheduler has been :meth:`_stalled` for :data:`YIELD_AFTER_S`, unlock the searches protected
+        longest ago until the waiting request fits (:meth:`_held_out`): protection would hold it until a lease ran
+        out. Stalled for :data:`STALL_YIELD_S` with a primary waiting that seems to fit (an admission charge the
+        estimate does not model), unlock the oldest search anyway, one per period."""
+        if not self._stalled(scheduler):
+            self._stalled_since = None
             return
         now = time.monotonic()
-        if self._held_since is None:
-            self._held_since = now
-        if now - self._held_since < YIELD_AFTER_S:
+        if self._stalled_since is None:
+            self._stalled_since = now
+        stalled_for = now - self._stalled_since
+        if stalled_for < YIELD_AFTER_S:
             return
-        self._held_since = None
-        while self.locks and self._held_out(scheduler):
-            oldest = min(self.locks, key=lambda s: self.last_seen.get(s, 0.0))
-            self.end_search(scheduler.tree_cache, oldest)
-            self.bump("yielded")
+        if self._held_out(scheduler):
+            while self._held_out(scheduler):  # (0 once no lock is left)
+                self._end_oldest(scheduler, "yielded")
+            self._stalled_since = now
+        elif stalled_for >= STALL_YIELD_S and any(not sa.is_spec(r) for r in sa.waiting(scheduler)):
+            self._end_oldest(scheduler, "yielded_stall")
+            self._stalled_since = now
+
+    def _end_oldest(self, scheduler: Any, counter: str) -> None:
+        oldest = min((s for s, held in self.locks.items() if held), key=lambda s: self.last_seen.get(s, 0.0))
+        logger.info("prefix protection yields search %s to a waiting request (%s)", oldest, counter)
+        self.end_search(scheduler.tree_cache, oldest)
+        self.bump(counter)
 
     def pre_step(self, scheduler: Any) -> None:
         """Lock queued prefixes; yield protection to a waiting request that could not run otherwise; once a
