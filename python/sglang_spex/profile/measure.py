@@ -6,16 +6,20 @@ wall-time difference divided by ``long − short`` is the decode step time at B 
 HTTP overheads cancel). SGLang 0.5.23 reports per-request latencies in ``meta_info`` only with
 ``--enable-metrics`` and no per-step times in ``get_internal_state``, so this is the portable way.
 After the given batch sizes the sweep goes on doubling the batch while throughput still grows (roofline
-``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests``; past the KV pool's room
-SGLang queues the extra requests, so throughput flattens there too and the sweep stops.
+``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests`` (:func:`sweep_limit`; with that
+cap no batch past it is measured, the given sizes and ``ctx_batch`` included: SGLang would queue the extra requests,
+and the wall time would measure queueing, not a decode step); past the KV pool's room SGLang queues the extra
+requests too, so throughput flattens there and the sweep stops.
 Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
 
 A profile is measured for an idle engine. Other requests in flight when any of the sweep's batches starts or
 ends (the port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve
 that still falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark
 it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
-(:class:`ProfileManager`) when requests were in flight. The knee is fitted to the curve's monotone envelope (a
-bigger batch never decodes a step faster); the points keep what was measured.
+(:class:`ProfileManager`) when requests were in flight. So does an impossible step time (not finite and positive:
+the short batch was slowed more than the long one) that stays so after ``BAD_TIME_RETRIES`` re-measurements; that
+batch is left out of the curve. The knee is fitted to the curve's monotone envelope (a bigger batch never decodes
+a step faster); the points keep what was measured.
 
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
 for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class:`~sglang_spex.tot.http_port.HttpPort`).
@@ -25,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -48,6 +53,7 @@ from sglang_spex.tot.engine import EnginePort, GenRequest
 from sglang_spex.tot.validation import FieldError
 
 PROFILE_RID_PREFIX = "spexprof:"
+BAD_TIME_RETRIES = 2  # re-measurements of a batch whose step time came out impossible (e.g. negative)
 STOP_POLL_S = 0.5  # how often a running batch checks whether the server is shutting down
 IDLE_RID_PREFIXES = (PROFILE_RID_PREFIX, "HEALTH_CHECK")  # ours, and sglang.srt.constants.HEALTH_CHECK_RID_PREFIX
 logger = logging.getLogger(__name__)
@@ -87,6 +93,11 @@ class ProfileSpec:
     flat_gain: float = 0.1  # "flattened": the last doubling raised throughput by less than this fraction
     remeasure_dip: float = 0.1  # a point this much slower than a bigger batch's is measured once more
     max_dip: float = 0.25  # still this much slower after that: the sweep was disturbed (not cached; 1: never)
+
+    def within(self, limit: int) -> "ProfileSpec":
+        """This spec with its batch sizes and ``ctx_batch`` kept to at most ``limit`` (:func:`sweep_limit`)."""
+        sizes = tuple(b for b in self.batch_sizes if b <= limit)
+        return replace(self, batch_sizes=sizes or (int(limit),), ctx_batch=min(self.ctx_batch, int(limit)))
 
     def check(self, max_batch: int, context_len: int, tokens_per_word: int = 2) -> None:
         """Raise :class:`FieldError` (naming the field) unless this spec fits an engine that runs at most
@@ -207,7 +218,8 @@ async def _batch_wall(
 async def _step_time(
     port: EnginePort, spec: ProfileSpec, batch: int, prefix: str = "", watch: Optional[_LoadWatch] = None
 ) -> Tuple[float, float]:
-    """(seconds per decode step, mean prompt tokens) at ``batch``, by the short/long difference."""
+    """(seconds per decode step, mean prompt tokens) at ``batch``, by the short/long difference: the fastest
+    possible repeat (:func:`possible_step`), else the fastest one."""
     steps, ptoks = [], []
     for _ in range(spec.repeats):
         nonce = uuid.uuid4().hex[:6]
@@ -219,7 +231,26 @@ async def _step_time(
         )
         steps.append((long - short) / (spec.long_tokens - spec.short_tokens))
         ptoks.extend(pt)
-    return float(np.min(steps)), float(np.mean(ptoks)) if ptoks else 0.0
+    good = [s for s in steps if possible_step(s)] or steps
+    return float(np.min(good)), float(np.mean(ptoks)) if ptoks else 0.0
+
+
+def possible_step(t: float) -> bool:
+    """Whether ``t`` can be a decode step time: finite and positive."""
+    return math.isfinite(t) and t > 0
+
+
+async def _possible_step_time(
+    port: EnginePort, spec: ProfileSpec, batch: int, watch: _LoadWatch
+) -> Tuple[Optional[float], float]:
+    """:func:`_step_time` at ``batch``, measured again (up to ``BAD_TIME_RETRIES`` times) while the step time is
+    impossible; (None, tokens) if it stays so."""
+    for _ in range(1 + BAD_TIME_RETRIES):
+        t, p = await _step_time(port, spec, batch, watch=watch)
+        if possible_step(t):
+            return t, p
+        logger.info("spex: profile B=%d: impossible step time %.3g s, measuring again", batch, t)
+    return None, p
 
 
 async def measure_profile(
@@ -236,39 +267,52 @@ async def measure_profile(
     watch = _LoadWatch(port)
     await _batch_wall(port, [_prompt("warm", 0)], 2, watch)  # first request pays one-off costs
     limit = sweep_limit(spec, key)
-    sizes: List[int] = [int(b) for b in spec.batch_sizes]
+    todo: List[int] = [int(b) for b in spec.within(limit).batch_sizes]
+    bar.total -= len(spec.batch_sizes) - len(todo)
+    sizes: List[int] = []  # batches with a possible step time, and those times
     times: List[float] = []
     ptok: List[float] = []
     remeasured: List[int] = []
-    b: Optional[int] = sizes[0] if sizes else None
-    while b is not None:
-        t, p = await _step_time(port, spec, b, watch=watch)
-        times.append(max(t, 1e-6))
-        ptok.append(p)
-        bar.set_postfix_str(f"B={b}: {t * 1e3:.1f} ms/step")
+    impossible: List[int] = []  # batches whose step time stayed impossible: left out of the curve
+    while todo:
+        b = todo.pop(0)
+        t, p = await _possible_step_time(port, spec, b, watch)
+        if t is None:
+            impossible.append(b)
+        else:
+            sizes.append(b)
+            times.append(t)
+            ptok.append(p)
+        bar.set_postfix_str(f"B={b}: " + (f"{t * 1e3:.1f} ms/step" if t is not None else "impossible step time"))
         bar.update(1)
         for j in out_of_order(times, spec.remeasure_dip):  # slower than a bigger batch: disturbed, once more
             if sizes[j] not in remeasured:
                 remeasured.append(sizes[j])
                 t, _ = await _step_time(port, spec, sizes[j], watch=watch)
-                times[j] = min(times[j], max(t, 1e-6))  # interference only slows a step down
-        i = len(times)
-        b = sizes[i] if i < len(sizes) else next_batch(sizes, times, limit, spec.flat_gain)
-        if i >= len(sizes) and b is not None:
-            sizes.append(b)
+                if possible_step(t):
+                    times[j] = min(times[j], t)  # interference only slows a step down
+        nb = None if todo else next_batch(sizes, times, limit, spec.flat_gain)
+        if nb is not None and nb not in sizes + impossible:
+            todo.append(nb)
             bar.total += 1
+    if len(sizes) < 2:
+        raise RuntimeError(
+            f"profile: fewer than two batch sizes up to the sweep's limit {limit} gave a step time "
+            f"(measured {sizes}, impossible {impossible})"
+        )
     smooth = monotone_envelope(times)
     ctx_len = float(np.mean(ptok)) + (spec.short_tokens + spec.long_tokens) / 2.0
     meta: Dict[str, Any] = {"spec": asdict(spec), "prompt_tokens": ptok, "sweep_limit": limit}
+    ctx_batch = min(spec.ctx_batch, limit)
     kw: Dict[str, Any] = {}
     if spec.ctx_prefix_words:
         prefix = _prompt("ctx" + uuid.uuid4().hex[:6], 0, words=spec.ctx_prefix_words) + " "
         await _batch_wall(port, [prefix], 1, watch)  # prime the radix cache with the shared prefix
-        t_ctx, p_ctx = await _step_time(port, spec, spec.ctx_batch, prefix=prefix, watch=watch)
-        base = float(np.interp(spec.ctx_batch, sizes, smooth))
-        extra_ctx = spec.ctx_batch * max(p_ctx - float(np.mean(ptok)), 1.0)
+        t_ctx, p_ctx = await _step_time(port, spec, ctx_batch, prefix=prefix, watch=watch)
+        base = float(np.interp(ctx_batch, sizes, smooth))
+        extra_ctx = ctx_batch * max(p_ctx - float(np.mean(ptok)), 1.0)
         kw["ctx_coef"] = max((t_ctx - base) / extra_ctx, 0.0)
-        meta["ctx_probe"] = {"batch": spec.ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
+        meta["ctx_probe"] = {"batch": ctx_batch, "prompt_tokens": p_ctx, "step_time": t_ctx, "base": base}
         bar.update(1)
     if spec.prefill_words:
         nonce = uuid.uuid4().hex[:6]
@@ -283,12 +327,14 @@ async def measure_profile(
     bar.close()
     dip = worst_dip(times)
     why = (["requests in flight"] if watch.most else []) + (["non-monotone"] if dip > spec.max_dip else [])
+    why += ["impossible step time"] if impossible else []
     meta["load"] = {
         "under_load": bool(why),
         "why": why,
         "others_in_flight": watch.most,  # most other requests seen in flight at one check (None: unknown)
         "checks": watch.checks,
         "remeasured": remeasured,
+        "impossible": impossible,  # batches left out: their step time stayed impossible
         "worst_dip": dip,
     }
     prof = Profile.from_points(
@@ -301,12 +347,11 @@ async def measure_profile(
 
 
 def sweep_limit(spec: ProfileSpec, key: Dict[str, Any]) -> int:
-    """The largest batch the sweep may measure: ``spec.max_batch`` and the server's ``max_running_requests``."""
-    limit = int(spec.max_batch)
+    """The largest batch the sweep may measure: ``spec.max_batch`` (never below the given batch sizes), capped by
+    the server's ``max_running_requests`` (``key["flags"]``) when it has one."""
+    limit = max(int(spec.max_batch), max(spec.batch_sizes, default=1))
     mrr = (key.get("flags") or {}).get("max_running_requests")
-    if mrr:
-        limit = min(limit, int(mrr))
-    return max(limit, max(spec.batch_sizes, default=1))
+    return max(min(limit, int(mrr)), 1) if mrr else limit
 
 
 def _bar(total: int, enabled: bool):

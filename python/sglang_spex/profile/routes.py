@@ -20,6 +20,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 from fastapi import FastAPI, Request
@@ -48,11 +49,12 @@ async def post_profile(request: Request, body: ProfileBody) -> Response:
     if fields:
         if "batch_sizes" in fields:  # sizes given: measure exactly those (no sweep extension)
             fields["max_batch"] = max(fields["batch_sizes"])
-        spec = ProfileSpec(**fields)
+        limit = sweep_limit(ProfileSpec(), mgr.key)
+        spec = replace(ProfileSpec().within(limit), **fields)  # defaults not given kept to the ceiling
         tm = state.tokenizer_manager
         per_word = filler_tokens_per_word(getattr(tm, "tokenizer", None))
         try:  # bounded by the engine: the sweep's own ceiling and the model's context
-            spec.check(sweep_limit(ProfileSpec(), mgr.key), tm.context_len, per_word)
+            spec.check(limit, tm.context_len, per_word)
         except FieldError as e:
             return error_response(e.field, e.reason)
     try:  # a new spec is measured now and kept only once that measurement succeeded

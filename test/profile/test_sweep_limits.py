@@ -1,0 +1,137 @@
+"""The profiler's sweep never measures a batch past the server's ``max_running_requests``, and an impossible step
+time (not positive) is measured again, and if it stays so the profile is disturbed: used, not cached (fake engine
+in virtual time, no server)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Dict, Tuple
+
+import pytest
+
+from sglang_spex.profile import cache, measure
+from sglang_spex.profile.measure import ProfileSpec, ensure_profile, measure_profile, sweep_limit
+from sglang_spex.tot.engine import EnginePort, GenResult
+
+QUIET = dict(short_tokens=3, long_tokens=6, ctx_prefix_words=0, prefill_words=0)  # warm-up walls use 2 tokens
+
+
+class Clock:
+    """Stands in for the profiler's ``time`` module: time moves only when the engine says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class Engine(EnginePort):
+    """Concurrent requests form one batch; a step takes ``step(B)`` times ``slow(B, tokens, n)`` for the n-th wall
+    of ``tokens`` new tokens at batch B. Records the largest batch it ran and the walls per (B, tokens)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        step: Callable[[int], float] = lambda b: 0.010,
+        slow: Callable[[int, int, int], float] = lambda b, tokens, n: 1.0,
+    ):
+        self.clock, self.step, self.slow = clock, step, slow
+        self.live, self.most = 0, 0
+        self.seen: Dict[Tuple[int, int], int] = {}
+
+    async def generate(self, req):
+        start = self.clock.now
+        self.live += 1
+        await asyncio.sleep(0)  # every request of the gather() has joined the batch
+        batch, tokens = self.live, req.max_new_tokens
+        self.most = max(self.most, batch)
+        if req.rid.endswith(":0"):
+            self.seen[(batch, tokens)] = self.seen.get((batch, tokens), 0) + 1
+        await asyncio.sleep(0)
+        factor = self.slow(batch, tokens, self.seen[(batch, tokens)])
+        self.clock.now = max(self.clock.now, start + tokens * self.step(batch) * factor)
+        self.live -= 1
+        return GenResult(rid=req.rid, text="x", output_ids=[0] * tokens, finish_reason="length")
+
+    async def abort(self, rid_or_prefix):
+        pass
+
+
+@pytest.fixture
+def clock(monkeypatch, tmp_path):
+    monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)
+    c = Clock()
+    monkeypatch.setattr(measure, "time", c)
+    return c
+
+
+def _key(mrr=None):
+    return {"model": "m", "hardware": "h", "flags": {"max_running_requests": mrr}}
+
+
+# --- the limit ---------------------------------------------------------------------------------------------
+
+
+def test_sweep_limit_caps_the_default_sizes_at_max_running_requests():
+    assert sweep_limit(ProfileSpec(), _key(2)) == 2  # not the default sizes' 32
+    assert sweep_limit(ProfileSpec(batch_sizes=(1, 2, 4), max_batch=2), _key(3)) == 3
+    assert sweep_limit(ProfileSpec(), _key(None)) == 512  # no cap: as before
+    assert sweep_limit(ProfileSpec(batch_sizes=(1, 2, 4), max_batch=2), {}) == 4
+
+
+def test_spec_within_keeps_sizes_and_ctx_batch_to_the_limit():
+    spec = ProfileSpec().within(2)
+    assert spec.batch_sizes == (1, 2) and spec.ctx_batch == 2
+    assert ProfileSpec().within(512) == ProfileSpec()
+
+
+@pytest.mark.parametrize("mrr, sizes", [(2, [1, 2]), (3, [1, 2, 3]), (12, [1, 2, 4, 8, 12])])
+def test_sweep_never_measures_past_max_running_requests(clock, mrr, sizes):
+    engine = Engine(clock)  # memory-bound everywhere: uncapped, the sweep would go on to 512
+    spec = ProfileSpec(short_tokens=3, long_tokens=6, ctx_prefix_words=8, prefill_words=0, repeats=1)
+    prof = asyncio.run(measure_profile(engine, _key(mrr), spec, False))
+    assert prof.batch_sizes == sizes and engine.most <= mrr
+    assert prof.meta["sweep_limit"] == mrr and prof.meta["ctx_probe"]["batch"] == min(4, mrr)
+
+
+def test_sweep_without_a_cap_keeps_extending(clock):
+    spec = ProfileSpec(batch_sizes=(1, 2, 4), max_batch=32, repeats=1, **QUIET)
+    prof = asyncio.run(measure_profile(Engine(clock), _key(None), spec, False))
+    assert prof.batch_sizes == [1, 2, 4, 8, 16, 32]
+
+
+# --- impossible step times ---------------------------------------------------------------------------------
+
+
+def _short_slow_at(batch: int, walls: Callable[[int], bool]):
+    """The short walls at ``batch`` (the n-th where ``walls(n)``) take 3x the long one: a negative step time."""
+    return lambda b, tokens, n: 6.0 if (b, tokens) == (batch, QUIET["short_tokens"]) and walls(n) else 1.0
+
+
+def test_impossible_step_time_is_measured_again(clock):
+    engine = Engine(clock, step=lambda b: 0.010 + 0.001 * b, slow=_short_slow_at(1, lambda n: n == 1))
+    spec = ProfileSpec(batch_sizes=(1, 2, 4), max_batch=4, repeats=1, **QUIET)
+    prof = asyncio.run(ensure_profile(engine, _key(), spec, progress=False))
+    assert engine.seen[(1, 3)] == 2  # measured again once
+    assert prof.batch_sizes == [1, 2, 4] and prof.step_times[0] == pytest.approx(0.011)
+    assert not prof.measured_under_load and cache.load(_key()) is not None
+
+
+def test_an_impossible_repeat_gives_way_to_a_possible_one(clock):
+    engine = Engine(clock, step=lambda b: 0.010 + 0.001 * b, slow=_short_slow_at(2, lambda n: n == 1))
+    spec = ProfileSpec(batch_sizes=(1, 2, 4), max_batch=4, repeats=2, **QUIET)
+    prof = asyncio.run(measure_profile(engine, _key(), spec, False))
+    assert engine.seen[(2, 3)] == 2  # the two repeats, no re-measurement
+    assert prof.step_times[1] == pytest.approx(0.012) and not prof.measured_under_load
+
+
+def test_a_step_time_that_stays_impossible_is_not_cached(clock):
+    engine = Engine(clock, step=lambda b: 0.010 + 0.001 * b, slow=_short_slow_at(1, lambda n: True))
+    spec = ProfileSpec(batch_sizes=(1, 2, 4), max_batch=4, repeats=1, **QUIET)
+    prof = asyncio.run(ensure_profile(engine, _key(), spec, progress=False))
+    assert cache.load(_key()) is None and not list(cache.CACHE_DIR.glob("*.json"))
+    assert prof.measured_under_load and prof.load_why == ["impossible step time"]
+    assert prof.batch_sizes == [2, 4] and min(prof.step_times) > 0.01  # the impossible point left out
+    assert prof.meta["load"]["impossible"] == [1]
+    assert engine.seen[(1, 3)] == 1 + measure.BAD_TIME_RETRIES
