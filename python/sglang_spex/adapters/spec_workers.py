@@ -75,6 +75,21 @@ def keeps_spec_path(batch: Any) -> bool:
     return bool(batch.has_grammar)
 
 
+def penalised(batch: Any) -> bool:
+    """True when a request of the batch has frequency / presence / repetition penalties or ``min_new_tokens``:
+    SGLang's spec path applies them "relaxed" (``eagle_prepare_for_decode`` counts one output token per verify
+    step), a plain decode step exactly. Read from SGLang's own penalizer state: the scheduler's
+    ``penalizer_orchestrator.is_required``, or inside a forward (``Scheduler._forward_isolation`` swaps in
+    ``copy_for_forward``, which drops the orchestrator) the penalty buffers ``update_penalties`` left for it."""
+    info = getattr(batch, "sampling_info", None)
+    if info is None:
+        return False
+    orchestrator = getattr(info, "penalizer_orchestrator", None)
+    if orchestrator is not None:
+        return bool(orchestrator.is_required)
+    return info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
+
+
 def rids(batch: Any) -> List[str]:
     return [r.rid for r in batch.reqs]
 
@@ -231,12 +246,26 @@ def one_token_verify_logprobs(logits_output: Any, bs: int) -> None:
         logits_output.next_token_logprobs = logits_output.next_token_logprobs.view(bs, 1)
 
 
+def verify_hidden_rows(logits_output: Any, bs: int, n: int) -> None:
+    """A plain step's hidden states (one row per request) in a verify's layout: SGLang reads a speculative batch's
+    ``hidden_states`` with the result's row stride (``speculative_num_draft_tokens``: request i from row i*n, as its
+    token ids), so request i's row moves to row i*n (the rows between are never read: one token accepted)."""
+    hidden = logits_output.hidden_states if logits_output is not None else None
+    if hidden is None or n <= 1 or hidden.shape[0] != bs:
+        return
+    rows = hidden.new_zeros((bs * n, *hidden.shape[1:]))
+    rows[::n] = hidden
+    logits_output.hidden_states = rows
+
+
 def ngram_result(
     worker: Any, target: Any, accept_tokens: torch.Tensor, accept_lens: torch.Tensor, new_seq_lens: torch.Tensor
 ) -> GenerationBatchResult:
     """An NGRAM decode result in the shape of a verify (``accept_tokens`` flat, ``n`` per request)."""
     n = ngram_width(worker)
-    one_token_verify_logprobs(target.logits_output, new_seq_lens.shape[0])
+    bs = new_seq_lens.shape[0]
+    one_token_verify_logprobs(target.logits_output, bs)
+    verify_hidden_rows(target.logits_output, bs, n)
     return GenerationBatchResult(
         logits_output=target.logits_output,
         next_token_ids=accept_tokens,
