@@ -182,10 +182,13 @@ def test_penalised_batches_opt_out():
     """Unit: SGLang's penalizer state (scheduler side: the orchestrator; inside a forward: its buffers) opts the
     batch out of speculation, as ``custom_params={"respec": "off"}`` does."""
 
-    def batch(required=None, additive=None, scaling=None, custom=None):
+    def batch(required=None, additive=None, scaling=None, custom=None, processor=False):
         orchestrator = None if required is None else SimpleNamespace(is_required=required)
         info = SimpleNamespace(
-            penalizer_orchestrator=orchestrator, acc_additive_penalties=additive, acc_scaling_penalties=scaling
+            penalizer_orchestrator=orchestrator,
+            acc_additive_penalties=additive,
+            acc_scaling_penalties=scaling,
+            has_custom_logit_processor=processor,
         )
         req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))
         return SimpleNamespace(sampling_info=info, reqs=[req])
@@ -194,4 +197,5 @@ def test_penalised_batches_opt_out():
     assert opted_out(batch(required=True))
     assert opted_out(batch(additive=torch.zeros(1, 4))) and opted_out(batch(scaling=torch.ones(1, 4)))
     assert opted_out(batch(required=False, custom={"respec": "off"}))
+    assert opted_out(batch(required=False, processor=True))  # eagle_sample never calls a custom logit processor
     assert not opted_out(SimpleNamespace(sampling_info=None, reqs=[]))

@@ -75,15 +75,18 @@ def keeps_spec_path(batch: Any) -> bool:
     return bool(batch.has_grammar)
 
 
-def penalised(batch: Any) -> bool:
-    """True when a request of the batch has frequency / presence / repetition penalties or ``min_new_tokens``:
-    SGLang's spec path applies them "relaxed" (``eagle_prepare_for_decode`` counts one output token per verify
-    step), a plain decode step exactly. Read from SGLang's own penalizer state: the scheduler's
-    ``penalizer_orchestrator.is_required``, or inside a forward (``Scheduler._forward_isolation`` swaps in
-    ``copy_for_forward``, which drops the orchestrator) the penalty buffers ``update_penalties`` left for it."""
+def needs_plain_steps(batch: Any) -> bool:
+    """True when a request of the batch needs what SGLang's spec path does not apply exactly: frequency / presence /
+    repetition penalties or ``min_new_tokens`` (``eagle_prepare_for_decode`` counts one output token per verify
+    step: "relaxed") or a custom logit processor (``eagle_sample`` never calls one); a plain decode step applies
+    them all. Read from SGLang's own state: the scheduler's ``penalizer_orchestrator.is_required``, or inside a
+    forward (``Scheduler._forward_isolation`` swaps in ``copy_for_forward``, which drops the orchestrator) the
+    penalty buffers ``update_penalties`` left for it; ``has_custom_logit_processor``."""
     info = getattr(batch, "sampling_info", None)
     if info is None:
         return False
+    if getattr(info, "has_custom_logit_processor", False):
+        return True
     orchestrator = getattr(info, "penalizer_orchestrator", None)
     if orchestrator is not None:
         return bool(orchestrator.is_required)

@@ -10,7 +10,8 @@ The runtime lives on the spec worker SGLang's scheduler drives (:func:`runtime_o
 ``EAGLE3:s3t1n4``), ``SPEC`` (forced on, no profile) or ``None`` (plain decode). A request opts out with
 ``sampling_params.custom_params = {"respec": "off"}``: a decode batch holding one runs without speculation (the
 batch shares one forward, so its mates do too; counted). A request with frequency / presence / repetition
-penalties or ``min_new_tokens`` is opted out the same way (SGLang applies them relaxed under speculation).
+penalties, ``min_new_tokens`` or a custom logit processor is opted out the same way (SGLang's spec path applies
+the first relaxed and the last not at all).
 
 Configuration: :meth:`~sglang_spex.config.RespecConfig.from_env` (the launcher's ``--respec-*`` flags).
 """
@@ -304,10 +305,11 @@ def runtime_of(worker: Any) -> Runtime:
 
 def opted_out(batch: Any) -> bool:
     """True if a request of the batch asked for no speculation (``custom_params={"respec": "off"}``), or needs
-    penalties or ``min_new_tokens`` (:func:`~sglang_spex.adapters.spec_workers.penalised`): SGLang's spec path
-    applies those relaxed, once per verify step, so such a request's output would depend on which of its steps
-    speculated (on load); plain steps apply them exactly, as a plain server does."""
-    if sw.penalised(batch):
+    penalties, ``min_new_tokens`` or a custom logit processor (:func:`~sglang_spex.adapters.spec_workers.
+    needs_plain_steps`): SGLang's spec path applies the first relaxed, once per verify step, and the last not at
+    all, so such a request's output would depend on which of its steps speculated (on load); plain steps apply
+    them exactly, as a plain server does."""
+    if sw.needs_plain_steps(batch):
         return True
     for req in batch.reqs:
         params = sw.custom_params(req)
