@@ -13,7 +13,7 @@ def fake_server(monkeypatch):
     """A server whose acceptance depends on the prompt: prompt i accepts 1 + i tokens per verify step."""
     calls = []
 
-    def generate(url, texts, n):
+    def generate(url, texts, n, temperature=0.0):
         calls.append((tuple(texts), n))
         return [{"spec_verify_ct": -(-n // (1 + int(t[1:]))), "spec_accept_length": 1.0 + int(t[1:])} for t in texts]
 
@@ -74,7 +74,7 @@ def test_a_point_slower_than_a_bigger_batch_is_measured_once_more(monkeypatch):
     per_step = {1: 0.010, 4: 0.012, 16: 0.020}
     disturbed = {4: 4}  # B=4's first measurement (2 rounds of 8 sequences, a short and a long run each) is slow
 
-    def generate(url, texts, n):
+    def generate(url, texts, n, temperature=0.0):
         b = len(texts)
         slow = 3.0 if disturbed.get(b, 0) > 0 else 1.0
         if b in disturbed:
@@ -91,3 +91,12 @@ def test_a_point_slower_than_a_bigger_batch_is_measured_once_more(monkeypatch):
     steps = {b: p.step_s for b, p in prof.points[profiler.PLAIN].items()}
     assert steps == pytest.approx(per_step)
     assert prof.meta["remeasured"][profiler.PLAIN] == [4]
+
+
+def test_a_repeat_keeps_its_own_acceptance_and_sampled_runs_take_the_median():
+    """The step count comes with the run its wall time came from (it came from the last run); at T > 0 the runs
+    decode different tokens, and the fastest would be the one that happened to accept most (review)."""
+    tries = [(3.0, ["slow"]), (1.0, ["lucky"]), (2.0, ["typical"])]
+    assert profiler._representative(tries, 0.0) == (1.0, ["lucky"])
+    assert profiler._representative(tries, 1.0) == (2.0, ["typical"])
+    assert profiler._representative(tries[:2], 1.0) == (3.0, ["slow"])  # two runs: the upper median

@@ -14,7 +14,7 @@ from server_modes import spex_args, start_server
 from sglang_spex.serve import ServerProcess
 from sglang_spex.tot import backpressure
 from sglang_spex.tot.backpressure import QueueFull, QueueGate, refused_for_load
-from sglang_spex.tot.engine import ROLE_SPEC, EnginePort, GenRequest, GenResult, node_rid
+from sglang_spex.tot.engine import ROLE_PRIMARY, ROLE_SPEC, EnginePort, GenRequest, GenResult, node_rid
 from sglang_spex.tot.http_port import HttpPort, WorkerBusy
 
 from .helpers import BASELINE, post_search
@@ -104,6 +104,13 @@ async def test_http_speculative_request_refused_is_a_miss_not_retried() -> None:
     with pytest.raises(WorkerBusy) as err:  # (SPEX's runner takes any error of a speculative request as a miss)
         await port.generate(req)
     assert sent == ["/generate"] and refused_for_load(err.value) and not port.lost
+    # a primary HttpPort gave up on (its own back-off spent) is not retried again, but holds speculation (review)
+    gate = QueueGate()
+    primary = GenRequest(prompt="p", rid=node_rid("s1", "r.1", ROLE_PRIMARY), role=ROLE_PRIMARY, search_id="s1")
+    busy = _RefusingPort(1, err.value)
+    with pytest.raises(WorkerBusy):
+        await gate.generate_primary(busy, primary)
+    assert busy.sent == 1 and not gate.spec_ok()
     await port.close()
 
 

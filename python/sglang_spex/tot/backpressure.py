@@ -105,9 +105,10 @@ class QueueGate:
             try:
                 return await port.generate(req)
             except Exception as e:
+                if refused_for_load(e):  # HttpPort's final WorkerBusy too: hold speculation
+                    self.note_refused()
                 if not _retryable(e):
                     raise
-                self.note_refused()
                 if wait_s is None:
                     raise QueueFull(
                         f"the engine's request queue stayed full: refused {len(QUEUE_FULL_BACKOFF_S) + 1} times, "
