@@ -84,14 +84,15 @@ def _req(prompt: int, max_new: int, prefix: int = 0, output: int = 0):
 def test_admission_need_counts_reserved_output_and_overhead():
     # the review's case: ~344 uncached prompt tokens + 200 reserved output, ~389 free + evictable
     req = _req(prompt=400, max_new=200, prefix=56)
-    assert sa.admission_shortfall(_scheduler(389), req) == 344 + 200 + 1 - 389  # + a page of overhead
-    assert sa.admission_shortfall(_scheduler(344 + 200 + 1), req) == 0
+    assert sa.admission_shortfall(_scheduler(389), req) == 344 + 200 + 1 + 1 - 389  # + a page, strict <
+    assert sa.admission_shortfall(_scheduler(344 + 200 + 1 + 1), req) == 0
+    assert sa.admission_shortfall(_scheduler(344 + 200 + 1), req) == 1  # SGLang admits only below the budget
     # output already written is not reserved again; a never-tried request counts its whole sequence
-    assert sa.admission_shortfall(_scheduler(100), _req(prompt=50, max_new=60, output=20)) == 50 + 20 + 40 + 1 - 100
+    assert sa.admission_shortfall(_scheduler(100), _req(prompt=50, max_new=60, output=20)) == 50 + 20 + 40 + 1 + 1 - 100
     # the page reserve follows the page size; the reserve is clipped as SGLang clips it
-    assert sa.admission_shortfall(_scheduler(90, page_size=16), _req(prompt=50, max_new=30)) == 50 + 30 + 16 - 90
+    assert sa.admission_shortfall(_scheduler(90, page_size=16), _req(prompt=50, max_new=30)) == 50 + 30 + 16 + 1 - 90
     huge = _req(prompt=10, max_new=10**9)
-    assert sa.admission_shortfall(_scheduler(0), huge) == 10 + sa.CLIP_MAX_NEW_TOKENS + 1
+    assert sa.admission_shortfall(_scheduler(0), huge) == 10 + sa.CLIP_MAX_NEW_TOKENS + 1 + 1
 
 
 # ---------------------------------------------------------------- when protection yields, on a stand-in scheduler
@@ -149,11 +150,24 @@ def test_a_stall_the_estimate_misses_still_yields(monkeypatch):
     assert sched.tree_cache.unlocked == []
     clock[0] += 0.1
     p._yield_to_waiting(sched)
-    assert sched.tree_cache.unlocked == ["old"] and p.counters.get("yielded_stall") == 1
-    p._yield_to_waiting(sched)  # one search per period
-    assert sched.tree_cache.unlocked == ["old"]
+    assert sched.tree_cache.unlocked == ["old", "young"] and p.counters.get("yielded_stall") == 2  # every search
+    p._yield_to_waiting(sched)
+    assert sched.tree_cache.unlocked == ["old", "young"]
     sched.last_batch = None
     sched.running_batch = SimpleNamespace(reqs=[object()])  # something runs: no stall, the timer restarts
     clock[0] += pp.STALL_YIELD_S * 2
     p._yield_to_waiting(sched)
-    assert sched.tree_cache.unlocked == ["old"] and p._stalled_since is None
+    assert sched.tree_cache.unlocked == ["old", "young"] and p._stalled_since is None
+
+
+def test_a_speculative_request_at_the_head_takes_no_lock_away(monkeypatch):
+    """Yielding a search's locks for a speculative request would trade the primaries' cached prefixes for work
+    that may be thrown away (review): only a primary is held out."""
+    from sglang_spex.tot.engine import ROLE_SPEC, node_rid
+
+    p, sched, clock = _stalled_protection(monkeypatch, lambda s: 5)
+    sched.waiting_queue[0].rid = node_rid("s9", "r.0", ROLE_SPEC)
+    p._yield_to_waiting(sched)
+    clock[0] += pp.STALL_YIELD_S * 2
+    p._yield_to_waiting(sched)
+    assert sched.tree_cache.unlocked == [] and not p.counters

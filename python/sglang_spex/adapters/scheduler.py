@@ -377,7 +377,7 @@ def admission_shortfall(scheduler: Any, req: Any) -> int:
     left = max(int(req.sampling_params.max_new_tokens or 0) - len(req.output_ids), 0)
     need = extend + min(left, CLIP_MAX_NEW_TOKENS) + int(scheduler.page_size)
     _, free, evictable, _ = kv_figures(scheduler)
-    return max(need - free - evictable, 0)
+    return max(need + 1 - free - evictable, 0)  # SGLang admits below its budget (check_prefill: total < remaining)
 
 
 def batch_mode(batch: Any) -> int:

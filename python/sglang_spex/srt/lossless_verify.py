@@ -93,7 +93,7 @@ def _sampling_with_min_p(op: Callable[..., Any], min_ps: torch.Tensor) -> Callab
 def v3_eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """V3 (AROUND ``eagle_utils.eagle_sample``): a batch with a min-p request samples its verify with min-p."""
     info = getattr(batch, "sampling_info", None)
-    if info is None or not info.need_min_p_sampling or info.is_all_greedy:
+    if not getattr(info, "need_min_p_sampling", False) or getattr(info, "is_all_greedy", True):
         return original(verify_input, batch, *args, **kwargs)
     module = importlib.import_module(EAGLE_UTILS)
     op = None

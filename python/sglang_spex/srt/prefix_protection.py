@@ -12,8 +12,8 @@ cannot overshoot it), and protection never keeps a request out: when a waiting r
 is free or evictable and no running request will free any, the searches protected longest ago lose their locks
 until it fits (``yielded``; the need is SGLang's admission charge, prompt and reserved output, see
 :func:`sglang_spex.adapters.scheduler.admission_shortfall`). Should that estimate miss a case, a scheduler that has
-admitted nothing for :data:`STALL_YIELD_S` while a primary request waits and locks are held yields the oldest
-search anyway, one per period (``yielded_stall``): protection never holds the scheduler idle. A search is known by
+admitted nothing for :data:`STALL_YIELD_S` while a primary request waits and locks are held releases every search's
+locks anyway (``yielded_stall``): protection never holds the scheduler idle longer than that. A search is known by
 its rids (``spex:<search>:<path>:``), so any client may have its prefixes protected this way, within the cap; ids
 kept for ended searches are bounded in number (:data:`MAX_TRACKED`).
 Speculative-only KV is evicted first by SGLang itself: speculative requests carry the lowest priority,
@@ -42,7 +42,7 @@ DEFAULT_MAX_FRACTION = 0.5
 ENDED_TTL_S = 120.0  # a late finish of an ended search is not protected again
 SWEEP_EVERY_S = 1.0
 YIELD_AFTER_S = 1.0  # a waiting request held out this long (past batch boundaries) makes protection give way
-STALL_YIELD_S = 5.0  # nothing admitted this long while a primary waits: the oldest search yields, whatever the need
+STALL_YIELD_S = 5.0  # nothing admitted this long while a primary waits: every search yields, whatever the need
 MAX_TRACKED = 4096  # searches kept in ``last_seen`` / ``ended`` at most (the oldest go first)
 G_PROTECT = HookGuard("prefix_protect")
 
@@ -177,13 +177,15 @@ class PrefixProtection:
         for admission while the scheduler is :meth:`_stalled` (0: it fits, or something runs)."""
         if not self._stalled(scheduler):
             return 0
-        return sa.admission_shortfall(scheduler, sa.waiting(scheduler)[0])
+        head = sa.waiting(scheduler)[0]
+        return 0 if sa.is_spec(head) else sa.admission_shortfall(scheduler, head)  # never for a speculative one
 
     def _yield_to_waiting(self, scheduler: Any) -> None:
         """Once the scheduler has been :meth:`_stalled` for :data:`YIELD_AFTER_S`, unlock the searches protected
         longest ago until the waiting request fits (:meth:`_held_out`): protection would hold it until a lease ran
         out. Stalled for :data:`STALL_YIELD_S` with a primary waiting that seems to fit (an admission charge the
-        estimate does not model), unlock the oldest search anyway, one per period."""
+        estimate does not model, e.g. the pin SGLang puts on the request's own cached prefix while it checks it), unlock
+        every search."""
         if not self._stalled(scheduler):
             self._stalled_since = None
             return
@@ -198,13 +200,16 @@ class PrefixProtection:
                 self._end_oldest(scheduler, "yielded")
             self._stalled_since = now
         elif stalled_for >= STALL_YIELD_S and any(not sa.is_spec(r) for r in sa.waiting(scheduler)):
-            self._end_oldest(scheduler, "yielded_stall")
+            for search_id in [s for s, held in self.locks.items() if held]:  # the estimate missed why: all yield
+                self._end(scheduler, search_id, "yielded_stall")
             self._stalled_since = now
 
     def _end_oldest(self, scheduler: Any, counter: str) -> None:
-        oldest = min((s for s, held in self.locks.items() if held), key=lambda s: self.last_seen.get(s, 0.0))
-        logger.info("prefix protection yields search %s to a waiting request (%s)", oldest, counter)
-        self.end_search(scheduler.tree_cache, oldest)
+        self._end(scheduler, min(self.locks, key=lambda s: self.last_seen.get(s, 0.0)), counter)
+
+    def _end(self, scheduler: Any, search_id: str, counter: str) -> None:
+        logger.info("prefix protection yields search %s to a waiting request (%s)", search_id, counter)
+        self.end_search(scheduler.tree_cache, search_id)
         self.bump(counter)
 
     def pre_step(self, scheduler: Any) -> None:
