@@ -16,9 +16,9 @@ A profile is measured for an idle engine. Other requests in flight when any of t
 ends (the port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve
 that still falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark
 it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
-(:class:`ProfileManager`) when requests were in flight. So does an impossible step time (not finite and positive:
-the short batch was slowed more than the long one) that stays so after ``BAD_TIME_RETRIES`` re-measurements; that
-batch is left out of the curve. The knee is fitted to the curve's monotone envelope (a bigger batch never decodes
+(:class:`ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: the
+short batch was slowed more than the long one) that stays so after ``BAD_TIME_RETRIES`` re-measurements also keeps
+the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. The knee is fitted to the curve's monotone envelope (a bigger batch never decodes
 a step faster); the points keep what was measured.
 
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
