@@ -4,78 +4,20 @@ cached; a quiet one is; an out-of-order point is measured again (fake engine in 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Dict, Iterable, List, Tuple
+from typing import List
 
 import pytest
+from fake_engine import Engine
 
-from sglang_spex.profile import cache, measure
+from sglang_spex.profile import cache
 from sglang_spex.profile.cache import Profile
-from sglang_spex.profile.measure import PROFILE_RID_PREFIX, ProfileManager, ProfileSpec, ensure_profile
+from sglang_spex.profile.measure import ProfileManager, ProfileSpec, ensure_profile
 from sglang_spex.profile.roofline import monotone_envelope, out_of_order, worst_dip
-from sglang_spex.tot.engine import EnginePort, GenResult
 
 KEY = {"model": "m", "hardware": "h", "flags": {}}
 SPEC = ProfileSpec(
     batch_sizes=(1, 2, 4, 8), short_tokens=2, long_tokens=6, ctx_prefix_words=0, prefill_words=0, max_batch=8
 )
-
-
-class Clock:
-    """Stands in for the profiler's ``time`` module: time moves only when the engine says so."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-class Engine(EnginePort):
-    """Concurrent requests form one batch; a step takes ``step(B)`` times ``slow(B, n)`` for the n-th wall (of
-    either length) at that batch. ``others``: rids of other requests in flight, per profile wall started."""
-
-    def __init__(
-        self,
-        clock: Clock,
-        step: Callable[[int], float] = lambda b: 0.010 + 0.002 * b,
-        slow: Callable[[int, int, int], float] = lambda b, tokens, n: 1.0,
-        others: Callable[[int], Iterable[str]] = lambda wall: (),
-    ):
-        self.clock, self.step, self.slow, self.others = clock, step, slow, others
-        self.live, self.walls = 0, 0
-        self.seen: Dict[Tuple[int, int], int] = {}
-
-    async def generate(self, req):
-        start = self.clock.now
-        self.live += 1
-        await asyncio.sleep(0)  # every request of the gather() has joined the batch
-        batch, tokens = self.live, req.max_new_tokens
-        if req.rid.endswith(":0"):
-            self.walls += 1
-            self.seen[(batch, tokens)] = self.seen.get((batch, tokens), 0) + 1
-        await asyncio.sleep(0)
-        factor = self.slow(batch, tokens, self.seen[(batch, tokens)])
-        self.clock.now = max(self.clock.now, start + tokens * self.step(batch) * factor)
-        self.live -= 1
-        return GenResult(rid=req.rid, text="x", output_ids=[0] * tokens, finish_reason="length")
-
-    def rids(self, prefix: str) -> List[str]:
-        """What SGLang's TokenizerManager tracks (the in-process port's view); the profile's own are done here."""
-        return [r for r in [*self.others(self.walls), f"{PROFILE_RID_PREFIX}old:0"] if r.startswith(prefix)]
-
-    async def abort(self, rid_or_prefix):
-        pass
-
-
-@pytest.fixture
-def clock(monkeypatch, tmp_path):
-    monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)
-    c = Clock()
-    monkeypatch.setattr(measure, "time", c)
-    return c
 
 
 def profile_of(engine: Engine) -> Profile:

@@ -5,65 +5,15 @@ in virtual time, no server)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
 import pytest
+from fake_engine import Engine
 
 from sglang_spex.profile import cache, measure
 from sglang_spex.profile.measure import ProfileSpec, ensure_profile, measure_profile, sweep_limit
-from sglang_spex.tot.engine import EnginePort, GenResult
 
 QUIET = dict(short_tokens=3, long_tokens=6, ctx_prefix_words=0, prefill_words=0)  # warm-up walls use 2 tokens
-
-
-class Clock:
-    """Stands in for the profiler's ``time`` module: time moves only when the engine says so."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-
-class Engine(EnginePort):
-    """Concurrent requests form one batch; a step takes ``step(B)`` times ``slow(B, tokens, n)`` for the n-th wall
-    of ``tokens`` new tokens at batch B. Records the largest batch it ran and the walls per (B, tokens)."""
-
-    def __init__(
-        self,
-        clock: Clock,
-        step: Callable[[int], float] = lambda b: 0.010,
-        slow: Callable[[int, int, int], float] = lambda b, tokens, n: 1.0,
-    ):
-        self.clock, self.step, self.slow = clock, step, slow
-        self.live, self.most = 0, 0
-        self.seen: Dict[Tuple[int, int], int] = {}
-
-    async def generate(self, req):
-        start = self.clock.now
-        self.live += 1
-        await asyncio.sleep(0)  # every request of the gather() has joined the batch
-        batch, tokens = self.live, req.max_new_tokens
-        self.most = max(self.most, batch)
-        if req.rid.endswith(":0"):
-            self.seen[(batch, tokens)] = self.seen.get((batch, tokens), 0) + 1
-        await asyncio.sleep(0)
-        factor = self.slow(batch, tokens, self.seen[(batch, tokens)])
-        self.clock.now = max(self.clock.now, start + tokens * self.step(batch) * factor)
-        self.live -= 1
-        return GenResult(rid=req.rid, text="x", output_ids=[0] * tokens, finish_reason="length")
-
-    async def abort(self, rid_or_prefix):
-        pass
-
-
-@pytest.fixture
-def clock(monkeypatch, tmp_path):
-    monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)
-    c = Clock()
-    monkeypatch.setattr(measure, "time", c)
-    return c
 
 
 def _key(mrr=None):
@@ -88,7 +38,7 @@ def test_spec_within_keeps_sizes_and_ctx_batch_to_the_limit():
 
 @pytest.mark.parametrize("mrr, sizes", [(2, [1, 2]), (3, [1, 2, 3]), (12, [1, 2, 4, 8, 12])])
 def test_sweep_never_measures_past_max_running_requests(clock, mrr, sizes):
-    engine = Engine(clock)  # memory-bound everywhere: uncapped, the sweep would go on to 512
+    engine = Engine(clock, step=lambda b: 0.010)  # memory-bound everywhere: uncapped, the sweep would go on to 512
     spec = ProfileSpec(short_tokens=3, long_tokens=6, ctx_prefix_words=8, prefill_words=0, repeats=1)
     prof = asyncio.run(measure_profile(engine, _key(mrr), spec, False))
     assert prof.batch_sizes == sizes and engine.most <= mrr
@@ -97,7 +47,7 @@ def test_sweep_never_measures_past_max_running_requests(clock, mrr, sizes):
 
 def test_sweep_without_a_cap_keeps_extending(clock):
     spec = ProfileSpec(batch_sizes=(1, 2, 4), max_batch=32, repeats=1, **QUIET)
-    prof = asyncio.run(measure_profile(Engine(clock), _key(None), spec, False))
+    prof = asyncio.run(measure_profile(Engine(clock, step=lambda b: 0.010), _key(None), spec, False))
     assert prof.batch_sizes == [1, 2, 4, 8, 16, 32]
 
 
