@@ -45,3 +45,16 @@ def start_server(args: List[str], mode: str = DEFAULT_MODE, headers: Optional[di
 
 def spex_args(tiny_model: str) -> List[str]:
     return [*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "8", "--enable-metrics"]
+
+
+# The flags review's reproducer: a width-4 search with 200-token steps, whose own fan-out fills a small KV pool
+# (``--max-total-tokens 700``) or a capped request queue (``--max-queued-requests 2``).
+FANOUT_SEARCH = {
+    "spec": {
+        "policy": {"name": "rebase", "width": 4, "max_depth": 2},
+        "step": {"max_tokens": 200, "stop": [], "temperature": 1.0},
+        "reward": {"type": "logprob"},
+        "seed": 0,
+    },
+    "question": "What is 12 + 7?",
+}

@@ -9,7 +9,7 @@ from typing import Iterator, List, Optional
 import fastapi
 import httpx
 import pytest
-from server_modes import spex_args, start_server
+from server_modes import FANOUT_SEARCH, spex_args, start_server
 
 from sglang_spex.serve import ServerProcess
 from sglang_spex.tot import backpressure
@@ -19,15 +19,7 @@ from sglang_spex.tot.http_port import HttpPort, WorkerBusy
 
 from .helpers import BASELINE, post_search
 
-BODY = {
-    "spec": {
-        "policy": {"name": "rebase", "width": 4, "max_depth": 2},
-        "step": {"max_tokens": 200, "stop": [], "temperature": 1.0},
-        "reward": {"type": "logprob"},
-        "seed": 0,
-    },
-    "question": "What is 12 + 7?",
-}
+BODY = FANOUT_SEARCH
 FULL = fastapi.HTTPException(status_code=503, detail="The request queue is full.")
 
 

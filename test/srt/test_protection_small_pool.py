@@ -14,21 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from server_modes import TINY, start_server
+from server_modes import FANOUT_SEARCH, TINY, start_server
 
 from sglang_spex.adapters import scheduler as sa
 from sglang_spex.srt import prefix_protection as pp
 
 POOL_TOKENS = 700
-SEARCH = {
-    "spec": {
-        "policy": {"name": "rebase", "width": 4, "max_depth": 2},
-        "step": {"max_tokens": 200, "stop": [], "temperature": 1.0},
-        "reward": {"type": "logprob"},
-        "seed": 0,
-    },
-    "question": "What is 12 + 7?",
-}
+SEARCH = FANOUT_SEARCH
 SEARCH_TIMEOUT_S = 60  # the search alone takes a few seconds (4 s on a plain server); the hang never ends
 PROBE = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
 
