@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from sglang_spex.tot.engine import GenRequest, node_rid
-from sglang_spex.tot.http_port import HttpPort, WorkerLost
+from sglang_spex.tot.http_port import HttpPort, WorkerBusy, WorkerLost
 
 ROUTER = "http://router:1"
 WORKERS = ["http://w0:1", "http://w1:1"]
@@ -137,28 +137,34 @@ def test_pooled_connections_expire_before_sglang_closes_them():
 QUEUE_FULL = {"object": "error", "message": "The request queue is full.", "type": "Service Unavailable", "code": 503}
 
 
-async def test_a_workers_own_503_is_retried_and_never_loses_the_search(monkeypatch):
+async def test_a_workers_own_503_is_busy_not_lost_and_the_search_sends_it_again(monkeypatch):
     """SGLang's load shedding (--max-queued-requests) answers 503 from a live worker, passed through by the router
-    unchanged (no x-smg-error-code): the request is sent again, and after the last retry only its node fails; the
-    search's later requests are still sent."""
-    import sglang_spex.tot.http_port as hp
+    unchanged (no x-smg-error-code): HttpPort raises WorkerBusy at once (no retry loop of its own) and the search is
+    not lost; the search's back-pressure (the one retry loop, shared with the in-process port) sends a primary
+    again until it is served."""
+    from sglang_spex.tot import backpressure
 
-    monkeypatch.setattr(hp, "BUSY_BACKOFF_S", (0.0, 0.0))
-    answers = [503, 503, 200]
+    monkeypatch.setattr(backpressure, "QUEUE_FULL_BACKOFF_S", (0.0, 0.0, 0.0))
+    answers = [503, 200]
 
     def flaky(request: httpx.Request) -> httpx.Response:
         code = answers.pop(0) if answers else 503
         return httpx.Response(code, json=OK if code == 200 else QUEUE_FULL)
 
     port, seen = _port(flaky)
-    assert (await port.generate(_req("s1", "r.0"))).text == "x"  # refused twice, then served
-    assert [json.loads(r.content)["rid"] for r in seen] == ["spex:s1:r.0:"] * 3
-    with pytest.raises(hp.WorkerBusy) as err:  # still full after every retry: this node fails...
-        await port.generate(_req("s1", "r.1"))
+    with pytest.raises(WorkerBusy) as err:  # one POST, refused: busy, not lost
+        await port.generate(_req("s1", "r.0"))
     assert not isinstance(err.value, WorkerLost) and "queue is full" in str(err.value)
-    assert not port.lost and not port.inflight  # ...but the search is not lost
-    answers[:] = [200]
-    assert (await port.generate(_req("s1", "r.2"))).text == "x"  # its next request is sent and served
+    assert not port.lost and not port.inflight and len(seen) == 1
+    assert (await port.generate(_req("s1", "r.1"))).text == "x"  # the search's next request is sent and served
+    answers[:] = [503, 503, 200]
+    gate = backpressure.gate_for(port)
+    assert (await gate.generate_primary(port, _req("s1", "r.2"))).text == "x"  # refused twice, then served
+    assert [json.loads(r.content)["rid"] for r in seen[2:]] == ["spex:s1:r.2:"] * 3
+    assert not gate.spec_ok()  # the queue was at its cap just now: speculation held
+    with pytest.raises(backpressure.QueueFull):  # refused after every back-off: only this node fails
+        await gate.generate_primary(port, _req("s1", "r.3"))
+    assert not port.lost and not port.inflight
 
 
 async def test_the_routers_own_errors_still_lose_the_search():
@@ -167,16 +173,3 @@ async def test_the_routers_own_errors_still_lose_the_search():
         with pytest.raises(WorkerLost):
             await port.generate(_req("s1"))
         assert "s1" in port.lost, status
-
-
-async def test_an_abort_while_a_busy_request_waits_is_not_sent_again(monkeypatch):
-    import sglang_spex.tot.http_port as hp
-
-    monkeypatch.setattr(hp, "BUSY_BACKOFF_S", (0.3,))
-    port, seen = _port(lambda r: httpx.Response(503, json=QUEUE_FULL))
-    task = asyncio.create_task(port.generate(_req("s1", "r.0")))
-    await asyncio.sleep(0.1)
-    await port.abort("spex:s1:")
-    res = await task
-    assert res.aborted and not port.lost and not port.inflight
-    assert sum(r.url.path == "/generate" for r in seen) == 1

@@ -8,9 +8,9 @@ it alone can overflow a small queue. The rules, per engine port (every search of
 
 - a *primary* request refused for load is sent again after each wait of ``QUEUE_FULL_BACKOFF_S`` in turn (with
   jitter, so searches refused together do not return together); one still refused after the last wait fails its
-  node with :class:`QueueFull` (a clear error, not SGLang's bare 503). The in-process port raises SGLang's
-  ``HTTPException`` and is retried here; :class:`~sglang_spex.tot.http_port.HttpPort` retries its own
-  (``BUSY_BACKOFF_S``) and raises ``WorkerBusy`` when the worker still refuses, which is not retried again;
+  node with :class:`QueueFull` (a clear error, not SGLang's bare 503). This is the one place a refusal is sent
+  again, for both ports: the in-process port raises SGLang's ``HTTPException``,
+  :class:`~sglang_spex.tot.http_port.HttpPort` its ``WorkerBusy``; neither retries on its own;
 - a *speculative* request refused for load is a miss: dropped, neither retried nor a failure (SPEX's runner);
 - no speculative request is issued while a primary of the port waits to be sent again, nor for ``SPEC_HOLD_S``
   after any refusal: the queue was at its cap, and speculation must not take the places primaries (or other
@@ -53,11 +53,6 @@ def refused_for_load(exc: BaseException) -> bool:
     if status is None:
         status = getattr(getattr(exc, "response", None), "status_code", None)
     return status == QUEUE_FULL_STATUS and "timeout" not in str(exc).lower()
-
-
-def _retryable(exc: BaseException) -> bool:
-    """A refusal this module sends again: SGLang's own (in-process); HttpPort's ``WorkerBusy`` is its final word."""
-    return getattr(exc, "status_code", None) == QUEUE_FULL_STATUS and refused_for_load(exc)
 
 
 def queue_cap(port: EnginePort) -> Optional[int]:
@@ -105,10 +100,9 @@ class QueueGate:
             try:
                 return await port.generate(req)
             except Exception as e:
-                if refused_for_load(e):  # HttpPort's final WorkerBusy too: hold speculation
-                    self.note_refused()
-                if not _retryable(e):
+                if not refused_for_load(e):
                     raise
+                self.note_refused()
                 if wait_s is None:
                     raise QueueFull(
                         f"the engine's request queue stayed full: refused {len(QUEUE_FULL_BACKOFF_S) + 1} times, "

@@ -17,10 +17,9 @@ whose worker drops its connection, or that the router answers with an error of i
 ``no_available_workers``; or a gateway's 502/504), is *lost*: its later requests fail at once with
 :class:`WorkerLost` instead of landing on another worker with none of its cache. A worker's *own* 503 (SGLang's
 load shedding: ``--max-queued-requests`` "The request queue is full.", or a queued request preempted by a higher
-priority one, or one retracted under memory pressure) comes from a live worker, so it is *busy*, not lost: the
-request is sent again after each wait of ``BUSY_BACKOFF_S`` in turn (not one that timed out waiting or running,
-nor a speculative one: refused, it is a miss), and if the worker still refuses it, only its own node fails
-(:class:`WorkerBusy`); the search and its later requests go on.
+priority one, or one retracted under memory pressure) comes from a live worker, so it is *busy*, not lost: it
+raises :class:`WorkerBusy` at once and the search goes on. Sending a refused primary again is the search's
+(``tot/backpressure.py``, the same back-off as the in-process port's); a refused speculative request is a miss.
 
 :meth:`HttpPort.capacity` asks the server (a router's first healthy worker) once for the model's context length
 and longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
@@ -38,7 +37,7 @@ from typing import Any, Dict, List, Optional, Set
 import httpx
 
 from sglang_spex.scale.router import ROUTING_KEY_HEADER, affinity_key, parse_workers
-from sglang_spex.tot.engine import ROLE_SPEC, EngineLost, EnginePort, GenRequest, GenResult
+from sglang_spex.tot.engine import EngineLost, EnginePort, GenRequest, GenResult
 from sglang_spex.tot.validation import SearchSpecError
 
 logger = logging.getLogger(__name__)
@@ -53,7 +52,6 @@ WORKERS_TTL_S = 10.0  # how long the router's worker list is reused for aborts a
 CONTROL_TIMEOUT_S = 5.0
 LOST_STATUS = (502, 504)  # a gateway reached no worker (SGLang itself never answers these)
 BUSY_STATUS = 503  # without the router's header: a live worker shedding load (its queue is full)
-BUSY_BACKOFF_S = (0.5, 1.0, 2.0)  # the waits before each new try of a request a busy worker refused
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
 ERROR_BODY_CHARS = 500  # of an error answer's body kept in the error (SGLang's reason)
 CLOSE_WAIT_S = 10.0  # how long close() waits for the aborts of cancelled requests to be sent
@@ -106,8 +104,8 @@ class WorkerLost(EngineLost):
 
 
 class WorkerBusy(httpx.HTTPStatusError):
-    """A live worker refused a request (503: its queue is full) after every retry: that node fails, the search
-    goes on."""
+    """A live worker refused a request (503: its queue is full, or a higher priority request took its place); the
+    search is not lost (a primary is sent again by ``tot/backpressure.py``)."""
 
 
 class HttpPort(EnginePort):
@@ -125,8 +123,6 @@ class HttpPort(EnginePort):
         self.inflight: Set[str] = set()
         self.affinity = affinity
         self.lost: Dict[str, str] = {}  # search id -> why its worker is gone
-        self._backing_off: Set[str] = set()  # rids waiting to be sent again (a busy worker refused them)
-        self._aborted: Set[str] = set()  # of those, the ones aborted meanwhile: not sent again
         self._targets: Optional[List[str]] = None
         self._healthy: List[str] = []  # of _targets, those the router lists healthy (all of them for a server)
         self._targets_at = 0.0
@@ -149,21 +145,12 @@ class HttpPort(EnginePort):
             raise WorkerLost(self.lost[key])
         headers = {ROUTING_KEY_HEADER: key} if key is not None else None
         self.inflight.add(req.rid)
-        waits = BUSY_BACKOFF_S if req.role != ROLE_SPEC else ()  # a refused speculative request is a miss
-        for wait_s in (*waits, None):
-            t0 = time.monotonic()
-            r = await self._post_generate(req.rid, key, body, headers)
-            if not _busy(r) or wait_s is None or "timeout" in r.text.lower():  # a timed-out request: not again
-                break
-            logger.info("worker busy (HTTP %d) for %s: sent again in %.1fs", r.status_code, req.rid, wait_s)
-            if await self._back_off(req.rid, wait_s):  # aborted while it waited
-                self.inflight.discard(req.rid)
-                return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
+        t0 = time.monotonic()
+        r = await self._post_generate(req.rid, key, body, headers)
         self.inflight.discard(req.rid)
         if _busy(r):
             raise WorkerBusy(
-                f"generate: worker busy, HTTP {r.status_code} after {len(waits)} retries: "
-                f"{r.text[:ERROR_BODY_CHARS]}",
+                f"generate: worker busy, HTTP {r.status_code}: {r.text[:ERROR_BODY_CHARS]}",
                 request=r.request,
                 response=r,
             )
@@ -192,21 +179,6 @@ class HttpPort(EnginePort):
             if isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError)):  # the connection to it broke
                 raise self._lose(key, f"{type(e).__name__}: {e}") from e
             raise
-
-    async def _back_off(self, rid: str, wait_s: float) -> bool:
-        """Wait before a busy worker's request is sent again; True when it was aborted meanwhile (not sent)."""
-        self._backing_off.add(rid)
-        try:
-            await asyncio.sleep(wait_s)
-        except asyncio.CancelledError:
-            self.inflight.discard(rid)  # nothing of it is on a worker
-            raise
-        finally:
-            self._backing_off.discard(rid)
-        if rid in self._aborted:
-            self._aborted.discard(rid)
-            return True
-        return False
 
     def _lose(self, key: Optional[str], why: str) -> WorkerLost:
         msg = f"the worker of search {key} is gone ({why})" if key else f"the engine is gone ({why})"
@@ -305,7 +277,6 @@ class HttpPort(EnginePort):
 
     async def abort(self, rid_or_prefix: str) -> None:
         # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
-        self._aborted.update(r for r in self._backing_off if r.startswith(rid_or_prefix))
         await self._abort_rids([r for r in list(self.inflight) if r.startswith(rid_or_prefix)])
 
     async def _abort_cancelled(self, rid: str) -> None:
