@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         model, configs, a.batch_sizes, a.n_short, a.n_long, a.repeats, server_args, drafter, prompts=prompts,
         temperature=a.temperature,
     )  # fmt: skip
-    path = prof.save(a.out or default_profile_path(prof.model, prof.drafter, prof.device))
+    path = prof.save(a.out or default_profile_path(prof.model, prof.drafter, prof.device, a.temperature))
     print(f"profile: {path}")
     for key, pts in prof.points.items():
         for b, p in sorted(pts.items()):

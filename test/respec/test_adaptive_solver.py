@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_spex.respec.profiler import PLAIN, Point, Profile, SpecConfig, ngram
+from sglang_spex.respec.profiler import PLAIN, Point, Profile, SpecConfig, default_profile_path, ngram
 from sglang_spex.respec.solver import Plan, SpeedupModel, best_case_speedup, solve
 
 
@@ -125,3 +125,11 @@ def test_past_the_profile_speculation_never_gains_more_than_where_it_was_measure
     fades = _profile({PLAIN: {b: PLAIN_CURVE[b] for b in (1, 16)}, "EAGLE3:s3t1n4": fading})
     m2 = SpeedupModel(fades)
     assert m2.speedup("EAGLE3:s3t1n4", 64) < m2.speedup("EAGLE3:s3t1n4", 16)  # extrapolation still lowers it
+
+
+def test_a_profile_at_t1_does_not_overwrite_the_greedy_one():
+    greedy = default_profile_path("/m/SmolLM2", "/d/drafter", "cpu")
+    hot = default_profile_path("/m/SmolLM2", "/d/drafter", "cpu", temperature=1.0)
+    assert greedy != hot and hot.name == "SmolLM2__drafter__cpu__t1.json"
+    assert greedy == default_profile_path("/m/SmolLM2", "/d/drafter", "cpu", temperature=0.0)
+    assert sorted([hot, greedy])[0] == greedy  # ``auto`` takes the greedy profile first

@@ -66,7 +66,8 @@ def switchable_configs(cfg: RespecConfig, plan: Optional[Plan], profile: Optiona
 
 
 def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
-    """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known)."""
+    """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known); of
+    several, the first by name: a greedy one before those profiled at T > 0 (``__t<T>`` in the name)."""
     if cfg.profile != "auto":
         return Path(cfg.profile)
     if not model_path:
@@ -87,6 +88,7 @@ def load_profile_and_plan(cfg: RespecConfig, model_path: str = "") -> tuple:
         logger.warning("respec: no profile (%s); speculating always", cfg.profile)
         return None, None
     profile = Profile.load(path)
+    logger.info("respec: profile %s (measured at temperature %s)", path, profile.meta.get("temperature", 0.0))
     return profile, solve(profile, max_batch=cfg.max_batch, configs=runnable_configs(profile, cfg))
 
 

@@ -90,8 +90,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(text).name or text).strip("_") or "x"
 
 
-def default_profile_path(model: str, drafter: str, device: str) -> Path:
-    return PROFILE_DIR / f"{_slug(model)}__{_slug(drafter)}__{_slug(device)}.json"
+def default_profile_path(model: str, drafter: str, device: str, temperature: float = 0.0) -> Path:
+    """Where a profile is cached: one file per (model, drafter, device) and sampling temperature (a T > 0 profile
+    accepts less than a greedy one and must not overwrite it; greedy keeps the plain name)."""
+    at = f"__t{temperature:g}" if temperature > 0 else ""
+    return PROFILE_DIR / f"{_slug(model)}__{_slug(drafter)}__{_slug(device)}{at}.json"
 
 
 # --- measurement -------------------------------------------------------------------------------------------
