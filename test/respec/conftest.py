@@ -1,5 +1,5 @@
 """Fixtures for the ReSpec tests: the tiny Llama target (float32), a drafter for it, fixed sequences, and the
-greedy reference outputs of one plain server shared by every ReSpec server test (started once, then stopped)."""
+greedy reference outputs of the suite's plain server (``plain_server``), shared by every ReSpec server test."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import copy
 from typing import Dict
 
 import pytest
+import requests
 import torch
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -16,7 +17,6 @@ from sglang_spex.respec import routes
 from sglang_spex.respec.drafter import Eagle3Drafter
 from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
 from sglang_spex.respec.target import TargetFeatures
-from sglang_spex.serve import ServerProcess
 
 DRAFT_VOCAB = 64
 
@@ -27,10 +27,12 @@ def _one_thread():
 
 
 @pytest.fixture(scope="session")
-def respec_reference(tiny_model) -> Dict[str, dict]:
-    """Plain SGLang's greedy outputs (no speculation) of every ReSpec prompt set (``workloads.reference_outputs``)."""
-    with ServerProcess(["--model-path", tiny_model, *COMMON]) as srv:
-        return reference_outputs(srv.url)
+def respec_reference(plain_server) -> Dict[str, dict]:
+    """Plain SGLang's greedy outputs (no speculation) of every ReSpec prompt set (``workloads.reference_outputs``),
+    from the session's plain server, which runs ReSpec's ``COMMON`` flags (``spex_cpu`` is the CPU default)."""
+    info = requests.get(plain_server.url + "/server_info", timeout=60).json()
+    assert (info["attention_backend"], info["dtype"]) == (COMMON[3], COMMON[1]), "plain_server no longer runs COMMON"
+    return reference_outputs(plain_server.url)
 
 
 @pytest.fixture(scope="session")
