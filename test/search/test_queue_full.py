@@ -63,12 +63,20 @@ async def test_cancelled_while_backing_off_is_not_sent_again(fast_backoff) -> No
 
 
 async def test_other_errors_are_not_retried() -> None:
-    for error in (ValueError("bad"), fastapi.HTTPException(status_code=503, detail="Request waiting timeout reached.")):
+    not_load = (
+        ValueError("bad"),
+        fastapi.HTTPException(status_code=503, detail="Request waiting timeout reached."),
+        fastapi.HTTPException(status_code=503, detail="Using priority is disabled for this server. Please send a new"),
+    )
+    for error in not_load:
         port = _RefusingPort(1, error)
         with pytest.raises(type(error)):
             await QueueGate().generate_primary(port, GenRequest(prompt="p", rid="r"))
         assert port.sent == 1
     assert refused_for_load(FULL) and not refused_for_load(ValueError("The request queue is full."))
+    for load in ("The request is aborted by a higher priority request.", "Retracted under decode memory pressure "
+                 "without a KV backup. Retry later."):  # fmt: skip
+        assert refused_for_load(fastapi.HTTPException(status_code=503, detail=load))
 
 
 def test_speculation_gate() -> None:

@@ -46,13 +46,20 @@ class QueueFull(RuntimeError):
     """A primary request SGLang's full queue still refused after every back-off: its node fails."""
 
 
+# What SGLang's 503s for load say (scheduler.py, schedule_batch.py): its queue is full, a higher priority request
+# took the place, or a running request was retracted under memory pressure ("Retry later."). Its other 503s are not
+# load and are not sent again: a waiting or running timeout, "Using priority is disabled for this server".
+LOAD_MESSAGES = ("queue is full", "higher priority", "retry later")
+
+
 def refused_for_load(exc: BaseException) -> bool:
-    """``exc`` is an engine's refusal for load (503: its queue is full, or a higher priority request took the
-    place), in-process (``HTTPException.status_code``) or over HTTP (the response's); not a timeout's 503."""
+    """``exc`` is an engine's refusal for load (a 503 saying one of ``LOAD_MESSAGES``), in-process
+    (``HTTPException.status_code``) or over HTTP (the response's)."""
     status = getattr(exc, "status_code", None)
     if status is None:
         status = getattr(getattr(exc, "response", None), "status_code", None)
-    return status == QUEUE_FULL_STATUS and "timeout" not in str(exc).lower()
+    said = str(getattr(exc, "detail", "") or exc).lower()
+    return status == QUEUE_FULL_STATUS and any(m in said for m in LOAD_MESSAGES)
 
 
 def queue_cap(port: EnginePort) -> Optional[int]:
