@@ -5,7 +5,8 @@
         --prompts task:toy_add --batch-sizes 1 4 16 32 [--temperature 1.0]
 
 One server per config plus one without speculation, started one after another (never two at once). The profile
-lands in ``~/.cache/sglang-spex/profiles/respec/<model>__<drafter>__<device>.json`` unless ``--out`` is given;
+lands in ``~/.cache/sglang-spex/profiles/respec/<model>__<drafter>__<device>.json`` (``...__t<T>.json`` for
+``--temperature T`` > 0) unless ``--out`` is given;
 the solver's plan for it is printed at the end.
 """
 

@@ -132,4 +132,14 @@ def test_a_profile_at_t1_does_not_overwrite_the_greedy_one():
     hot = default_profile_path("/m/SmolLM2", "/d/drafter", "cpu", temperature=1.0)
     assert greedy != hot and hot.name == "SmolLM2__drafter__cpu__t1.json"
     assert greedy == default_profile_path("/m/SmolLM2", "/d/drafter", "cpu", temperature=0.0)
-    assert sorted([hot, greedy])[0] == greedy  # ``auto`` takes the greedy profile first
+
+
+def test_auto_takes_a_greedy_profile_before_one_at_t1(tmp_path, monkeypatch):
+    from sglang_spex.config import RespecConfig
+    from sglang_spex.respec import adaptive
+
+    monkeypatch.setattr(adaptive, "PROFILE_DIR", tmp_path)
+    for name in ("SmolLM2__a-drafter__cpu__t1.json", "SmolLM2__b-drafter__cpu.json"):  # by name, t1 would be first
+        (tmp_path / name).write_text("{}")
+    found = adaptive.find_profile(RespecConfig(enabled=True, profile="auto"), "/m/SmolLM2")
+    assert found == tmp_path / "SmolLM2__b-drafter__cpu.json"

@@ -19,6 +19,7 @@ Configuration: :meth:`~sglang_spex.config.RespecConfig.from_env` (the launcher's
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import asdict
@@ -67,12 +68,13 @@ def switchable_configs(cfg: RespecConfig, plan: Optional[Plan], profile: Optiona
 
 def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
     """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known); of
-    several, the first by name: a greedy one before those profiled at T > 0 (``__t<T>`` in the name)."""
+    several, the greedy ones (any drafter) before those profiled at T > 0 (``__t<T>`` in the name), each by name."""
     if cfg.profile != "auto":
         return Path(cfg.profile)
     if not model_path:
         return None
-    found = sorted(PROFILE_DIR.glob(f"{_slug(model_path)}__*.json")) if PROFILE_DIR.exists() else []
+    found = PROFILE_DIR.glob(f"{_slug(model_path)}__*.json") if PROFILE_DIR.exists() else []
+    found = sorted(found, key=lambda p: (re.search(r"__t[^_]+$", p.stem) is not None, p.name))  # greedy ones first
     for path in found:
         if not cfg.algorithm or runnable_configs(Profile.load(path), cfg):
             return path
