@@ -23,6 +23,7 @@ from typing import Iterator, List, Set
 import pytest
 from server_modes import DEFAULT_MODE, MODES, TINY, spex_args, start_server
 
+from sglang_spex import serve
 from sglang_spex.models import prepare_smollm2, prepare_tiny_llama
 from sglang_spex.serve import ServerProcess
 
@@ -100,7 +101,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def _temp_files_in_pytest_basetemp(tmp_path_factory) -> Iterator[None]:
     """Server logs (``ServerProcess``) and other temp files go under pytest's base temp, which keeps the last
-    three runs, instead of piling up in the system temp dir (a run starts ~37 servers)."""
+    three runs, instead of piling up in the system temp dir (a run starts ~40 servers)."""
     before = tempfile.tempdir
     tempfile.tempdir = str(tmp_path_factory.mktemp("tmp"))
     yield
@@ -143,8 +144,17 @@ def spex_server_in_mode(request, tiny_model) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="session")
 def plain_server(tiny_model) -> Iterator[ServerProcess]:
-    """The same launcher without --tot-speculation: plain SGLang, plugin inert."""
-    srv = ServerProcess([*TINY, tiny_model]).start()
+    """The same launcher without --tot-speculation: plain SGLang, plugin inert. The port it picks first is held by
+    another socket (``taken_port``), so ``ServerProcess`` must notice and start it on a free one
+    (``test_server_port_retry.py``); the launcher refuses a taken port before SGLang loads, so this costs ~2 s."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(serve, "free_port", lambda: taken.getsockname()[1])  # the port ServerProcess picks first
+            srv = ServerProcess([*TINY, tiny_model])
+        srv.taken_port = taken.getsockname()[1]
+        srv.start()
     yield srv
     srv.stop()
 
