@@ -173,3 +173,21 @@ async def test_the_routers_own_errors_still_lose_the_search():
         with pytest.raises(WorkerLost):
             await port.generate(_req("s1"))
         assert "s1" in port.lost, status
+
+
+async def test_a_search_cancelled_while_its_refused_primary_waits_does_not_send_it_again(monkeypatch):
+    """The search's back-off over a real HttpPort: cancelled during the wait (``SearchContext.cancel`` sets the flag
+    the gate reads), the refused primary is not sent again and nothing of it is left in flight."""
+    from sglang_spex.tot import backpressure
+
+    monkeypatch.setattr(backpressure, "QUEUE_FULL_BACKOFF_S", (0.3, 0.3))
+    port, seen = _port(lambda r: httpx.Response(503, json=QUEUE_FULL))
+    cancelled = []
+    task = asyncio.create_task(
+        backpressure.gate_for(port).generate_primary(port, _req("s1", "r.0"), cancelled=lambda: bool(cancelled))
+    )
+    await asyncio.sleep(0.1)
+    cancelled.append(True)
+    res = await task
+    assert res.aborted and not port.lost and not port.inflight
+    assert sum(r.url.path == "/generate" for r in seen) == 1
