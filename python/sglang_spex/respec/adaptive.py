@@ -19,7 +19,6 @@ Configuration: :meth:`~sglang_spex.config.RespecConfig.from_env` (the launcher's
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import deque
 from dataclasses import asdict
@@ -30,7 +29,7 @@ from sglang_spex.adapters import spec_workers as sw
 from sglang_spex.config import RespecConfig
 from sglang_spex.respec.drift import OnlineReprofiler
 from sglang_spex.respec.fsm import AdaptiveFSM, Hysteresis, State
-from sglang_spex.respec.profiler import PROFILE_DIR, Profile, SpecConfig, _slug
+from sglang_spex.respec.profiler import PROFILE_DIR, Profile, SpecConfig, _slug, cached_at_t_above_zero
 from sglang_spex.respec.solver import MIN_GAIN, Plan, best_case_speedup, solve
 from sglang_spex.srt.metrics import RespecMetrics
 
@@ -74,7 +73,7 @@ def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
     if not model_path:
         return None
     found = PROFILE_DIR.glob(f"{_slug(model_path)}__*.json") if PROFILE_DIR.exists() else []
-    found = sorted(found, key=lambda p: (re.search(r"__t[^_]+$", p.stem) is not None, p.name))  # greedy ones first
+    found = sorted(found, key=lambda p: (cached_at_t_above_zero(p), p.name))  # greedy ones first
     for path in found:
         if not cfg.algorithm or runnable_configs(Profile.load(path), cfg):
             return path

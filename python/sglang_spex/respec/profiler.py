@@ -90,11 +90,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(text).name or text).strip("_") or "x"
 
 
+TEMPERATURE_TAG = "__t"  # the name of a profile cached at T > 0 ends in __t<T>
+
+
 def default_profile_path(model: str, drafter: str, device: str, temperature: float = 0.0) -> Path:
     """Where a profile is cached: one file per (model, drafter, device) and sampling temperature (a T > 0 profile
     accepts less than a greedy one and must not overwrite it; greedy keeps the plain name)."""
-    at = f"__t{temperature:g}" if temperature > 0 else ""
+    at = f"{TEMPERATURE_TAG}{temperature:g}" if temperature > 0 else ""
     return PROFILE_DIR / f"{_slug(model)}__{_slug(drafter)}__{_slug(device)}{at}.json"
+
+
+def cached_at_t_above_zero(path: Path) -> bool:
+    """``path`` is named as :func:`default_profile_path` names a profile cached at T > 0."""
+    return re.search(rf"{TEMPERATURE_TAG}[^_]+$", path.stem) is not None
 
 
 # --- measurement -------------------------------------------------------------------------------------------
