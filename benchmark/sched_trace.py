@@ -78,8 +78,17 @@ def scheduler_trace(url: str, before: Dict[str, Any]) -> Dict[str, Any]:
         "decode_with_primary_waiting": sum(1 for r in decode if r["waiting"] - r["waiting_spec"] > 0),
         "spec_held_steps": sum(1 for r in rows if r["spec_held"] > 0),
         **{k: c1.get(k, 0) - c0.get(k, 0) for k in TRACE_COUNTERS},
+        "hook_s": round(after["scheduler"].get("hook_s", 0.0) - before["scheduler"].get("hook_s", 0.0), 3),
+        "hook_by": hook_delta(before["scheduler"].get("hook_by", {}), after["scheduler"].get("hook_by", {})),
         "step_rows": compact(hist["rows"]),
+        "step_waiting": [[r["waiting"], r["waiting_spec"], r["n_spec"]] for r in hist["rows"]],  # same order
     }
+
+
+def hook_delta(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    """Seconds each plugin hook spent in the scheduler between two ``/spex/stats`` reads, largest first."""
+    delta = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items()}
+    return dict(sorted(((k, v) for k, v in delta.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 def cpu_seconds(pid: Optional[int]) -> Dict[str, float]:

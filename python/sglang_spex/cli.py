@@ -164,7 +164,8 @@ def summary_lines(result: Dict[str, Any]) -> List[str]:
     if spec and spec.get("settings", {}).get("enabled", True):
         lines.append(
             f"speculation: {spec['hits']}/{spec['issued']} hits ({spec['in_flight_adopted']} adopted while running), "
-            f"{spec['cancelled']} cancelled, {spec['never_used']} never used, {spec['spec_tokens']} speculative "
+            f"{spec['cancelled']} cancelled, {spec['never_used']} never used, {spec.get('failed', 0)} failed, "
+            f"{spec['spec_tokens']} speculative "
             f"tokens, {spec['wasted_tokens']} wasted"
         )
     else:

@@ -46,7 +46,7 @@ def test_gate_reads_the_schedulers_step_line_and_keeps_the_tree(spex_server):
     assert a > 0 and b >= 0  # the gate used it
     assert 0.0 <= acc["min_use"] < 1.0
     assert tree_signature(gated) == tree_signature(base)
-    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] + acc["failed"] == acc["issued"]
     off = search(url, {**spex, "payoff_gate": False})  # also the server's default
     assert off["speculation"]["min_use"] == 0.0
     assert tree_signature(off) == tree_signature(base)

@@ -69,7 +69,7 @@ def test_spex_t3_off_returns_the_baseline_tree(policy):
     assert spx.answer == base.answer and spx.tokens_generated == base.tokens_generated
     acc = spx.speculation
     assert acc["issued"] > 0
-    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] + acc["failed"] == acc["issued"]
     assert base.speculation is None
 
 
@@ -91,7 +91,7 @@ def test_rebase_misses_are_cancelled_strictly():
     )
     acc = res.speculation
     assert acc["issued"] > 0 and acc["hits"] > 0
-    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] + acc["failed"] == acc["issued"]
 
 
 def test_t3_stops_early_and_reports_it():
@@ -174,4 +174,4 @@ def test_rest_partial_rollouts_are_speculated_and_adopted():
     rollouts = [n for n in spx.nodes if n["kind"] == "rollout"]
     assert rollouts and any(n["speculative"] for n in rollouts), rollouts
     acc = spx.speculation
-    assert acc["hits"] + acc["cancelled"] + acc["never_used"] == acc["issued"]
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] + acc["failed"] == acc["issued"]

@@ -23,7 +23,7 @@ from sglang_spex.config import SpexConfig
 from sglang_spex.speculation import bfs_early, dfs_lookahead, rest_rollouts
 from sglang_spex.speculation.accounting import SpecAccounting
 from sglang_spex.speculation.budget import QueryDemand, SpecBudget, make_budget, running_hit_rate
-from sglang_spex.speculation.candidates import Candidate, refill_key
+from sglang_spex.speculation.candidates import CachedPrefixes, Candidate, refill_key
 from sglang_spex.speculation.early_stop import EarlyStop
 from sglang_spex.speculation.payoff import Payoff, SearchPayoff, WaveMeter, policy_key, truncate_at
 from sglang_spex.speculation.settings import resolve
@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["SpecBudget", "SpexContext", "context_factory", "make_budget"]
 
 CANDIDATE_LIMIT = 64  # speculative candidates planned per search (C_q is capped here)
-CHARS_PER_TOKEN = 4  # prompt-length estimate where SGLang has not reported a token count yet
 T2_SAMPLE = 8  # candidates whose prefix KV feeds the T2 score
 
 
@@ -89,8 +88,7 @@ class SpexContext(SearchContext):
         self._version = 0  # bumped whenever a node finishes or speculation is issued/cancelled
         self._cand: Tuple[int, List[Candidate], List[float]] = (-1, [], [])  # (version, best first, their uses)
         self._demand: Optional[Tuple[Tuple[Any, ...], QueryDemand]] = None  # (state key, T2 demand)
-        self._finish_order: Dict[str, int] = {}  # node path -> finish sequence number (radix-cache recency)
-        self._root_prompt_tokens = 0  # tokens of the question prompt (reported with any depth-1 node)
+        self.prefixes = CachedPrefixes()  # what this search's nodes left in the radix cache (prefix-aware refill)
         self._bfs_epoch = 0  # bumped when a BFS frontier is decided
         self._predictions: Set["asyncio.Task"] = set()  # BFS predictions running in threads (ETS's ILP)
         self._predicting: Optional[bool] = None  # one in a thread: whether another was asked for meanwhile
@@ -141,6 +139,7 @@ class SpexContext(SearchContext):
                 self._adopt(node, entry, in_flight)
                 self._after(node)
                 return node, (entry.issued_at, self._spec_done.get(node.path, entry.issued_at))
+            self._count_failed(entry.node)  # it ended without a result: generated on request below
         self.pump()  # the primary is about to wait on the engine: fill idle producers
         node = await super().generate_node(parent, index, kind)
         self._after(node)
@@ -222,25 +221,10 @@ class SpexContext(SearchContext):
     # ---- prefix-aware refill ------------------------------------------------------------------------
 
     def _note_finished(self, node: Node) -> None:
-        """Record that ``node``'s sequence reached the radix cache (a request that finished normally)."""
-        if node.status != DONE or node.path in self._finish_order:  # an adopted node reached the cache earlier
-            return
-        self._finish_order[node.path] = len(self._finish_order) + 1
-        if node.depth == 1 and node.prompt_tokens:
-            self._root_prompt_tokens = node.prompt_tokens
-            self._finish_order.setdefault(self.tree.root.path, self._finish_order[node.path])
+        self.prefixes.finished(node, self.tree.root.path)
 
     def child_prefix(self, parent: Node) -> Tuple[int, int]:
-        """(prompt tokens of a child of ``parent``, of them the tokens the radix cache holds), as far as the search
-        knows: a finished parent's prompt + step tokens (SGLang's counts) are cached; an unreported length is
-        estimated from characters and counted as not cached."""
-        if parent.is_root:
-            if self._root_prompt_tokens:
-                return self._root_prompt_tokens, self._root_prompt_tokens
-        elif parent.status == DONE and parent.prompt_tokens and parent.path in self._finish_order:
-            total = parent.prompt_tokens + parent.num_tokens
-            return total, total
-        return len(self.prompt_for(parent)) // CHARS_PER_TOKEN, 0
+        return self.prefixes.child_prefix(parent, self.prompt_for)
 
     def _expected_use(self, cand: Candidate) -> float:
         """How likely the primary search adopts this candidate (see the module docstring)."""
@@ -268,7 +252,7 @@ class SpexContext(SearchContext):
                 self._expected_use(c),
                 c.distance,
                 self.child_prefix(c.parent)[1],
-                self._finish_order.get(c.parent.path, 0),
+                self.prefixes.recency(c.parent.path),
             )
             for c in cands
         ]
@@ -289,7 +273,7 @@ class SpexContext(SearchContext):
         self._dues.passed(index, self.store.__contains__)
 
     def _taken(self, path: str) -> bool:
-        return path in self.tree.nodes or path in self.store
+        return path in self.tree.nodes or path in self.store or path in self.store.barred
 
     def _expansion(self, parent: Node, width: int, distance: int) -> List[Candidate]:
         start = len(parent.children) if parent.path in self.tree.nodes else 0
@@ -459,10 +443,12 @@ class SpexContext(SearchContext):
         req.worth_s, req.sure = worth_s, sure
         try:
             res = await self.port.generate(req)
-        except Exception as e:  # a miss, never a failure; refused for load (503, queue full): not sent again
+        except Exception as e:  # never a failure of the search; refused for load (503, queue full): not sent again
             node.status, node.error = CANCELLED, f"speculative generate: {e!r}"
-            if refused_for_load(e):
+            refused = refused_for_load(e)
+            if refused:
                 self.queue_gate.note_refused()  # no speculation until the primaries got in
+            self._failed(node, release=refused)
             return
         self._spec_done[node.path] = self.clock()
         if res.aborted:
@@ -470,6 +456,7 @@ class SpexContext(SearchContext):
             node.num_tokens = res.completion_tokens  # decoded before the abort: the cancel counts them as wasted
             node.prompt_tokens, node.cached_tokens = res.prompt_tokens, res.cached_tokens
             self.acc.spec_tokens += res.completion_tokens
+            self._failed(node, release=False)  # aborted by the engine, not by a cancel of ours (that popped it)
             return
         before = self.tokens_generated
         self.apply_result(node, res)
@@ -502,6 +489,19 @@ class SpexContext(SearchContext):
         dropped = tuple(p + "." for p in cancel)
         for path in cancel + [e.path for e in self.store if e.path.startswith(dropped)]:
             self._cancel(self.store.pop(path))  # a cancelled child and everything speculated below it
+
+    def _failed(self, node: Node, release: bool) -> None:
+        """A speculative request still in the store ended without a result (refused, failed, or aborted by the
+        engine): ``failed``, not a miss of the prediction. ``release``: its path may be speculated again (refused
+        for load: the queue gate holds speculation meanwhile); else it stays barred (not sent over and over)."""
+        if self.store.drop(node, bar=not release):
+            self._count_failed(node)
+
+    def _count_failed(self, node: Node) -> None:
+        self.acc.failed += 1
+        if node.num_tokens:  # decoded before an abort: wasted
+            self.acc.wasted_tokens += node.num_tokens
+            self._missed(node)
 
     def _cancel(self, entry: Optional[SpecEntry]) -> None:
         if entry is None:

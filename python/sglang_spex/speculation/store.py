@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Dict, Iterator, List, Optional
+from typing import Awaitable, Callable, Dict, Iterator, List, Optional, Set
 
 from sglang_spex.tot.tree import Node
 
@@ -62,6 +62,7 @@ class SpecStore:
         self.clock = clock
         self.entries: Dict[str, SpecEntry] = {}
         self.left: List[SpecEntry] = []
+        self.barred: Set[str] = set()  # paths whose speculative request failed: not issued again (``drop``)
 
     def __contains__(self, path: str) -> bool:
         return path in self.entries
@@ -96,6 +97,17 @@ class SpecStore:
         if entry is not None:
             self.left.append(entry)
         return entry
+
+    def drop(self, node: Node, bar: bool) -> bool:
+        """Take out ``node``'s entry, whose request ended without a result; False if it had already left (cancelled
+        or adopted). ``bar``: its path goes into ``barred``."""
+        entry = self.entries.get(node.path)
+        if entry is None or entry.node is not node:
+            return False
+        self.pop(node.path)
+        if bar:
+            self.barred.add(node.path)
+        return True
 
     def running(self) -> List[SpecEntry]:
         return [e for e in self.entries.values() if e.state == RUNNING]
