@@ -30,6 +30,23 @@ def test_sweep_limit_caps_the_default_sizes_at_max_running_requests():
     assert sweep_limit(ProfileSpec(batch_sizes=(1, 2, 4), max_batch=2), {}) == 4
 
 
+def test_sweep_limit_caps_at_max_queued_requests_which_keys_only_a_capped_server():
+    # a burst past SGLang's queue cap is refused (503): the sweep stops at the cap, and a capped server's profile
+    # (fewer points, a capped knee) is cached apart, while an uncapped server's key is what it was
+    args = {"model_path": "m", "max_running_requests": 48}
+    assert measure.profile_key(args, device="h") == {
+        "model": "m",
+        "hardware": "h",
+        "flags": {k: args.get(k) for k in measure.KEY_FLAGS},
+    }
+    capped = measure.profile_key({**args, "max_queued_requests": 6}, device="h")
+    assert capped["flags"]["max_queued_requests"] == 6 and cache.key_id(capped) != cache.key_id(
+        measure.profile_key(args, device="h")
+    )
+    assert sweep_limit(ProfileSpec(), capped) == 6
+    assert sweep_limit(ProfileSpec(), measure.profile_key({**args, "max_queued_requests": 64}, device="h")) == 48
+
+
 def test_spec_within_keeps_sizes_and_ctx_batch_to_the_limit():
     spec = ProfileSpec().within(2)
     assert spec.batch_sizes == (1, 2) and spec.ctx_batch == 2

@@ -132,3 +132,15 @@ def test_search_on_a_capped_queue_has_no_failures_and_the_baseline_tree(capped_s
     baseline = post_search(capped_server.url, {**BODY, "spec": {**BODY["spec"], "speculation": BASELINE}}).json()
     assert baseline["status"] == "done" and baseline["failures"] == [], baseline.get("failures")
     assert _tree(searched) == _tree(baseline)
+
+
+def test_profile_on_a_capped_queue_stops_at_the_cap(capped_server) -> None:
+    """``POST /spex/profile`` on a server whose queue holds 2: the sweep measures no burst the queue would refuse
+    (before, batch 4 was refused 503 and the measurement failed)."""
+    small = {"short_tokens": 2, "long_tokens": 6, "ctx_prefix_words": 0, "prefill_words": 0, "repeats": 1}
+    r = httpx.post(capped_server.url + "/spex/profile", json=small, timeout=120)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["batch_sizes"] == [1, 2] and d["meta"]["sweep_limit"] == 2
+    r = httpx.post(capped_server.url + "/spex/profile", json={**small, "batch_sizes": [1, 4]}, timeout=30)
+    assert r.status_code == 400 and "batch_sizes" in r.text  # past the cap: named, nothing measured

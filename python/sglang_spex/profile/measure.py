@@ -6,9 +6,9 @@ wall-time difference divided by ``long − short`` is the decode step time at B 
 HTTP overheads cancel). SGLang 0.5.23 reports per-request latencies in ``meta_info`` only with
 ``--enable-metrics`` and no per-step times in ``get_internal_state``, so this is the portable way.
 After the given batch sizes the sweep goes on doubling the batch while throughput still grows (roofline
-``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests`` (:func:`sweep_limit`; with that
-cap no batch past it is measured, the given sizes and ``ctx_batch`` included: SGLang would queue the extra requests,
-and the wall time would measure queueing, not a decode step); past the KV pool's room SGLang queues the extra
+``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests`` and ``max_queued_requests``
+(:func:`sweep_limit`; with such a cap no batch past it is measured, the given sizes and ``ctx_batch`` included: SGLang
+would queue the extra requests, and the wall time would measure queueing, not a decode step, or refuse them); past the KV pool's room SGLang queues the extra
 requests too, so throughput flattens there and the sweep stops.
 Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
 
@@ -76,6 +76,9 @@ KEY_FLAGS = (
     "max_running_requests",
     "enable_deterministic_inference",
 )
+# SGLang's request-queue cap: a burst of more requests than it holds is refused (503), so the sweep stops there. In
+# the key only when set (it bounds the sweep, as max_running_requests does), so uncapped servers keep their profiles.
+QUEUE_CAP_FLAG = "max_queued_requests"
 
 
 @dataclass
@@ -348,10 +351,11 @@ async def measure_profile(
 
 def sweep_limit(spec: ProfileSpec, key: Dict[str, Any]) -> int:
     """The largest batch the sweep may measure: ``spec.max_batch`` (never below the given batch sizes), capped by
-    the server's ``max_running_requests`` (``key["flags"]``) when it has one."""
+    the server's ``max_running_requests`` and ``max_queued_requests`` (``key["flags"]``) where it has them."""
     limit = max(int(spec.max_batch), max(spec.batch_sizes, default=1))
-    mrr = (key.get("flags") or {}).get("max_running_requests")
-    return max(min(limit, int(mrr)), 1) if mrr else limit
+    flags = key.get("flags") or {}
+    caps = [int(c) for c in (flags.get("max_running_requests"), flags.get(QUEUE_CAP_FLAG)) if c]
+    return max(min([limit, *caps]), 1)
 
 
 def _bar(total: int, enabled: bool):
@@ -362,17 +366,16 @@ def _bar(total: int, enabled: bool):
 
 def profile_key(server_args: Dict[str, Any], device: Optional[str] = None) -> Dict[str, Any]:
     """Cache key from SGLang's server args (``/get_server_info`` or ``tokenizer_manager.server_args``)."""
-    return {
-        "model": str(server_args.get("model_path")),
-        "hardware": device or device_name(),
-        "flags": {k: server_args.get(k) for k in KEY_FLAGS},
-    }
+    flags = {k: server_args.get(k) for k in KEY_FLAGS}
+    if server_args.get(QUEUE_CAP_FLAG):
+        flags[QUEUE_CAP_FLAG] = server_args[QUEUE_CAP_FLAG]
+    return {"model": str(server_args.get("model_path")), "hardware": device or device_name(), "flags": flags}
 
 
 def server_args_dict(server_args) -> Dict[str, Any]:
     if isinstance(server_args, dict):
         return server_args
-    return {k: getattr(server_args, k, None) for k in ("model_path",) + KEY_FLAGS}
+    return {k: getattr(server_args, k, None) for k in ("model_path", QUEUE_CAP_FLAG) + KEY_FLAGS}
 
 
 async def ensure_profile(

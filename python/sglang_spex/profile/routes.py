@@ -5,9 +5,9 @@
   ``batch_sizes``, ``short_tokens``, ``long_tokens``, ``ctx_prefix_words``, ``ctx_batch``, ``prefill_words``,
   ``repeats`` (a new measure spec when any is given; given ``batch_sizes`` are measured exactly, without the
   sweep's extension), ``force`` (default true). Bounded by the engine (``ProfileSpec.check``): batch sizes by the
-  sweep's ceiling (512 and ``--max-running-requests``), tokens and words by the model's context, at most 16
-  sizes and 8 repeats; past a bound a 400 names the field and nothing changes. A measurement that fails keeps
-  the spec in use.
+  sweep's ceiling (512, ``--max-running-requests`` and ``--max-queued-requests``), tokens and words by the model's
+  context, at most 16 sizes and 8 repeats; past a bound a 400 names the field and nothing changes. A measurement
+  that fails keeps the spec in use.
 - With ``--tot-speculation --tot-k-total auto`` a background thread waits until the server is healthy, then
   loads the cached profile or measures one as a task on the server's event loop, so the first search finds the
   roofline knee ready.
