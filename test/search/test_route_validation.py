@@ -34,6 +34,8 @@ def _refused(r: requests.Response, field: str) -> None:
         ("/spex/knobs", {"immediate_cancel": "no", "protect_ttl_s": 1.0}, "immediate_cancel"),
         ("/spex/knobs", {"protect_ttl": 1.0}, "protect_ttl"),
         ("/spex/cancel", {}, "body"),
+        ("/spex/cancel", {"search_id": "a", "rid_prefix": "b"}, "body"),  # one of them, not both
+        ("/spex/release", {"search_id": ""}, "search_id"),  # not "every search's"
         ("/spex/protect", {"search_id": 7}, "search_id"),
         ("/spex/release", {"search_id": "s", "bogus": 1}, "bogus"),
         ("/spex/promote", {"rid": ""}, "rid"),

@@ -4,13 +4,15 @@ Bodies are the models in :mod:`sglang_spex.srt.http_api` (unknown fields and wro
 ``{"error": {"field", "reason"}}``):
 
 - ``POST /spex/budget {"k": N | null}``: speculative admission cap (null = unlimited).
-- ``POST /spex/cancel {"search_id": S} | {"rid_prefix": P}``: cancel a whole search (or any rid prefix) in
-  one call; cancelling a search also releases its prefix protection.
+- ``POST /spex/cancel {"search_id": S} | {"rid_prefix": P}`` (one of them): cancel a whole search (or any rid
+  prefix) in one call; cancelling a search also releases its prefix protection, and its requests that reach the
+  scheduler in the next ``scheduling.CANCELLED_SEARCH_TTL_S`` are aborted too (the last ``MAX_CANCELLED``
+  searches are remembered).
 - ``POST /spex/promote {"rid": R, "ack": true}``: a speculative request the search now waits on becomes primary
   (``ack`` false: answered once queued to the scheduler, without the scheduler-state round trip).
 - ``POST /spex/protect {"search_id": S}``: register a live search / renew its protection lease.
 - ``POST /spex/release {"search_id": S, "node_prefix": "r.0"?}``: release a search's protection (or a
-  subtree's); without ``search_id`` releases every protection.
+  subtree's); without the ``search_id`` field releases every protection (an empty one is a 400).
 - ``POST /spex/knobs {"immediate_cancel": bool, "protect_ttl_s": s, "protect_max_fraction": f, "knee": N (-1: none),
   "live_knee": bool, "spec_prefill_share": f}`` (any of them). ``/spex/budget {"k": null}`` lifts only the budget; the gate's knee stays
   (``knee: -1`` and ``live_knee: false`` open it fully).
@@ -105,7 +107,7 @@ async def post_protect(request: Request, body: ProtectBody) -> Response:
 
 @json_body(ReleaseBody)
 async def post_release(request: Request, body: ReleaseBody) -> Response:
-    req = control.SpexControlReq(op="release", search_id=body.search_id, prefix=body.node_prefix)
+    req = control.SpexControlReq(op="release", search_id=body.search_id or "", prefix=body.node_prefix)
     return await _run(request, [req])
 
 

@@ -291,15 +291,15 @@ class BudgetBody(Body):
 
 
 class CancelBody(Body):
-    """``POST /spex/cancel``: a whole search, or any rid prefix."""
+    """``POST /spex/cancel``: a whole search, or any rid prefix (one of the two)."""
 
     search_id: str = Field(default="", max_length=ID_MAX_CHARS)
     rid_prefix: str = Field(default="", max_length=ID_MAX_CHARS)
 
     @model_validator(mode="after")
     def _one(self) -> "CancelBody":
-        if not (self.search_id or self.rid_prefix):
-            raise ValueError("give search_id or rid_prefix")
+        if bool(self.search_id) == bool(self.rid_prefix):
+            raise ValueError("give search_id or rid_prefix, not both")
         return self
 
 
@@ -318,9 +318,10 @@ class ProtectBody(Body):
 
 
 class ReleaseBody(Body):
-    """``POST /spex/release``: one search's protection (or a subtree's); no ``search_id`` = every search's."""
+    """``POST /spex/release``: one search's protection (or a subtree's); no ``search_id`` field = every search's
+    (an empty one is refused: it is not "all")."""
 
-    search_id: str = Field(default="", max_length=ID_MAX_CHARS)
+    search_id: Optional[str] = Field(default=None, min_length=1, max_length=ID_MAX_CHARS)
     node_prefix: str = Field(default="", max_length=ID_MAX_CHARS)
 
     @model_validator(mode="after")

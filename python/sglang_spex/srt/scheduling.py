@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 PRIMARY_DEFAULT_PRIORITY = 0  # an unprioritised request outranks speculative work (SGLang's default: lowest)
 CANCELLED_SEARCH_TTL_S = 60.0  # late arrivals of a cancelled search are aborted for this long
+MAX_CANCELLED = 4096  # cancelled searches remembered at most (the oldest forgotten first)
 WATCH_TTL_S = 120.0
 EXTRA_BINS = 5  # histogram of tokens decoded after cancel: 0, 1, 2, 3, >=4
 DECODE = 2  # batch_stats' "mode" of a decode step
@@ -501,12 +502,22 @@ def cancel(scheduler: Any, prefix: str, search_id: str = "") -> None:
     if not prefix:
         return
     state = state_of(scheduler)
-    if search_id:
-        state.cancelled[prefix] = time.monotonic() + CANCELLED_SEARCH_TTL_S
+    if search_id:  # keyed by the search's own rid prefix, whatever was aborted
+        state.cancelled.pop(search_rid_prefix(search_id), None)  # re-inserted last: the newest
+        state.cancelled[search_rid_prefix(search_id)] = time.monotonic() + CANCELLED_SEARCH_TTL_S
+        while len(state.cancelled) > MAX_CANCELLED:
+            del state.cancelled[next(iter(state.cancelled))]
     state.bump("cancel_calls")
     sa.abort(scheduler, prefix)
     if search_id:
         state.protection.end_search(scheduler.tree_cache, search_id)
+
+
+def _search_prefix(rid: str) -> str:
+    """``spex:{search_id}:`` of a search's rid (its first two fields), else ''."""
+    head, sep, rest = rid.partition(":")
+    search, sep2, _ = rest.partition(":")
+    return f"{head}:{search}:" if sep and sep2 else ""
 
 
 def _record_extra(state: SpexSchedulerState, w: _Watch) -> None:
@@ -518,11 +529,11 @@ def _pre_step(scheduler: Any, running_batch: Any, last_batch: Any) -> None:
     state = state_of(scheduler)
     now = time.monotonic()
     if state.cancelled:  # requests of a cancelled search that were still in the tokenizer
-        for prefix, expiry in list(state.cancelled.items()):
-            if expiry < now:
-                del state.cancelled[prefix]
-            elif any(sa.rid(r).startswith(prefix) for r in sa.waiting(scheduler)):
-                sa.abort(scheduler, prefix)
+        while state.cancelled and next(iter(state.cancelled.values())) < now:  # oldest first (same TTL for all)
+            del state.cancelled[next(iter(state.cancelled))]
+        late = {p for r in sa.waiting(scheduler) if (p := _search_prefix(sa.rid(r))) in state.cancelled}
+        for prefix in late:  # one lookup per waiting request, not a scan of every cancelled search
+            sa.abort(scheduler, prefix)
     if not state.watch:
         return
     live = {id(r) for r in sa.scheduled_reqs(running_batch, last_batch)}
