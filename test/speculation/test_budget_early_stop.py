@@ -73,3 +73,15 @@ def test_t3_switched_off_never_stops_and_logprob_rewards_weigh():
     es.add("a", math.log(0.9))
     assert es.add("b", math.log(0.1)) is True  # 0.9 - 0.1 = 0.8 >= 0.5
     assert es.add(None, 1.0) is False and es.n == 2  # no answer: not counted
+
+
+def test_t3_mass_grows_with_the_reward_whatever_its_sign():
+    """A score of -0.1 weighed more than one of 0.5 (exp of a negative reward, a positive one as is): T3 stopped
+    on the worse answer. Scores now weigh their positive part, log-probabilities their exp."""
+    scores = EarlyStop(alpha=0.5, min_answers=2, reward_type="callback")
+    assert [scores.weight(r) for r in (-0.1, 0.0, 0.5, 1.0, None, float("nan"))] == [0.0, 0.0, 0.5, 1.0, 0.0, 0.0]
+    scores.add("bad", -0.1)
+    assert scores.add("good", 0.5) is True and scores.stopped_answer == "good"
+    logp = EarlyStop(reward_type="logprob")
+    ws = [logp.weight(r) for r in (-5.0, -1.0, -0.1, 0.0)]
+    assert ws == sorted(ws) and ws[-1] == 1.0 and logp.weight(float("-inf")) == 0.0

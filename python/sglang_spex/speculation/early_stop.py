@@ -2,8 +2,9 @@
 
 Count finished answers n; accumulate the reward mass c(a) of each distinct answer. With c1 ≥ c2 the masses of
 the top-1 and top-2 answers, stop the whole search when n ≥ t and c1 − c2 ≥ α · Σ_a c(a), returning the
-top-1 (majority by mass) answer. α = 0.5 as in the paper. Rewards are shifted to be positive (a reward of
--inf/NaN counts as 0 mass) so log-probability rewards work too.
+top-1 (majority by mass) answer. α = 0.5 as in the paper. An answer's mass grows with its reward: a log-probability
+reward (the ``logprob`` type) weighs ``exp(r)``, a score (``verifier``, ``prm``, ``callback``) weighs ``max(r, 0)``
+(a wrong answer's 0, or a negative score, adds no mass); a missing or NaN reward adds none.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ class EarlyStop:
     alpha: float = 0.5
     min_answers: int = 4
     enabled: bool = True
+    reward_type: str = "logprob"  # the search's reward type (RewardConfig.type): how a reward becomes mass
     mass: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
     n: int = 0
     stopped_answer: Optional[str] = None
 
-    @staticmethod
-    def weight(reward: Optional[float]) -> float:
-        """Reward → non-negative mass: probabilities/scores in [0, 1] as is, log-probs via exp."""
+    def weight(self, reward: Optional[float]) -> float:
+        """Reward → non-negative mass, increasing with the reward: ``exp`` of a log-probability, a score's positive
+        part."""
         if reward is None or (isinstance(reward, float) and math.isnan(reward)):
             return 0.0
-        return math.exp(reward) if reward < 0 else float(reward)
+        if self.reward_type == "logprob":
+            return math.exp(min(float(reward), 0.0))  # a log-probability is at most 0
+        return max(float(reward), 0.0)
 
     def add(self, answer: Optional[str], reward: Optional[float]) -> bool:
         """Record one finished answer; True when the search should stop now."""

@@ -9,7 +9,7 @@ finished node, the most recently finished first). A request measured likely enou
 the scheduler lets it run above the knee.
 
 With T3 off, speculation only computes earlier what the baseline computes anyway: a node's prompt, seed and
-rid are functions of its tree path, so the search returns exactly the baseline's tree.
+rid (up to its role suffix) are functions of its tree path, so the search returns exactly the baseline's tree.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class SpexContext(SearchContext):
             alpha=self.settings.early_stop_alpha,
             min_answers=self.settings.early_stop_min_answers,
             enabled=self.settings.has("t3") and self.settings.early_stop,
+            reward_type=self.spec.reward.type,
         )
         self.t1 = self.settings.has("t1")
         self.bfs: Optional[Rebase] = self.policy if isinstance(self.policy, Rebase) else None
