@@ -402,8 +402,8 @@ class ProfileManager:
     """Holds a server's current profile; re-measures in the background, once the engine is idle, when observations
     drift.
 
-    The SPEX runner calls :meth:`observe` with step times it sees (e.g. a request's decode latency divided
-    by its completion tokens, at the engine batch size it observed) and reads :attr:`k_total`.
+    ``SpexWiring.engine_primary`` calls :meth:`observe` with the decode step times the scheduler measured (its
+    batch-stats rows' ``step_s``, at ``batch_size × dp_size``); the budget reads :attr:`k_total`.
     """
 
     def __init__(

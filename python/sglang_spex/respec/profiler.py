@@ -2,7 +2,7 @@
 
 For every candidate config (and the no-speculation baseline) one server is started; for each batch size a batch
 of calibration prompts (several batches of different prompts below ``min_sequences``, as acceptance varies from
-prompt to prompt) is decoded greedily twice, with ``n_short`` and ``n_long`` new tokens, each after
+prompt to prompt) is decoded twice (greedily, or sampled at ``temperature`` > 0), with ``n_short`` and ``n_long`` new tokens, each after
 ``/flush_cache`` (empties the radix cache *and* the NGRAM corpus, which otherwise learns the calibration outputs
 and inflates acceptance on the next run). The difference of the two wall times removes prefill and request
 overhead, so a :class:`Point` holds pure decode numbers (over at least ``min_steps`` decode steps; a point that
@@ -16,7 +16,7 @@ profiler does):
 Acceptance comes from SGLang itself: ``meta_info.spec_accept_length`` / ``spec_verify_ct`` per request and
 ``/get_server_info`` ``avg_spec_accept_length``. The result is the shared
 :class:`~sglang_spex.profile.cache.Profile` (one curve per config plus :data:`PLAIN`), saved as JSON, one per
-(model, drafter, device).
+(model, drafter, device, and temperature when above 0: ``__t<T>`` in the name).
 """
 
 from __future__ import annotations

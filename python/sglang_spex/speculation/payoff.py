@@ -5,7 +5,7 @@ wall time is ``a·S + b·N``: ``S`` decode steps, ``N`` sequence-steps (tokens d
 a hit moves tokens the search would decode anyway (``N`` unchanged) and can take steps off the critical path
 (``S`` smaller); a miss adds its tokens to ``N``. It pays iff ``a · saved steps > b · wasted tokens``.
 
-Both sides are measured per search and pooled per (DP rank, policy) on the server:
+Both sides are measured per search and pooled per (DP rank, policy with its knobs, step tokens) on the server:
 
 - **saved steps** (:class:`WaveMeter`): the nodes a search asks for in one event-loop round form a *wave* (a BFS
   depth, an MCTS expansion, a rollout's samples; the policy gathers them). When the wave has resolved, its

@@ -240,7 +240,7 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "the IPC decoder of every process learns SpexControlReq", "sglang_spex.srt.control:SpexControlReq",
        by="sglang_spex.srt.control:register_types"),
     _T("H3", f"{SCHEDULER}.init_request_dispatcher", "AFTER", "scheduler",
-       "our control messages (budget, cancel, protect, release) reach the scheduler in order with requests",
+       "our control messages (budget, cancel, protect, release, knobs, promote) stay in order with requests",
        "sglang_spex.srt.control:h_add_dispatch"),
     _T("H4", f"{SCHEDULER}._add_request_to_queue", "BEFORE", "scheduler",
        "speculative requests get the lowest priority, unlabelled/primary ones a neutral one",
