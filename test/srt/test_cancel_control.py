@@ -40,9 +40,11 @@ def test_cancel_takes_one_of_search_id_and_rid_prefix():
 
 
 def test_release_all_only_without_the_field():
-    assert ReleaseBody().search_id is None  # every search's protection
+    assert ReleaseBody().search_id == ""  # every search's protection
     with pytest.raises(pydantic.ValidationError, match="search_id"):
         ReleaseBody(search_id="")  # an unset variable on the client is not "all"
+    with pytest.raises(pydantic.ValidationError, match="search_id"):
+        ReleaseBody(search_id=None)
     with pytest.raises(pydantic.ValidationError, match="node_prefix needs search_id"):
         ReleaseBody(node_prefix="r.0")
 

@@ -22,17 +22,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
+from sglang_spex.config import SpexConfig
+from sglang_spex.speculation.settings import resolve
 from sglang_spex.tot.http_port import HttpPort, check_search_answer
 from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import SearchResult, check_batch_text, check_text, gather_or_cancel, run_batch
 from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
-from sglang_spex.tot.validation import check, check_int, from_dict
+from sglang_spex.tot.validation import check, check_int, from_dict, is_num
 
 # what a prm reward takes besides its URL
 PRM_OPTIONS = tuple(f.name for f in dataclasses.fields(RewardConfig) if f.name not in ("type", "url", "name"))
@@ -114,6 +117,20 @@ class Endpoint:
     timeout: float = 3600.0
     api_key: Optional[str] = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        check(
+            isinstance(self.url, str) and self.url.startswith(("http://", "https://")),
+            "url",
+            f"must be an http(s) URL, not {self.url!r}",
+        )
+        check(isinstance(self.server_side, bool), "server_side", "must be true or false")
+        check(
+            is_num(self.timeout) and math.isfinite(self.timeout) and self.timeout > 0,
+            "timeout",
+            "must be a finite number of seconds > 0",
+        )
+        check(self.api_key is None or isinstance(self.api_key, str), "api_key", "must be a string or None")
+
 
 # ---- the program --------------------------------------------------------------------------------------
 
@@ -145,8 +162,16 @@ class Program:
     ) -> "Program":
         """Step config: stop strings, max tokens per step, sampling temperature, search seed, and any other
         StepConfig field (top_p, max_total_tokens, prompt_template)."""
+        fields = {f.name for f in dataclasses.fields(self._spec.step)}
+        for name in more:
+            check(name in fields, f"step.{name}", f"not a step field; choose from {sorted(fields)}")
         changes = plain(more)
         if stop is not None:
+            check(
+                isinstance(stop, str) or (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)),
+                "step.stop",
+                "must be a string or a list of strings",
+            )
             changes["stop"] = [stop] if isinstance(stop, str) else list(stop)
         if max_tokens is not None:
             changes["max_tokens"] = plain(max_tokens)
@@ -184,7 +209,9 @@ class Program:
     ) -> "Program":
         cur = self._spec.answer
         self._spec.answer = AnswerConfig(
-            pattern=pattern or cur.pattern, aggregate=aggregate or cur.aggregate, score=score or cur.score
+            pattern=cur.pattern if pattern is None else pattern,
+            aggregate=cur.aggregate if aggregate is None else aggregate,
+            score=cur.score if score is None else score,
         )
         return self
 
@@ -209,8 +236,11 @@ class Program:
 
     def spec(self) -> SearchSpec:
         """The validated spec (a copy: later changes to the program do not affect it); raises
-        :class:`SearchSpecError` naming a bad field."""
-        return SearchSpec.from_dict(json.loads(self.to_json()))
+        :class:`SearchSpecError` naming a bad field (``speculation`` overrides included, checked as a server checks
+        them)."""
+        spec = SearchSpec.from_dict(json.loads(self.to_json()))
+        resolve(SpexConfig(), spec.speculation)
+        return spec
 
     def to_dict(self) -> Dict[str, Any]:
         return self._spec.to_dict()
@@ -250,7 +280,9 @@ class Program:
         ``client_kw`` (:data:`CLIENT_KEYWORDS`) go to a client-side run. The first search that fails (or an
         ``on_result`` that raises) cancels the others, which abort their requests, before its error is raised."""
         spec = self.spec()
+        check(isinstance(backend, (Endpoint, str)), "backend", "must be an Endpoint or a server URL")
         ep = Endpoint(backend) if isinstance(backend, str) else backend
+        check(on_result is None or callable(on_result), "on_result", "must be callable (index, result) or None")
         refs = check_batch_text(questions, references)
         check_int(concurrency, "concurrency", 1)
         check_client_keywords(client_kw, ep.server_side)

@@ -107,7 +107,7 @@ async def post_protect(request: Request, body: ProtectBody) -> Response:
 
 @json_body(ReleaseBody)
 async def post_release(request: Request, body: ReleaseBody) -> Response:
-    req = control.SpexControlReq(op="release", search_id=body.search_id or "", prefix=body.node_prefix)
+    req = control.SpexControlReq(op="release", search_id=body.search_id, prefix=body.node_prefix)
     return await _run(request, [req])
 
 

@@ -321,7 +321,7 @@ class ReleaseBody(Body):
     """``POST /spex/release``: one search's protection (or a subtree's); no ``search_id`` field = every search's
     (an empty one is refused: it is not "all")."""
 
-    search_id: Optional[str] = Field(default=None, min_length=1, max_length=ID_MAX_CHARS)
+    search_id: str = Field(default="", min_length=1, max_length=ID_MAX_CHARS)  # the default is not validated
     node_prefix: str = Field(default="", max_length=ID_MAX_CHARS)
 
     @model_validator(mode="after")

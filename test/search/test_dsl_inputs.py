@@ -1,0 +1,50 @@
+"""The DSL names the field of a bad input before anything is sent (no server: a request would fail to connect)."""
+
+from __future__ import annotations
+
+import pytest
+
+import sglang_spex.lang as tot
+from sglang_spex.tot.search_spec import SearchSpecError
+
+NOWHERE = "http://127.0.0.1:9"  # nothing listens: a search that were sent would fail with a connection error
+
+
+def _program() -> tot.Program:
+    return tot.Program().policy(tot.rebase(width=1, max_depth=1)).step(max_tokens=4).reward(tot.verifier("arith"))
+
+
+def _field(fn) -> str:
+    with pytest.raises(SearchSpecError) as e:
+        fn()
+    return e.value.field
+
+
+def test_step_stop_and_unknown_step_fields_are_named():
+    assert _field(lambda: _program().step(stop=5)) == "step.stop"
+    assert _field(lambda: _program().step(stop={"a": 1})) == "step.stop"  # not silently its keys
+    assert _field(lambda: _program().step(foo=1)) == "step.foo"
+    assert _program().step(stop=("\n", "."), top_p=0.9).spec().step.stop == ["\n", "."]
+
+
+def test_endpoint_fields_are_checked_when_made():
+    assert _field(lambda: tot.Endpoint(5)) == "url"
+    assert _field(lambda: tot.Endpoint("ftp://x")) == "url"
+    for bad in (float("nan"), -1, 0, float("inf"), True):
+        assert _field(lambda: tot.Endpoint(NOWHERE, timeout=bad)) == "timeout"
+    assert _field(lambda: tot.Endpoint(NOWHERE, server_side="yes")) == "server_side"
+    assert _field(lambda: tot.Endpoint(NOWHERE, api_key=7)) == "api_key"
+
+
+def test_backend_and_on_result_are_checked_before_any_search_runs():
+    p = _program()
+    assert _field(lambda: p.run_batch(["1 + 1?"], None)) == "backend"
+    assert _field(lambda: p.run_batch(["1 + 1?"], NOWHERE, on_result="print")) == "on_result"
+
+
+def test_spec_checks_speculation_overrides_seed_and_empty_answer_fields():
+    assert _field(lambda: _program().speculation(bogus=1).spec()) == "speculation.bogus"
+    assert _field(lambda: _program().speculation(lookahead=10**15).spec()) == "speculation.lookahead"
+    assert _field(lambda: _program().step(seed=10**5000).spec()) == "seed"
+    assert _field(lambda: _program().answer(aggregate="").spec()) == "answer.aggregate"  # not the old value kept
+    assert _program().step(seed=2**63 - 1).spec().seed == 2**63 - 1
