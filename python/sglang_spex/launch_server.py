@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import errno
 import glob
 import io
 import os
@@ -21,7 +22,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from sglang_spex.config import (
     FORCE_CPU_ENV_VAR,
@@ -87,11 +88,16 @@ PARALLEL_FLAGS = {
 }
 
 
+def _decimal(value: str) -> bool:
+    """ASCII digits only, at most 9 of them (``'²'.isdigit()`` is true and ``int('²')`` fails)."""
+    return value.isascii() and value.isdigit() and len(value) <= 9
+
+
 def _ranks(args: Sequence[str]) -> Dict[str, int]:
     out = {}
     for kind, names in PARALLEL_FLAGS.items():
         value = next((v for v in (flag_value(args, n) for n in names) if v is not None), "1")
-        if not value.isdigit() or int(value) < 1:
+        if not _decimal(value) or int(value) < 1:
             raise ConfigError(f"{names[0]} {value!r}: expected an integer >= 1")
         out[kind] = int(value)
     return out
@@ -125,7 +131,7 @@ def _int_flag(args: Sequence[str], flag: str, default: int) -> int:
     value = flag_value(args, flag)
     if value is None:
         return default
-    if not value.isdigit():
+    if not _decimal(value):
         raise ConfigError(f"{flag} {value!r}: expected an integer >= 0")
     return int(value)
 
@@ -135,11 +141,16 @@ def bind_group_ids(args: Sequence[str]) -> List[int]:
     to the group its ``gpu_id`` indexes (``numa_utils.init_threads_binding``): ``--base-gpu-id`` + dp_rank x tp x pp
     x step + pp_rank x tp + tp_rank x step (``data_parallel_controller``, ``engine``; step: ``--gpu-id-step``). The
     old ``--dp-size N --enable-dp-attention`` splits the TP group instead (``parallel_hook``: no replicas)."""
+    base, step, dp, pp, tp = _bind_layout(args)
+    return [base + d * tp * pp * step + p * tp + t * step for d in range(dp) for p in range(pp) for t in range(tp)]
+
+
+def _bind_layout(args: Sequence[str]) -> Tuple[int, int, int, int, int]:
+    """(base gpu id, gpu id step, replicas, pp, tp) of :func:`bind_group_ids`."""
     r = _ranks(args)
     base, step = _int_flag(args, "--base-gpu-id", 0), _int_flag(args, "--gpu-id-step", 1)
-    tp, pp = r["tp"], r["pp"]
     dp = 1 if _given(args, "--enable-dp-attention") and _int_flag(args, "--attn-dp-size", 1) == 1 else r["dp"]
-    return [base + d * tp * pp * step + p * tp + t * step for d in range(dp) for p in range(pp) for t in range(tp)]
+    return base, step, dp, r["pp"], r["tp"]
 
 
 def check_thread_binding(args: Sequence[str], binding: str, cores: Sequence[int]) -> None:
@@ -149,17 +160,24 @@ def check_thread_binding(args: Sequence[str], binding: str, cores: Sequence[int]
     different sizes). Multi-node servers (``--nnodes``) are left to SGLang."""
     if _int_flag(args, "--nnodes", 1) > 1:
         return
-    ids, groups = bind_group_ids(args), binding.split("|")
-    default_layout = ids == list(range(len(ids)))
-    need = max(ids) + 1
-    if len(groups) >= need and all(groups[i].strip() for i in ids):
+    groups = binding.split("|")
+    base, step, dp, pp, tp = _bind_layout(args)
+    need = base + (dp - 1) * tp * pp * step + (pp - 1) * tp + (tp - 1) * step + 1  # the largest group id + 1
+    g = len(groups)
+    if g >= need and all(  # d and t past g repeat ids (step 0) or cannot occur (need <= g): at most g^2 ids read
+        groups[base + d * tp * pp * step + p * tp + t * step].strip()
+        for d in range(min(dp, g))
+        for p in range(pp)
+        for t in range(min(tp, g))
+    ):
         return
+    default_layout = base == 0 and step == 1  # the ids are 0..n-1
     try:
         example = f" (e.g. {cpu_thread_binding(args, cores) or _cpu_list(cores)})" if default_layout else ""
     except ConfigError:  # more ranks than cores: no example
         example = ""
     raise ConfigError(
-        f"{THREAD_BIND_ENV}={binding!r} has {len(groups)} group(s), but this server's {len(ids)} CPU rank(s) "
+        f"{THREAD_BIND_ENV}={binding!r} has {len(groups)} group(s), but this server's {dp * pp * tp} CPU rank(s) "
         f"(--dp-size x --tp-size x --pp-size) need {need} non-empty '|'-separated groups{example}"
     )
 
@@ -237,7 +255,14 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     gpu = has_gpu() if gpu is None else gpu
     args = build_sglang_args(cfg, rest, gpu)
     if cfg.respec.enabled:
+        from sglang_spex.profile.cache import Profile
         from sglang_spex.respec.eagle_policy import running_cap_args, sglang_adaptive_args
+
+        if cfg.respec.profile != "auto":  # read now: a bad file fails here, not in the scheduler at every step
+            try:
+                Profile.load(cfg.respec.profile)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ConfigError(f"--respec-profile {cfg.respec.profile!r}: not a readable ReSpec profile ({e})")
 
         # EAGLE: SGLang's adaptive flags (they lift the cap too); NGRAM: only SGLang's speculative cap of 48 lifted
         args += sglang_adaptive_args(cfg.respec, args) if cfg.respec.eagle else running_cap_args(cfg.respec, args)
@@ -325,15 +350,27 @@ def check_port_free(args: Sequence[str]) -> None:
     127.0.0.1:30000) is taken: uvicorn would report it only after the model loaded, and then neither serve nor
     exit. Bound as uvicorn binds (SO_REUSEADDR); another process can still take the port before uvicorn does."""
     host = flag_value(args, "--host") or "127.0.0.1"
-    port = int(flag_value(args, "--port") or 30000)
+    text = flag_value(args, "--port") or "30000"
+    if not (_decimal(text) and 1 <= int(text) <= 65535):
+        _refuse(f"--port {text!r}: expected a port number in 1..65535")
+    port = int(text)
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        _refuse(f"--host {host!r}: cannot resolve it ({e})")
+    try:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(addr)
     except OSError as e:
-        print(f"sglang_spex.launch_server: error: --port {port}: {PORT_TAKEN} on {host} ({e})", file=sys.stderr)
-        raise SystemExit(2)
+        if e.errno == errno.EADDRINUSE:
+            _refuse(f"--port {port}: {PORT_TAKEN} on {host} ({e})")
+        _refuse(f"--host {host} --port {port}: cannot listen there ({e})")
+
+
+def _refuse(message: str) -> NoReturn:
+    print(f"sglang_spex.launch_server: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def print_help() -> None:
