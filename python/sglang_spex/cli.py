@@ -24,6 +24,7 @@ import httpx
 from sglang_spex.demo import search_spec
 from sglang_spex.serve import ServerProcess
 from sglang_spex.tot.http_port import NotASpexServer, check_search_answer
+from sglang_spex.tot.search import check_text
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 REWARDS = {"arith": {"type": "verifier", "name": "arith"}, "logprob": {"type": "logprob"}}
@@ -72,6 +73,12 @@ def make_body(args: argparse.Namespace) -> Dict[str, Any]:
     """The ``POST /tot/search`` body; raises :class:`InputError` for a bad spec (validated here first)."""
     if not args.question.strip():
         raise InputError("question", "must be a non-empty string")  # as the server's body check says it
+    try:  # text the server refuses (a lone surrogate: an argv byte that is not UTF-8), refused before it starts
+        check_text(args.question, "question")
+        if args.reference is not None:
+            check_text(args.reference, "reference", empty_ok=True)
+    except SearchSpecError as e:
+        raise InputError(e.field, e.reason) from None
     if args.url is not None:
         check_url(args.url)
     speculation = None if args.speculation is None else args.speculation == "on"

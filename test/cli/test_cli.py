@@ -64,6 +64,15 @@ def test_bad_input_the_server_refuses_exits_2(spex_server):
         (["   ", "--url", "http://127.0.0.1:1"], "error: question: must be a non-empty string"),
         (["1+1?", "--url", "notaurl"], "error: --url: 'notaurl': expected http://HOST:PORT"),
         (["1+1?", "--url", "ftp://host:1"], "error: --url: 'ftp://host:1': expected http://HOST:PORT"),
+        # an argv byte that is not UTF-8 (a lone surrogate): before the server is asked (or started), not by its 400
+        (
+            ["\udcff", "--url", "http://127.0.0.1:1"],
+            "error: question: is not valid Unicode: a lone surrogate at character 0",
+        ),
+        (
+            ["1+1?", "--reference", "a\udcff", "--url", "http://127.0.0.1:1"],
+            "error: reference: is not valid Unicode: a lone surrogate at character 1",
+        ),
     ],
 )
 def test_bad_input_exits_2_before_any_request(args, message):

@@ -77,7 +77,7 @@ def test_sweep_limit_takes_max_running_requests():
         ({"batch_sizes": (1, 49)}, "batch_sizes[1]"),
         ({"ctx_batch": 0}, "ctx_batch"),
         ({"short_tokens": 20, "long_tokens": 20}, "long_tokens"),
-        ({"short_tokens": 0}, "long_tokens"),
+        ({"short_tokens": 0}, "short_tokens"),
         ({"long_tokens": 2020}, "long_tokens"),  # 2020 + a prompt's 32 > 2048
         ({"ctx_prefix_words": 999}, "ctx_prefix_words"),  # (2048 - 20 - 32) // 2 = 998 words fit
         ({"prefill_words": -1}, "prefill_words"),

@@ -111,8 +111,10 @@ class ProfileSpec:
                 raise FieldError(f"batch_sizes[{i}]", f"{b} is outside 1..{max_batch} (the sweep's ceiling)")
         if not 1 <= self.ctx_batch <= max_batch:
             raise FieldError("ctx_batch", f"{self.ctx_batch} is outside 1..{max_batch} (the sweep's ceiling)")
-        if not 1 <= self.short_tokens < self.long_tokens:
-            raise FieldError("long_tokens", f"must exceed short_tokens ({self.short_tokens}), which is at least 1")
+        if not 1 <= self.short_tokens:
+            raise FieldError("short_tokens", f"{self.short_tokens}: must be at least 1")
+        if self.short_tokens >= self.long_tokens:
+            raise FieldError("long_tokens", f"{self.long_tokens}: must exceed short_tokens ({self.short_tokens})")
         room = context_len - self.long_tokens - _PROMPT_TOKENS
         if room < 0:
             raise FieldError("long_tokens", f"{self.long_tokens} does not fit the {context_len}-token context")

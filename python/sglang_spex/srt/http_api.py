@@ -145,7 +145,10 @@ def query_number(text: Any, name: str, kind: type = int, default: Any = None) ->
         value = None
     ok = value is not None and (math.isfinite(value) if kind is float else abs(value) < 2**63)
     if not ok:
-        raise BodyError(name, f"{text[:40]!r}: must be {'an integer' if kind is int else 'a finite number'}")
+        what = "an integer" if kind is int else "a finite number"
+        raise BodyError(
+            name, f"{text[:40]!r}: must be {what}" + (" of at most 32 characters" if len(text) > 32 else "")
+        )
     return value
 
 
