@@ -28,6 +28,7 @@ from sglang_spex.config import (
     FORCE_CPU_ENV_VAR,
     STATS_FILE_PREFIX,
     ConfigError,
+    LearnerSpec,
     PluginConfig,
     default_stats_path,
     export,
@@ -182,6 +183,19 @@ def check_thread_binding(args: Sequence[str], binding: str, cores: Sequence[int]
     )
 
 
+def check_learner_spec(spec: LearnerSpec) -> None:
+    """Refuse ``--respec-learner`` URLs and probe sequences that would fail only at the learner's first update or
+    publish, naming the field."""
+    for i, url in enumerate([spec.server_url, *spec.replica_urls]):
+        name = "server_url" if i == 0 else f"replica_urls[{i - 1}]"
+        if (url is not None or i > 0) and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise ConfigError(f"--respec-learner {name}: {url!r} is not an http(s) URL")
+    for i, pair in enumerate(spec.probe):
+        ok = len(pair) == 2 and all(seq and all(type(t) is int and t >= 0 for t in seq) for seq in pair)
+        if not ok:
+            raise ConfigError(f"--respec-learner probe[{i}]: expected [prompt_ids, response_ids], non-empty, ids >= 0")
+
+
 def _cpu_list(cores: Sequence[int]) -> str:
     """Cores in the ``a-b,c`` form (contiguous runs as ranges)."""
     runs: List[List[int]] = []
@@ -266,6 +280,8 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
 
         # EAGLE: SGLang's adaptive flags (they lift the cap too); NGRAM: only SGLang's speculative cap of 48 lifted
         args += sglang_adaptive_args(cfg.respec, args) if cfg.respec.eagle else running_cap_args(cfg.respec, args)
+    if cfg.learner is not None:
+        check_learner_spec(cfg.learner)
     user_binding = os.environ.get(THREAD_BIND_ENV)
     if user_binding and flag_value(args, "--device") == "cpu":  # SGLang reads it on CPU only
         check_thread_binding(args, user_binding, sorted(os.sched_getaffinity(0)))

@@ -149,3 +149,25 @@ def test_learner_flags(tmp_path, clean_env):
 def test_bad_learner_flags_name_themselves(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_learner_args(argv)
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ({"server_url": ""}, "server_url: '' is not an http"),
+        ({"server_url": "notaurl"}, "server_url: 'notaurl'"),
+        ({"replica_urls": ["http://r:1", "x"]}, r"replica_urls\[1\]: 'x'"),
+        ({"probe": [[[1, 2], []]]}, r"probe\[0\]"),
+        ({"probe": [[[1], [2]], [[-1], [2]]]}, r"probe\[1\]"),
+    ],
+)
+def test_learner_urls_and_probe_are_checked_at_launch(tmp_path, clean_env, extra, needle):
+    """They failed only at the learner's first publish or update, after the model loaded (review)."""
+    from sglang_spex.launch_server import prepare
+
+    for name in ("d", "t"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    spec = json.dumps({"drafter": str(tmp_path / "d"), "target": str(tmp_path / "t"), **extra})
+    with pytest.raises(ConfigError, match=needle):
+        prepare(["--model-path", "m", "--respec-learner", spec, "--speculative-algorithm", "EAGLE3"])
