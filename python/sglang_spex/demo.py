@@ -207,15 +207,23 @@ def write_outputs(summary: Dict[str, Any], out_dir: Path) -> Tuple[Path, Path]:
     return json_path, plot(summary, out_dir / "demo.png")
 
 
+def _at_least_1(text: str) -> int:
+    """An argparse type: an integer >= 1 (checked before any server starts)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m sglang_spex.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("-n", type=int, default=8, help="questions (toy_add dev split)")
+    ap.add_argument("-n", type=_at_least_1, default=8, help="questions (toy_add dev split)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--width", type=int, default=8, help="REBASE width of the tree search")
-    ap.add_argument("--repeats", type=int, default=1, help="baseline/SPEX rounds (interleaved)")
-    ap.add_argument("--concurrency", type=int, default=4, help="questions searched at once")
+    ap.add_argument("--width", type=_at_least_1, default=8, help="REBASE width of the tree search")
+    ap.add_argument("--repeats", type=_at_least_1, default=1, help="baseline/SPEX rounds (interleaved)")
+    ap.add_argument("--concurrency", type=_at_least_1, default=4, help="questions searched at once")
     ap.add_argument("--url", help="use this running server (started with --tot-speculation) instead of one")
     ap.add_argument("--out", type=Path, default=cache_dir("demo"), help="where demo.json and demo.png go")
     args = ap.parse_args(argv)

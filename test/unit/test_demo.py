@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sglang_spex.demo import ANSWER, BASELINE, SINGLE, SPEX, arm_summary, format_table, story, write_outputs
 from sglang_spex.tot.answers import extract_answer
 from sglang_spex.tot.search_spec import SearchSpec
@@ -57,3 +59,15 @@ def test_search_spec_is_valid_for_every_preset():
     for preset in ("rebase-8", "ets-8", "rstar-5", "rest-5"):
         spec = SearchSpec.from_dict(search_spec(preset, speculation=False))
         assert spec.task == "toy_add" and spec.speculation == {"enabled": False}
+
+
+@pytest.mark.parametrize(
+    "args", [["-n", "0"], ["-n", "-3"], ["--concurrency", "0"], ["--repeats", "0"], ["--width", "0"]]
+)
+def test_counts_below_one_exit_2_before_any_server_starts(args, capsys, monkeypatch):
+    import sglang_spex.demo as demo
+
+    monkeypatch.setattr(demo, "ServerProcess", None)  # starting a server would raise TypeError, not exit 2
+    with pytest.raises(SystemExit) as e:
+        demo.main(args)
+    assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
