@@ -70,18 +70,16 @@ def test_t3_switched_off_never_stops_and_logprob_rewards_weigh():
     off = EarlyStop(alpha=0.5, min_answers=1, enabled=False)
     assert not any(off.add("7", 1.0) for _ in range(10))
     es = EarlyStop(alpha=0.5, min_answers=2)
-    es.add("a", math.log(0.9))
-    assert es.add("b", math.log(0.1)) is True  # 0.9 - 0.1 = 0.8 >= 0.5
+    es.add("a", 0.9)  # the logprob reward: exp of the mean token log-probability
+    assert es.add("b", 0.1) is True  # 0.9 - 0.1 = 0.8 >= 0.5
     assert es.add(None, 1.0) is False and es.n == 2  # no answer: not counted
 
 
-def test_t3_mass_grows_with_the_reward_whatever_its_sign():
-    """A score of -0.1 weighed more than one of 0.5 (exp of a negative reward, a positive one as is): T3 stopped
-    on the worse answer. Scores now weigh their positive part, log-probabilities their exp."""
-    scores = EarlyStop(alpha=0.5, min_answers=2, reward_type="callback")
-    assert [scores.weight(r) for r in (-0.1, 0.0, 0.5, 1.0, None, float("nan"))] == [0.0, 0.0, 0.5, 1.0, 0.0, 0.0]
-    scores.add("bad", -0.1)
-    assert scores.add("good", 0.5) is True and scores.stopped_answer == "good"
-    logp = EarlyStop(reward_type="logprob")
-    ws = [logp.weight(r) for r in (-5.0, -1.0, -0.1, 0.0)]
-    assert ws == sorted(ws) and ws[-1] == 1.0 and logp.weight(float("-inf")) == 0.0
+def test_t3_mass_never_falls_as_the_reward_rises():
+    """A score of -0.1 weighed more than one of 0.5 (exp of a negative reward, a positive one as is): T3 stopped on
+    the worse answer. A reward weighs its positive part; every built-in reward is >= 0 (the logprob reward is the
+    exp of the mean token log-probability), so their masses are the rewards themselves."""
+    es = EarlyStop(alpha=0.5, min_answers=2)
+    assert [es.weight(r) for r in (-0.1, 0.0, 0.05, 0.5, 1.0, None, float("nan"))] == [0.0, 0.0, 0.05, 0.5, 1.0, 0, 0]
+    es.add("bad", -0.1)
+    assert es.add("good", 0.5) is True and es.stopped_answer == "good"

@@ -12,6 +12,8 @@ from speculation.test_spex_fake import POLICIES, JitterPort, make_spec, signatur
 from unit.fake_port import FakePort
 
 from sglang_spex.config import SpexConfig
+from sglang_spex.speculation.accounting import DistanceRates, SpecAccounting
+from sglang_spex.speculation.dfs_lookahead import DuePredictions
 from sglang_spex.speculation.runner import context_factory
 from sglang_spex.tot import backpressure
 from sglang_spex.tot.engine import ROLE_SPEC, parse_rid
@@ -68,3 +70,21 @@ def test_a_speculative_request_refused_for_load_frees_its_path(monkeypatch):
     assert acc["hits"] + acc["cancelled"] + acc["never_used"] + acc["failed"] == acc["issued"]
     # a refusal says nothing about the node: its path may be speculated again once the queue has room
     assert len(port.spec_paths) > len(set(port.spec_paths))
+
+
+def test_a_failed_prediction_is_neither_hit_nor_miss_and_leaves_the_hit_rate_alone():
+    rates = DistanceRates()
+    dues = DuePredictions(lambda: rates)
+    dues.issued("r.0.1", rollout=2, distance=1)
+    dues.issued("r.0.2", rollout=2, distance=1)
+    dues.dropped("r.0.1")  # its request was refused: not judged when the search ends without it
+    dues.ended()
+    assert rates.resolved(1) == rates_after_one_miss().resolved(1)
+    acc = SpecAccounting(issued=4, hits=2, failed=2)
+    assert acc.hit_rate == 1.0  # the two that ran were both used
+
+
+def rates_after_one_miss() -> DistanceRates:
+    rates = DistanceRates()
+    rates.record_miss(1)
+    return rates

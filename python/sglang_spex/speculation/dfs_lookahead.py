@@ -199,6 +199,11 @@ class DuePredictions:
         self._due.clear()
         self._missed.clear()
 
+    def dropped(self, path: str) -> None:
+        """The prediction's request ended without a result (refused, failed): neither a hit nor a miss."""
+        self._due.pop(path, None)
+        self._missed.discard(path)
+
     def adopted(self, path: str) -> None:
         got = self._due.pop(path, None)
         if got is not None:

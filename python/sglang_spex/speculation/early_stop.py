@@ -2,9 +2,9 @@
 
 Count finished answers n; accumulate the reward mass c(a) of each distinct answer. With c1 ≥ c2 the masses of
 the top-1 and top-2 answers, stop the whole search when n ≥ t and c1 − c2 ≥ α · Σ_a c(a), returning the
-top-1 (majority by mass) answer. α = 0.5 as in the paper. An answer's mass grows with its reward: a log-probability
-reward (the ``logprob`` type) weighs ``exp(r)``, a score (``verifier``, ``prm``, ``callback``) weighs ``max(r, 0)``
-(a wrong answer's 0, or a negative score, adds no mass); a missing or NaN reward adds none.
+top-1 (majority by mass) answer. α = 0.5 as in the paper. An answer's mass is its reward, a score >= 0 as every
+built-in reward gives (``logprob``: exp of the mean token log-probability; a verifier's 0 or 1; a PRM's
+probability); a negative (a callback's), missing or NaN reward adds none, so the mass never falls as a reward rises.
 """
 
 from __future__ import annotations
@@ -20,18 +20,15 @@ class EarlyStop:
     alpha: float = 0.5
     min_answers: int = 4
     enabled: bool = True
-    reward_type: str = "logprob"  # the search's reward type (RewardConfig.type): how a reward becomes mass
     mass: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
     n: int = 0
     stopped_answer: Optional[str] = None
 
-    def weight(self, reward: Optional[float]) -> float:
-        """Reward → non-negative mass, increasing with the reward: ``exp`` of a log-probability, a score's positive
-        part."""
+    @staticmethod
+    def weight(reward: Optional[float]) -> float:
+        """Reward → non-negative mass that never falls as the reward rises: a score's positive part."""
         if reward is None or (isinstance(reward, float) and math.isnan(reward)):
             return 0.0
-        if self.reward_type == "logprob":
-            return math.exp(min(float(reward), 0.0))  # a log-probability is at most 0
         return max(float(reward), 0.0)
 
     def add(self, answer: Optional[str], reward: Optional[float]) -> bool:

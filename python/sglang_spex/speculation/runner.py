@@ -76,7 +76,6 @@ class SpexContext(SearchContext):
             alpha=self.settings.early_stop_alpha,
             min_answers=self.settings.early_stop_min_answers,
             enabled=self.settings.has("t3") and self.settings.early_stop,
-            reward_type=self.spec.reward.type,
         )
         self.t1 = self.settings.has("t1")
         self.bfs: Optional[Rebase] = self.policy if isinstance(self.policy, Rebase) else None
@@ -183,7 +182,8 @@ class SpexContext(SearchContext):
 
     def demand_key(self) -> Tuple[Any, ...]:
         """What :meth:`demand` depends on: it is recomputed only when this changes."""
-        return (self._version, len(self.store.running()), self.acc.hits, self.acc.issued, self.budget.model)
+        acc = self.acc
+        return (self._version, len(self.store.running()), acc.hits, acc.issued, acc.failed, self.budget.model)
 
     def demand(self) -> QueryDemand:
         """T2 inputs: C_q (what could be issued now), P_q (running hit rate), and in bytes the prefix KV the next
@@ -200,7 +200,7 @@ class SpexContext(SearchContext):
         demand = QueryDemand(
             query_id=self.search_id,
             candidates=len(cands) + key[1],  # C_q: plannable + running
-            hit_rate=running_hit_rate(self.acc.hits, self.acc.issued),
+            hit_rate=running_hit_rate(self.acc.hits, self.acc.issued - self.acc.failed),  # a failure is no miss
             shared_kv=kv * sum(c for _, c in sample) / n,
             total_kv=kv * (sum(t for t, _ in sample) / n + step),
         )
@@ -500,6 +500,7 @@ class SpexContext(SearchContext):
 
     def _count_failed(self, node: Node) -> None:
         self.acc.failed += 1
+        self._dues.dropped(node.path)  # a DFS prediction that failed is not judged
         if node.num_tokens:  # decoded before an abort: wasted
             self.acc.wasted_tokens += node.num_tokens
             self._missed(node)
