@@ -209,7 +209,10 @@ def write_outputs(summary: Dict[str, Any], out_dir: Path) -> Tuple[Path, Path]:
 
 def _at_least_1(text: str) -> int:
     """An argparse type: an integer >= 1 (checked before any server starts)."""
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
     return value

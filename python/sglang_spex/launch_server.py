@@ -188,7 +188,9 @@ def check_learner_spec(spec: LearnerSpec) -> None:
     publish, naming the field."""
     for i, url in enumerate([spec.server_url, *spec.replica_urls]):
         name = "server_url" if i == 0 else f"replica_urls[{i - 1}]"
-        if (url is not None or i > 0) and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        if (url is not None or i > 0) and not (
+            isinstance(url, str) and url.lower().startswith(("http://", "https://"))
+        ):
             raise ConfigError(f"--respec-learner {name}: {url!r} is not an http(s) URL")
     for i, pair in enumerate(spec.probe):
         ok = len(pair) == 2 and all(seq and all(type(t) is int and t >= 0 for t in seq) for seq in pair)
@@ -367,8 +369,8 @@ def check_port_free(args: Sequence[str]) -> None:
     exit. Bound as uvicorn binds (SO_REUSEADDR); another process can still take the port before uvicorn does."""
     host = flag_value(args, "--host") or "127.0.0.1"
     text = flag_value(args, "--port") or "30000"
-    if not (_decimal(text) and 1 <= int(text) <= 65535):
-        _refuse(f"--port {text!r}: expected a port number in 1..65535")
+    if not (_decimal(text) and int(text) <= 65535):  # (0: the system picks one, as bind does)
+        _refuse(f"--port {text!r}: expected a port number in 0..65535")
     port = int(text)
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]

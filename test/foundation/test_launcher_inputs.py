@@ -19,10 +19,10 @@ def _refusal(capsys, args) -> str:
     return capsys.readouterr().err
 
 
-@pytest.mark.parametrize("port", ["abc", "-1", "0", "99999", "²", "1" * 40])
+@pytest.mark.parametrize("port", ["abc", "-1", "99999", "²", "1" * 40])
 def test_a_bad_port_is_named(capsys, port):
     err = _refusal(capsys, ["--port", port])
-    assert f"--port {port!r}: expected a port number in 1..65535" in err and PORT_TAKEN not in err
+    assert f"--port {port!r}: expected a port number in 0..65535" in err and PORT_TAKEN not in err
 
 
 def test_an_unresolvable_host_is_not_reported_as_a_taken_port(capsys):

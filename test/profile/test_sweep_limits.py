@@ -45,6 +45,7 @@ def test_sweep_limit_caps_at_max_queued_requests_which_keys_only_a_capped_server
     )
     assert sweep_limit(ProfileSpec(), capped) == 6
     assert sweep_limit(ProfileSpec(), measure.profile_key({**args, "max_queued_requests": 64}, device="h")) == 48
+    assert measure.profile_key({**args, "max_queued_requests": 4096}, device="h") == measure.profile_key(args, "h")
 
 
 def test_spec_within_keeps_sizes_and_ctx_batch_to_the_limit():

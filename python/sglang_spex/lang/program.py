@@ -29,8 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from sglang_spex.config import SpexConfig
-from sglang_spex.speculation.settings import resolve
+from sglang_spex.speculation.settings import OVERRIDABLE
 from sglang_spex.tot.http_port import HttpPort, check_search_answer
 from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import SearchResult, check_batch_text, check_text, gather_or_cancel, run_batch
@@ -119,15 +118,18 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         check(
-            isinstance(self.url, str) and self.url.startswith(("http://", "https://")),
+            isinstance(self.url, str) and self.url.lower().startswith(("http://", "https://")),
             "url",
             f"must be an http(s) URL, not {self.url!r}",
         )
         check(isinstance(self.server_side, bool), "server_side", "must be true or false")
+        number = is_num(self.timeout) and not isinstance(self.timeout, bool)
         check(
-            is_num(self.timeout) and math.isfinite(self.timeout) and self.timeout > 0,
+            self.timeout is None
+            or isinstance(self.timeout, httpx.Timeout)
+            or (number and math.isfinite(self.timeout) and self.timeout > 0),
             "timeout",
-            "must be a finite number of seconds > 0",
+            "must be a finite number of seconds > 0, an httpx.Timeout or None",
         )
         check(self.api_key is None or isinstance(self.api_key, str), "api_key", "must be a string or None")
 
@@ -236,10 +238,13 @@ class Program:
 
     def spec(self) -> SearchSpec:
         """The validated spec (a copy: later changes to the program do not affect it); raises
-        :class:`SearchSpecError` naming a bad field (``speculation`` overrides included, checked as a server checks
-        them)."""
+        :class:`SearchSpecError` naming a bad field (and an unknown ``speculation`` override: their values are checked
+        by the server, against its own settings)."""
         spec = SearchSpec.from_dict(json.loads(self.to_json()))
-        resolve(SpexConfig(), spec.speculation)
+        for key in spec.speculation or {}:
+            check(
+                key in OVERRIDABLE, f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}"
+            )
         return spec
 
     def to_dict(self) -> Dict[str, Any]:

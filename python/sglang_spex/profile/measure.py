@@ -8,8 +8,8 @@ HTTP overheads cancel). SGLang 0.5.23 reports per-request latencies in ``meta_in
 After the given batch sizes the sweep goes on doubling the batch while throughput still grows (roofline
 ``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests`` and ``max_queued_requests``
 (:func:`sweep_limit`; with such a cap no batch past it is measured, the given sizes and ``ctx_batch`` included: SGLang
-would queue the extra requests, and the wall time would measure queueing, not a decode step, or refuse them); past the KV pool's room SGLang queues the extra
-requests too, so throughput flattens there and the sweep stops.
+would queue the extra requests, and the wall time would measure queueing, not a decode step, or refuse them); past
+the KV pool's room SGLang queues the extra requests too, so throughput flattens there and the sweep stops.
 Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
 
 A profile is measured for an idle engine. Other requests in flight when any of the sweep's batches starts or
@@ -369,8 +369,9 @@ def _bar(total: int, enabled: bool):
 def profile_key(server_args: Dict[str, Any], device: Optional[str] = None) -> Dict[str, Any]:
     """Cache key from SGLang's server args (``/get_server_info`` or ``tokenizer_manager.server_args``)."""
     flags = {k: server_args.get(k) for k in KEY_FLAGS}
-    if server_args.get(QUEUE_CAP_FLAG):
-        flags[QUEUE_CAP_FLAG] = server_args[QUEUE_CAP_FLAG]
+    cap = server_args.get(QUEUE_CAP_FLAG)
+    if cap and int(cap) < ProfileSpec.max_batch:  # a cap the sweep cannot reach changes nothing measured
+        flags[QUEUE_CAP_FLAG] = cap
     return {"model": str(server_args.get("model_path")), "hardware": device or device_name(), "flags": flags}
 
 

@@ -140,7 +140,7 @@ def validate(req: SpexControlReq) -> Optional[str]:
     if req.op not in OPS:
         return f"unknown op {req.op!r}; choose from {list(OPS)}"
     if req.op == "cancel" and bool(req.search_id) == bool(req.prefix):
-        return "cancel needs search_id or rid_prefix, not both"
+        return "cancel needs one of search_id and rid_prefix"
     if req.op == "protect" and not req.search_id:
         return "protect needs search_id"
     if req.op == "set" and (req.key not in KNOBS or req.value is None):

@@ -302,7 +302,7 @@ class CancelBody(Body):
     @model_validator(mode="after")
     def _one(self) -> "CancelBody":
         if bool(self.search_id) == bool(self.rid_prefix):
-            raise ValueError("give search_id or rid_prefix, not both")
+            raise ValueError("give one of search_id and rid_prefix")
         return self
 
 

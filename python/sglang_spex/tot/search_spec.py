@@ -21,7 +21,8 @@ from sglang_spex.tot.rewards import RewardConfig, check_template
 from sglang_spex.tot.tasks import get_task
 from sglang_spex.tot.validation import SearchSpecError, check, check_finite, check_int, from_dict, is_num
 
-INT64 = (-(2**63), 2**63 - 1)  # SGLang's range for a request's priority (and the search seed's)
+INT64 = (-(2**63), 2**63 - 1)  # SGLang's range for a request's priority
+SEED_BOUND = 2**128  # a search seed is hashed into each node's seed: any 64-bit (or 128-bit) seed serves
 MAX_STOP_STRINGS = 32  # SGLang refuses a request with more stop strings
 # SGLang decodes the last (longest stop string's length) output tokens of a request at every decode step to look
 # for a stop string, on the scheduler's thread: a long one costs every client's step time.
@@ -125,9 +126,9 @@ class SearchSpec:
 
     def validate(self) -> "SearchSpec":
         check(
-            isinstance(self.seed, int) and not isinstance(self.seed, bool) and INT64[0] <= self.seed <= INT64[1],
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and abs(self.seed) < SEED_BOUND,
             "seed",
-            f"must be an integer in {INT64[0]}..{INT64[1]}",
+            "must be an integer of at most 128 bits",
         )
         self.policy.build()
         self.step.validate()
