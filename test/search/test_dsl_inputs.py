@@ -51,3 +51,12 @@ def test_spec_checks_speculation_overrides_seed_and_empty_answer_fields():
     assert _field(lambda: _program().answer(aggregate="").spec()) == "answer.aggregate"  # not the old value kept
     assert _program().step(seed=2**64 - 1).spec().seed == 2**64 - 1  # e.g. random.getrandbits(64)
     assert _program().speculation(max_lookahead=2).spec().speculation == {"max_lookahead": 2}  # the server judges
+
+
+def test_a_value_json_cannot_hold_is_named():
+    import decimal
+
+    import numpy as np
+
+    for bad in (decimal.Decimal("0.5"), np.array([3, 4]), float("nan")):
+        assert _field(lambda: _program().speculation(sure_use=bad).spec()) == "speculation.sure_use"

@@ -134,6 +134,17 @@ class Endpoint:
         check(self.api_key is None or isinstance(self.api_key, str), "api_key", "must be a string or None")
 
 
+def _unjsonable(value: Any, name: str = "") -> str:
+    """The dotted name of the first field of ``value`` that JSON cannot hold (``name`` itself when none below)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            try:
+                json.dumps(item, allow_nan=False)
+            except (TypeError, ValueError):
+                return _unjsonable(item, f"{name}.{key}" if name else str(key))
+    return name or "spec"
+
+
 # ---- the program --------------------------------------------------------------------------------------
 
 
@@ -251,9 +262,15 @@ class Program:
         return self._spec.to_dict()
 
     def to_json(self, validate: bool = True, **kw: Any) -> str:
+        """The spec as JSON (validated first unless ``validate`` is false); a value JSON cannot hold (a ``Decimal``,
+        an array, NaN) raises :class:`SearchSpecError` naming its field."""
         if validate:
             self._spec.validate()
-        return json.dumps(self._spec.to_dict(), **kw)
+        d = self._spec.to_dict()
+        try:
+            return json.dumps(d, allow_nan=False, **kw)
+        except (TypeError, ValueError) as e:
+            raise SearchSpecError(_unjsonable(d), f"cannot be sent as JSON ({e})") from None
 
     @classmethod
     def from_json(cls, text: Union[str, Dict[str, Any]]) -> "Program":
