@@ -60,3 +60,9 @@ def test_a_value_json_cannot_hold_is_named():
 
     for bad in (decimal.Decimal("0.5"), np.array([3, 4]), float("nan")):
         assert _field(lambda: _program().speculation(sure_use=bad).spec()) == "speculation.sure_use"
+
+
+def test_a_key_that_is_no_string_is_named_not_a_python_error():
+    assert _field(lambda: tot.Program.from_json({1: 2, "a": 3})) == "1"
+    spec = _program().spec().to_dict()
+    assert _field(lambda: tot.Program.from_json({**spec, "step": {**spec["step"], 7: 1, "x": 2}})) == "step.7"

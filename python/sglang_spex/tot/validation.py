@@ -63,7 +63,7 @@ def from_dict(cls: Type[T], data: Any, prefix: str) -> T:
     """Build dataclass ``cls`` from a JSON object, refusing unknown fields (named ``prefix.<field>``)."""
     check(isinstance(data, dict), prefix, "must be an object")
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
+    unknown = sorted(map(str, set(data) - names))  # (a Python caller's key may be no string)
     check(not unknown, f"{prefix}.{unknown[0]}" if unknown else prefix, "unknown field")
     return cls(**data)
 
