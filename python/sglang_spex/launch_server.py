@@ -37,6 +37,7 @@ from sglang_spex.config import (
 )
 from sglang_spex.flags import add_flags, parse_args
 from sglang_spex.serve import PORT_TAKEN
+from sglang_spex.tot.validation import is_http_url
 
 # Applied on a machine without a GPU unless the user passed the flag. Values measured on 2-core hosts.
 CPU_DEFAULTS: Dict[str, Optional[str]] = {
@@ -142,8 +143,15 @@ def bind_group_ids(args: Sequence[str]) -> List[int]:
     to the group its ``gpu_id`` indexes (``numa_utils.init_threads_binding``): ``--base-gpu-id`` + dp_rank x tp x pp
     x step + pp_rank x tp + tp_rank x step (``data_parallel_controller``, ``engine``; step: ``--gpu-id-step``). The
     old ``--dp-size N --enable-dp-attention`` splits the TP group instead (``parallel_hook``: no replicas)."""
-    base, step, dp, pp, tp = _bind_layout(args)
-    return [base + d * tp * pp * step + p * tp + t * step for d in range(dp) for p in range(pp) for t in range(tp)]
+    layout = _bind_layout(args)
+    _, _, dp, pp, tp = layout
+    return [_group_id(layout, d, p, t) for d in range(dp) for p in range(pp) for t in range(tp)]
+
+
+def _group_id(layout: Tuple[int, int, int, int, int], d: int, p: int, t: int) -> int:
+    """The group of rank (dp replica ``d``, pp rank ``p``, tp rank ``t``) under ``layout`` (:func:`_bind_layout`)."""
+    base, step, _, pp, tp = layout
+    return base + d * tp * pp * step + p * tp + t * step
 
 
 def _bind_layout(args: Sequence[str]) -> Tuple[int, int, int, int, int]:
@@ -161,12 +169,12 @@ def check_thread_binding(args: Sequence[str], binding: str, cores: Sequence[int]
     different sizes). Multi-node servers (``--nnodes``) are left to SGLang."""
     if _int_flag(args, "--nnodes", 1) > 1:
         return
-    groups = binding.split("|")
-    base, step, dp, pp, tp = _bind_layout(args)
-    need = base + (dp - 1) * tp * pp * step + (pp - 1) * tp + (tp - 1) * step + 1  # the largest group id + 1
+    groups, layout = binding.split("|"), _bind_layout(args)
+    base, step, dp, pp, tp = layout
+    need = _group_id(layout, dp - 1, pp - 1, tp - 1) + 1  # the largest group id + 1
     g = len(groups)
     if g >= need and all(  # d and t past g repeat ids (step 0) or cannot occur (need <= g): at most g^2 ids read
-        groups[base + d * tp * pp * step + p * tp + t * step].strip()
+        groups[_group_id(layout, d, p, t)].strip()
         for d in range(min(dp, g))
         for p in range(pp)
         for t in range(min(tp, g))
@@ -188,9 +196,7 @@ def check_learner_spec(spec: LearnerSpec) -> None:
     publish, naming the field."""
     for i, url in enumerate([spec.server_url, *spec.replica_urls]):
         name = "server_url" if i == 0 else f"replica_urls[{i - 1}]"
-        if (url is not None or i > 0) and not (
-            isinstance(url, str) and url.lower().startswith(("http://", "https://"))
-        ):
+        if (url is not None or i > 0) and not is_http_url(url):
             raise ConfigError(f"--respec-learner {name}: {url!r} is not an http(s) URL")
     for i, pair in enumerate(spec.probe):
         ok = len(pair) == 2 and all(seq and all(type(t) is int and t >= 0 for t in seq) for seq in pair)
@@ -435,8 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         args = prepare(argv)
     except ConfigError as e:
-        print(f"sglang_spex.launch_server: error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        _refuse(str(e))
     check_port_free(args)
     if not has_gpu():
         import torch

@@ -29,12 +29,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from sglang_spex.speculation.settings import OVERRIDABLE
+from sglang_spex.speculation.settings import check_override_names
 from sglang_spex.tot.http_port import HttpPort, check_search_answer
 from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import SearchResult, check_batch_text, check_text, gather_or_cancel, run_batch
 from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
-from sglang_spex.tot.validation import check, check_int, from_dict, is_num
+from sglang_spex.tot.validation import check, check_int, from_dict, is_http_url, is_num
 
 # what a prm reward takes besides its URL
 PRM_OPTIONS = tuple(f.name for f in dataclasses.fields(RewardConfig) if f.name not in ("type", "url", "name"))
@@ -117,11 +117,7 @@ class Endpoint:
     api_key: Optional[str] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        check(
-            isinstance(self.url, str) and self.url.lower().startswith(("http://", "https://")),
-            "url",
-            f"must be an http(s) URL, not {self.url!r}",
-        )
+        check(is_http_url(self.url), "url", f"must be an http(s) URL, not {self.url!r}")
         check(isinstance(self.server_side, bool), "server_side", "must be true or false")
         number = is_num(self.timeout) and not isinstance(self.timeout, bool)
         check(
@@ -252,10 +248,7 @@ class Program:
         :class:`SearchSpecError` naming a bad field (and an unknown ``speculation`` override: their values are checked
         by the server, against its own settings)."""
         spec = SearchSpec.from_dict(json.loads(self.to_json()))
-        for key in spec.speculation or {}:
-            check(
-                key in OVERRIDABLE, f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}"
-            )
+        check_override_names(spec.speculation or {})
         return spec
 
     def to_dict(self) -> Dict[str, Any]:

@@ -200,7 +200,7 @@ class SpexContext(SearchContext):
         demand = QueryDemand(
             query_id=self.search_id,
             candidates=len(cands) + key[1],  # C_q: plannable + running
-            hit_rate=running_hit_rate(self.acc.hits, self.acc.issued - self.acc.failed),  # a failure is no miss
+            hit_rate=running_hit_rate(self.acc.hits, self.acc.ran),  # a failed request is no miss
             shared_kv=kv * sum(c for _, c in sample) / n,
             total_kv=kv * (sum(t for t, _ in sample) / n + step),
         )

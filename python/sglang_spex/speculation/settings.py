@@ -32,16 +32,22 @@ MAX_LOOKAHEAD = 64
 _BOUNDED = ("lookahead", "max_lookahead", "bfs_lookahead")
 
 
+def check_override_names(overrides: Dict[str, Any]) -> None:
+    """Raise :class:`SearchSpecError` naming the first key of ``overrides`` a search may not override."""
+    for key in overrides:
+        if key not in OVERRIDABLE:
+            raise SearchSpecError(f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}")
+
+
 def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConfig:
     """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SearchSpecError naming them."""
     if not overrides:
         return server
     if not isinstance(overrides, dict):
         raise SearchSpecError("speculation", "must be an object")
+    check_override_names(overrides)
     changes: Dict[str, Any] = {}
     for key, value in overrides.items():
-        if key not in OVERRIDABLE:
-            raise SearchSpecError(f"speculation.{key}", f"unknown or not overridable; choose from {list(OVERRIDABLE)}")
         if key == "components":
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]

@@ -2,8 +2,8 @@
 
 A speculative node is built exactly as the primary search would build it (same path → same prompt and seed, the
 same rid up to its role suffix), but stays detached from the primary tree until the search asks for that path: then
-it is *adopted* (its result copied into the primary node) instead of regenerated. Entries still generating can be adopted
-too (the primary awaits the in-flight request) or cancelled (BFS strict cancel).
+it is *adopted* (its result copied into the primary node) instead of regenerated. Entries still generating can be
+adopted too (the primary awaits the in-flight request) or cancelled (BFS strict cancel).
 """
 
 from __future__ import annotations

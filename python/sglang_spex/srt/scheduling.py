@@ -57,7 +57,7 @@ from sglang_spex.srt.hook_guard import HookGuard
 from sglang_spex.srt.live_curve import LiveCurve
 from sglang_spex.srt.prefill_allowance import PrefillAllowance, StepAllowance
 from sglang_spex.srt.prefix_protection import PrefixProtection
-from sglang_spex.tot.engine import ROLE_PRIMARY, search_rid_prefix
+from sglang_spex.tot.engine import ROLE_PRIMARY, parse_rid, search_rid_prefix
 from sglang_spex.tot.search_spec import INT64
 
 logger = logging.getLogger(__name__)
@@ -513,13 +513,6 @@ def cancel(scheduler: Any, prefix: str, search_id: str = "") -> None:
         state.protection.end_search(scheduler.tree_cache, search_id)
 
 
-def _search_prefix(rid: str) -> str:
-    """``spex:{search_id}:`` of a search's rid (its first two fields), else ''."""
-    head, sep, rest = rid.partition(":")
-    search, sep2, _ = rest.partition(":")
-    return f"{head}:{search}:" if sep and sep2 else ""
-
-
 def _record_extra(state: SpexSchedulerState, w: _Watch) -> None:
     extra = max(sa.output_len(w.req) - w.n0, 0)
     state.extra_hist["immediate" if w.immediate else "plain"][min(extra, EXTRA_BINS - 1)] += 1
@@ -531,7 +524,8 @@ def _pre_step(scheduler: Any, running_batch: Any, last_batch: Any) -> None:
     if state.cancelled:  # requests of a cancelled search that were still in the tokenizer
         while state.cancelled and next(iter(state.cancelled.values())) < now:  # oldest first (same TTL for all)
             del state.cancelled[next(iter(state.cancelled))]
-        late = {p for r in sa.waiting(scheduler) if (p := _search_prefix(sa.rid(r))) in state.cancelled}
+        ids = (parse_rid(sa.rid(r)) for r in sa.waiting(scheduler))
+        late = {p for parsed in ids if parsed and (p := search_rid_prefix(parsed[0])) in state.cancelled}
         for prefix in late:  # one lookup per waiting request, not a scan of every cancelled search
             sa.abort(scheduler, prefix)
     if not state.watch:

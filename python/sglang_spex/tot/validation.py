@@ -29,6 +29,11 @@ class SearchSpecError(FieldError):
     """A search spec field is invalid."""
 
 
+def is_http_url(value: Any) -> bool:
+    """``value`` is a string that starts with ``http://`` or ``https://`` (any case)."""
+    return isinstance(value, str) and value.lower().startswith(("http://", "https://"))
+
+
 def check(ok: bool, name: str, reason: str) -> None:
     """Raise :class:`SearchSpecError` for field ``name`` unless ``ok``."""
     if not ok:
