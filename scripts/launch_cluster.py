@@ -24,19 +24,10 @@ import time
 from typing import List, Optional, Sequence
 
 from sglang_spex.config import ConfigError
+from sglang_spex.flags import count_flag
 from sglang_spex.scale.cluster import Cluster
 from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES, check_router
 from sglang_spex.serve import STOP_SIGNALS
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n}: expected an integer >= 1")
-    return n
 
 
 def _port(text: str) -> int:
@@ -65,7 +56,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         i = ours.index("--")
         ours, server_args = ours[:i], ours[i + 1 :]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--servers", type=_at_least_one, default=2, help="how many servers (default 2)")
+    p.add_argument("--servers", type=count_flag, default=2, help="how many servers (default 2)")
     p.add_argument("--policy", choices=POLICIES, default="manual", help="router policy (default manual: affinity)")
     p.add_argument(
         "--assignment-mode",

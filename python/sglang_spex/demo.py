@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import httpx
 
 from sglang_spex.config import cache_dir
+from sglang_spex.flags import count_flag
 from sglang_spex.serve import ServerProcess
 from sglang_spex.tot.http_port import NotASpexServer, check_search_answer
 from sglang_spex.tot.tasks import Question, get_task
@@ -207,26 +208,15 @@ def write_outputs(summary: Dict[str, Any], out_dir: Path) -> Tuple[Path, Path]:
     return json_path, plot(summary, out_dir / "demo.png")
 
 
-def _at_least_1(text: str) -> int:
-    """An argparse type: an integer >= 1 (checked before any server starts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m sglang_spex.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("-n", type=_at_least_1, default=8, help="questions (toy_add dev split)")
+    ap.add_argument("-n", type=count_flag, default=8, help="questions (toy_add dev split)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--width", type=_at_least_1, default=8, help="REBASE width of the tree search")
-    ap.add_argument("--repeats", type=_at_least_1, default=1, help="baseline/SPEX rounds (interleaved)")
-    ap.add_argument("--concurrency", type=_at_least_1, default=4, help="questions searched at once")
+    ap.add_argument("--width", type=count_flag, default=8, help="REBASE width of the tree search")
+    ap.add_argument("--repeats", type=count_flag, default=1, help="baseline/SPEX rounds (interleaved)")
+    ap.add_argument("--concurrency", type=count_flag, default=4, help="questions searched at once")
     ap.add_argument("--url", help="use this running server (started with --tot-speculation) instead of one")
     ap.add_argument("--out", type=Path, default=cache_dir("demo"), help="where demo.json and demo.png go")
     args = ap.parse_args(argv)

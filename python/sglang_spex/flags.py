@@ -62,6 +62,17 @@ MAX_HYSTERESIS_STEPS = 10_000  # MIN_DWELL / CONFIRM past this: the FSM never sw
 MODEL_CONFIG = "config.json"  # what from_pretrained reads first, ours (respec/checkpoint.py) and HF's
 
 
+def count_flag(text: str) -> int:
+    """An argparse type for a count: an integer >= 1 in ASCII digits (the demo's and the cluster launcher's)."""
+    try:
+        value = int(text) if text.isascii() else None
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # no usage wall: one line naming the flag
         raise ConfigError(message)

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from sglang_spex.respec import routes
 from sglang_spex.respec.learner import LearnerConfig, OnlineLearner
-from sglang_spex.srt.http_api import MAX_JSON_DEPTH
+from sglang_spex.tot.validation import MAX_JSON_DEPTH
 
 GOOD = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6], "reward": 1.0}
 GOOD_JSON = json.dumps(GOOD)

@@ -66,3 +66,27 @@ def test_a_key_that_is_no_string_is_named_not_a_python_error():
     assert _field(lambda: tot.Program.from_json({1: 2, "a": 3})) == "1"
     spec = _program().spec().to_dict()
     assert _field(lambda: tot.Program.from_json({**spec, "step": {**spec["step"], 7: 1, "x": 2}})) == "step.7"
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_value_nested_past_what_a_server_takes_is_named_not_a_recursion_error():
+    """Nesting past ``MAX_JSON_DEPTH`` (the server's 400) is named where it is given; 5,000 levels were a
+    ``RecursionError`` from copying the value."""
+    from sglang_spex.tot.validation import MAX_JSON_DEPTH
+
+    assert _field(lambda: tot.rebase(width=1, extra=_nested(5000))) == "policy"
+    assert _field(lambda: _program().step(top_p=_nested(MAX_JSON_DEPTH + 1))) == "step"
+    assert _field(lambda: _program().speculation(bfs_lookahead=_nested(5000))) == "speculation"
+    assert tot.rebase(width=1, extra=_nested(MAX_JSON_DEPTH - 2)).params["extra"] == _nested(MAX_JSON_DEPTH - 2)
+
+
+def test_a_callback_reward_url_in_any_case_is_taken_like_an_endpoint_url():
+    """One URL rule (``validation.is_http_url``) for rewards and endpoints: ``HTTP://`` is a URL both ways."""
+    tot.callback("HTTP://127.0.0.1:9/score").validate()
+    assert _field(lambda: tot.callback("ftp://127.0.0.1/score").validate()) == "reward.url"

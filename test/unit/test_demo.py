@@ -70,4 +70,4 @@ def test_counts_below_one_exit_2_before_any_server_starts(args, capsys, monkeypa
     monkeypatch.setattr(demo, "ServerProcess", None)  # starting a server would raise TypeError, not exit 2
     with pytest.raises(SystemExit) as e:
         demo.main(args)
-    assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+    assert e.value.code == 2 and "expected an integer >= 1" in capsys.readouterr().err

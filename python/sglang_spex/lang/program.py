@@ -34,7 +34,7 @@ from sglang_spex.tot.http_port import HttpPort, check_search_answer
 from sglang_spex.tot.rewards import reward_section
 from sglang_spex.tot.search import SearchResult, check_batch_text, check_text, gather_or_cancel, run_batch
 from sglang_spex.tot.search_spec import AnswerConfig, PolicyConfig, RewardConfig, SearchSpec, SearchSpecError
-from sglang_spex.tot.validation import check, check_int, from_dict, is_http_url, is_num
+from sglang_spex.tot.validation import MAX_JSON_DEPTH, check, check_int, from_dict, is_http_url, is_num
 
 # what a prm reward takes besides its URL
 PRM_OPTIONS = tuple(f.name for f in dataclasses.fields(RewardConfig) if f.name not in ("type", "url", "name"))
@@ -44,13 +44,15 @@ CLIENT_KEYWORDS = ("context_factory", "limits", "progress", "reward", "reward_ti
 # ---- declarations -------------------------------------------------------------------------------------
 
 
-def plain(value: Any) -> Any:
+def plain(value: Any, name: str = "value", _depth: int = 0) -> Any:
     """``value`` as JSON holds it: numeric scalars of other types (numpy's ``int64``, ``float32``, ...) become Python
-    ints and floats, tuples become lists, and dicts and lists are copied."""
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+    ints and floats, tuples become lists, and dicts and lists are copied. Nesting past ``MAX_JSON_DEPTH`` (what a
+    server takes) raises :class:`SearchSpecError` naming ``name``."""
+    if isinstance(value, (dict, list, tuple)):
+        check(_depth < MAX_JSON_DEPTH, name, f"nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, dict):
+            return {k: plain(v, name, _depth + 1) for k, v in value.items()}
+        return [plain(v, name, _depth + 1) for v in value]
     if isinstance(value, bool) or type(value) in (int, float):
         return value
     if isinstance(value, numbers.Integral):
@@ -62,7 +64,7 @@ def plain(value: Any) -> Any:
 
 def policy(name: str, **knobs: Any) -> PolicyConfig:
     """Any policy or preset by name (``"rebase-16"``, ``"rest-5"``) with knob overrides."""
-    return PolicyConfig(name=name, params=plain(knobs))
+    return PolicyConfig(name=name, params=plain(knobs, "policy"))
 
 
 def rebase(**knobs: Any) -> PolicyConfig:
@@ -156,7 +158,7 @@ class Program:
     def policy(self, p: Union[PolicyConfig, str], **knobs: Any) -> "Program":
         """The policy: a :class:`PolicyConfig` (``tot.rebase(width=8)``) or a name; ``knobs`` override its own."""
         if isinstance(p, PolicyConfig):
-            self._spec.policy = PolicyConfig(name=p.name, params=plain({**p.params, **knobs}))
+            self._spec.policy = PolicyConfig(name=p.name, params=plain({**p.params, **knobs}, "policy"))
         else:
             self._spec.policy = policy(p, **knobs)
         return self
@@ -174,7 +176,7 @@ class Program:
         fields = {f.name for f in dataclasses.fields(self._spec.step)}
         for name in more:
             check(name in fields, f"step.{name}", f"not a step field; choose from {sorted(fields)}")
-        changes = plain(more)
+        changes = plain(more, "step")
         if stop is not None:
             check(
                 isinstance(stop, str) or (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)),
@@ -183,15 +185,15 @@ class Program:
             )
             changes["stop"] = [stop] if isinstance(stop, str) else list(stop)
         if max_tokens is not None:
-            changes["max_tokens"] = plain(max_tokens)
+            changes["max_tokens"] = plain(max_tokens, "step.max_tokens")
         if temperature is not None:
-            changes["temperature"] = plain(temperature)
+            changes["temperature"] = plain(temperature, "step.temperature")
         try:
             self._spec.step = dataclasses.replace(self._spec.step, **changes)
         except TypeError as e:
             raise SearchSpecError("step", str(e))
         if seed is not None:
-            self._spec.seed = plain(seed)
+            self._spec.seed = plain(seed, "seed")
         return self
 
     def prompt(self, template: str) -> "Program":
@@ -210,7 +212,7 @@ class Program:
         )
         self._spec.reward = r
         if timeout is not None:
-            self._spec.reward_timeout = plain(timeout)
+            self._spec.reward_timeout = plain(timeout, "reward_timeout")
         return self
 
     def answer(
@@ -234,11 +236,11 @@ class Program:
         (and refuses all but ``enabled=False`` without ``--tot-speculation``). Client-side they apply only when the
         run passes SPEX's context factory (``context_factory=speculation.runner.context_factory(cfg)``); otherwise
         the search does not speculate, and they are only checked as a server checks them."""
-        self._spec.speculation = {**(self._spec.speculation or {}), **plain(overrides)}
+        self._spec.speculation = {**(self._spec.speculation or {}), **plain(overrides, "speculation")}
         return self
 
     def priority(self, value: int) -> "Program":
-        self._spec.priority = plain(value)
+        self._spec.priority = plain(value, "priority")
         return self
 
     # -- serialisation --
@@ -268,7 +270,7 @@ class Program:
     @classmethod
     def from_json(cls, text: Union[str, Dict[str, Any]]) -> "Program":
         p = cls()
-        p._spec = SearchSpec.from_dict(json.loads(text) if isinstance(text, str) else plain(text))
+        p._spec = SearchSpec.from_dict(json.loads(text) if isinstance(text, str) else plain(text, "spec"))
         return p
 
     # -- execution --

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.requests import ClientDisconnect
 
 from sglang_spex.config import DEFAULT_MAX_BODY_BYTES
-from sglang_spex.tot.validation import FieldError
+from sglang_spex.tot.validation import MAX_JSON_DEPTH, FieldError
 
 STATE_ATTR = "spex"  # the plugin's HTTP-side state lives on ``app.state.spex`` (``srt/http_state.py``)
 # the answer to a request whose client went away before its body was read (nginx's "client closed request"; no
@@ -168,10 +168,6 @@ def decode_json(data: bytes, optional: bool = False) -> Any:
     return value
 
 
-# JSON nesting a body may have: far past any route's schema (a rollout is 3 deep), and far inside what everything
-# that walks a body recursively survives (``copy.deepcopy`` in ``SearchSpec.from_dict``, pydantic, the JSON encoder
-# of an answer echoing it) under Python's recursion limit of 1000, wherever the request is handled.
-MAX_JSON_DEPTH = 64
 # a UTF-16 surrogate escape (``\ud800``-``\udfff``), or one encoded raw in "UTF-8" (which ``json.loads`` takes)
 _SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

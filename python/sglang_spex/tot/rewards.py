@@ -30,7 +30,7 @@ import httpx
 
 from sglang_spex.tot.http_port import check_status, pool_limits
 from sglang_spex.tot.tree import Node
-from sglang_spex.tot.validation import SearchSpecError, check
+from sglang_spex.tot.validation import SearchSpecError, check, is_http_url
 
 REWARD_TYPES = ("logprob", "prm", "verifier", "callback")
 PRM_FIELDS = ("question", "steps")  # what PRMReward formats prm_template with
@@ -59,7 +59,7 @@ class RewardConfig:
         check(self.name is None or isinstance(self.name, str), f"{p}.name", "must be a string")
         if self.type in ("prm", "callback"):
             check(
-                isinstance(self.url, str) and self.url.startswith(("http://", "https://")),
+                is_http_url(self.url),
                 f"{p}.url",
                 f"a {self.type} reward needs an http(s) URL",
             )

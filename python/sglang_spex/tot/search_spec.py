@@ -177,7 +177,7 @@ class SearchSpec:
         check(isinstance(data, dict), "spec", "must be an object")
         try:
             data = copy.deepcopy(data)
-        except RecursionError:  # (the server's bodies are nested far less deeply: http_api.MAX_JSON_DEPTH)
+        except RecursionError:  # (the server's bodies are nested far less deeply: validation.MAX_JSON_DEPTH)
             raise SearchSpecError("spec", "nested too deeply") from None
         unknown = sorted(map(str, set(data) - {f.name for f in dataclasses.fields(cls)}))  # (a key may be no str)
         check(not unknown, unknown[0] if unknown else "spec", "unknown field")

@@ -40,6 +40,10 @@ def check(ok: bool, name: str, reason: str) -> None:
         raise SearchSpecError(name, reason)
 
 
+# JSON nesting a body or a spec may have: far past any route's schema (a rollout is 3 deep), and far inside what
+# everything that walks one recursively survives (``copy.deepcopy`` in ``SearchSpec.from_dict``, pydantic, the JSON
+# encoder of an answer echoing it, the DSL's ``plain``) under Python's recursion limit of 1000.
+MAX_JSON_DEPTH = 64
 FLOAT_MAX = sys.float_info.max  # a number knob past it (or NaN, inf) breaks the float maths of a policy
 
 
