@@ -38,6 +38,7 @@ from sglang_spex.tot.policies.rebase import Rebase
 from sglang_spex.tot.tree import (
     CANCELLED,
     DONE,
+    FAILED,
     GENERATING,
     KIND_STEP,
     PENDING,
@@ -349,10 +350,14 @@ class SpexContext(SearchContext):
         return node if node is not None and node.reward is not None else None
 
     def _facts(self, path: str) -> Optional[dfs_lookahead.NodeFacts]:
-        e = self.store.get(path)
-        if e is None or e.state == RUNNING:
-            return None
-        n = e.node
+        """What is known of the node at ``path``: the primary tree's once it finished (a terminal the current rollout
+        reached but has not backed up yet), else a finished speculative one's (None: nothing yet)."""
+        n = self.tree.nodes.get(path)
+        if n is None or n.status not in (DONE, FAILED):
+            e = self.store.get(path)
+            if e is None or e.state == RUNNING:
+                return None
+            n = e.node
         reward = self.mcts.terminal_reward(n) if self.mcts is not None else None
         return dfs_lookahead.NodeFacts(terminal=n.is_terminal, failed=n.status != DONE, reward=reward)
 
@@ -463,7 +468,12 @@ class SpexContext(SearchContext):
         self.apply_result(node, res)
         self.tokens_generated = before  # counted when (if) the primary search adopts it
         self.acc.spec_tokens += node.num_tokens
+        applied = node.status == DONE  # (a step whose answer pattern ran out of time fails, and stops the search)
         await self.score_node(node)
+        if applied and node.status == FAILED:  # its reward failed: no result; the search generates and scores it
+            node.status = CANCELLED
+            self._failed(node, release=False)
+            return
         self._version += 1
         self._note_finished(node)
         bfs = self.bfs

@@ -248,8 +248,9 @@ class SearchContext:
         logger.info("search %s node %s failed: %s", self.search_id, node.path, error)
 
     def _update_stat(self, node: Node) -> None:
-        if node.kind == KIND_STEP:
-            self.policy.update_stat(self.stats[node.path], node)
+        st = self.stats.get(node.path) if node.kind == KIND_STEP else None
+        if st is not None:  # a speculative node has none until the search adopts it (``SpexContext._adopt``)
+            self.policy.update_stat(st, node)
 
     async def expand(self, parent: Node, n: int, kind: str = KIND_STEP) -> List[Node]:
         """Create the next ``n`` children of ``parent`` and generate them concurrently (one batch)."""

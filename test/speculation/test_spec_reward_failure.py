@@ -1,0 +1,87 @@
+"""A speculative node whose reward fails ends without a result (``failed``): its store entry leaves, its slot is
+free, and the search scores the node itself — the tree stays the baseline's (pure logic, fake engine). Before, the
+failure raised ``KeyError`` in the speculative task (a speculative node has no MCTS statistic), its entry stayed
+``running`` for the rest of the search, and the search adopted the failed node as a hit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import List
+
+import pytest
+from speculation.test_spex_fake import POLICIES, JitterPort, make_spec, signature
+
+from sglang_spex.config import SpexConfig
+from sglang_spex.speculation.budget import make_budget
+from sglang_spex.speculation.runner import SpexContext, context_factory
+from sglang_spex.tot.rewards import Reward, VerifierReward
+from sglang_spex.tot.search import run_search
+from sglang_spex.tot.tree import CANCELLED, FAILED, Node, node_seed
+
+QUESTION = "What is 2 + 3?"
+CFG = SpexConfig(enabled=True, k_total=6, components=("t1", "t2"))
+
+
+class FailingOn(Reward):
+    """The arithmetic verifier, except that scoring a node whose path ends in ``.1`` raises (the same every time)."""
+
+    def __init__(self) -> None:
+        self.inner = VerifierReward("arith")
+        self.scored: List[str] = []
+
+    async def score(self, node, question, search_id=""):
+        self.scored.append(node.path)
+        if node.path.endswith(".1"):
+            raise RuntimeError("reward service hiccup")
+        return await self.inner.score(node, question, search_id)
+
+
+def test_a_speculative_reward_failure_frees_the_entry_and_counts_failed():
+    async def main():
+        ctx = SpexContext(
+            make_spec(POLICIES["rstar"]),
+            QUESTION,
+            JitterPort(),
+            reward=FailingOn(),
+            settings=CFG,
+            budget=make_budget(CFG),
+        )
+        node = Node(path="r.1", parent=ctx.tree.root, seed=node_seed(3, "r.1"))
+        entry = ctx.store.issue(node, 1, ctx._generate_spec)
+        await entry.task  # raised KeyError before
+        return ctx, entry, node
+
+    ctx, entry, node = asyncio.run(main())
+    assert node.status == CANCELLED and "reward" in node.error  # no result: the search generates it itself
+    assert entry not in ctx.store.running() and "r.1" not in ctx.store  # its slot is free
+    assert "r.1" in ctx.store.barred  # not speculated again: the search generates it itself
+    assert ctx.acc.failed == 1 and ctx.acc.hits == 0
+
+
+@pytest.mark.parametrize("policy", ["rstar", "rebase"])
+def test_the_search_scores_a_node_whose_speculative_reward_failed_and_keeps_the_baseline_tree(policy):
+    spec = make_spec(POLICIES[policy])
+    base = asyncio.run(run_search(spec, QUESTION, JitterPort(), reward=FailingOn()))
+    reward = FailingOn()
+    res = asyncio.run(run_search(spec, QUESTION, JitterPort(), reward=reward, context_factory=context_factory(CFG)))
+    acc = res.speculation
+    assert signature(res) == signature(base)
+    assert any(n["status"] == FAILED for n in res.nodes)  # the failure the baseline has is the search's own
+    assert acc["failed"] >= 1
+    assert acc["hits"] + acc["cancelled"] + acc["never_used"] + acc["failed"] == acc["issued"]
+    failed_spec = [p for p in set(reward.scored) if p.endswith(".1") and reward.scored.count(p) == 2]
+    assert failed_spec  # scored speculatively (failed), then by the search itself
+
+
+def test_the_dfs_lookahead_reads_a_finished_primary_terminal_s_reward():
+    """A rollout's end that the search generated itself (not yet backed up when the lookahead replays the rollout)
+    is known with its reward; before, only speculative entries were, and the replay backed up 0 (a virtual loss
+    that sent the next predicted rollout down the wrong branch)."""
+    ctx = SpexContext(
+        make_spec(POLICIES["rstar"]), QUESTION, JitterPort(), reward=FailingOn(), settings=CFG, budget=make_budget(CFG)
+    )
+    node = ctx.tree.child(ctx.tree.root, 0, "step")
+    node.status, node.is_terminal, node.answer, node.reward = "done", True, "5", 0.8
+    facts = ctx._facts(node.path)
+    assert facts is not None and facts.terminal and not facts.failed and facts.reward == 0.8
+    assert ctx._facts("r.1") is None  # nothing known yet
