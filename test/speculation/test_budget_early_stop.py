@@ -18,10 +18,11 @@ def test_shares_sum_to_k_total_and_follow_softmax():
     d = demands((10, 0.9, 0, 0), (10, 0.1, 0, 0))
     shares = split_budget(d, k_total=8, temperature=0.5)
     assert sum(shares.values()) == 8
-    # softmax(0.9/0.5, 0.1/0.5) = (0.832, 0.168) -> 6.65, 1.35 -> floor 1 + 5.65/1.35 split -> 7 / 1
+    # softmax(0.9/0.5, 0.1/0.5) = (0.832, 0.168) -> 6.65, 1.35: both above the minimum share 1 (a floor, not
+    # added on top) -> largest remainders 7 / 1
     w = [math.exp(1.8), math.exp(0.2)]
-    hi = 1 + 6 * w[0] / sum(w)
-    assert shares["q0"] == round(hi) and shares["q0"] > shares["q1"] >= 1
+    hi = 8 * w[0] / sum(w)
+    assert shares["q0"] == round(hi) == 7 and shares["q1"] == 1
 
 
 def test_caps_are_respected_and_excess_redistributed():

@@ -29,15 +29,19 @@ def _split_over_all(
     weight_bytes: float = 1.0,
     waited: Optional[Sequence[float]] = None,
 ) -> Dict[str, int]:
-    """``split_budget`` as it was: every query, with or without candidates, through every step."""
+    """``split_budget`` with every query, with or without candidates, through every step (the softmax relative to
+    the best score of the queries with candidates, a negative ``min_share`` as 0)."""
     if not demands or k_total <= 0:
         return {d.query_id: 0 for d in demands}
     caps = [float(max(0, d.candidates)) for d in demands]
     s = [x / temperature for x in bm.scores(demands, weight_bytes)]
-    top = max(s)
-    w = [math.exp(x - top) for x in s]
+    if not any(caps):
+        return {d.query_id: 0 for d in demands}
+    top = max(x for x, c in zip(s, caps) if c > 0)
+    w = [math.exp(x - top) if c > 0 else 0.0 for x, c in zip(s, caps)]  # cap 0: never grows, whatever w
     wait = [0.0] * len(caps) if waited is None else [float(x) for x in waited]
-    minimum = [min(c, float(max(min_share, 1) if wt > 0 else min_share)) for c, wt in zip(caps, wait)]
+    least = max(min_share, 0)
+    minimum = [min(c, float(max(least, 1) if wt > 0 else least)) for c, wt in zip(caps, wait)]
     floor = minimum
     if sum(floor) > k_total:
         floor = [0.0] * len(caps)
@@ -46,8 +50,7 @@ def _split_over_all(
             if used + minimum[i] <= k_total:
                 floor[i] = minimum[i]
                 used += minimum[i]
-    rest = bm._water_fill(w, [c - f for c, f in zip(caps, floor)], k_total - sum(floor))
-    shares = bm._round([f + r for f, r in zip(floor, rest)], caps, k_total)
+    shares = bm._round(bm._fill(w, floor, caps, k_total), caps, k_total)
     return {d.query_id: int(x) for d, x in zip(demands, shares)}
 
 

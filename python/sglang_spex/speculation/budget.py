@@ -5,11 +5,15 @@ Per query q (paper §4.3, eqs. 1–2; the exact score is our reading of the summ
 P_q is the running hit rate (with a prior), S_w the weight bytes every decode step reads anyway (shared by
 all sequences), S_KV(q) the prefix KV bytes a speculative branch of q shares with what the radix cache holds,
 KV_q the KV bytes a branch of q reads in total. Bytes come from the model config (:func:`model_bytes`: parameter
-bytes, K+V bytes per token); prefix lengths are tokens. Shares are softmax(score/τ)·k_total, capped at C_q (the
-speculative branches q can issue right now), with the excess re-spread over uncapped queries (water-filling),
-and a minimum share so no query with work starves; when the budget cannot give every query its minimum, the
-queries that waited longest with work and no share go first (:class:`SpecBudget`'s ``max_wait_s``), then the
-best scores. Integer shares use largest remainders.
+bytes, K+V bytes per token); prefix lengths are tokens. Over the queries with work (C_q > 0, the speculative
+branches q can issue right now), with w_q = softmax(score/τ) over those queries, a query gets
+    x_q = min(C_q, max(m_q, λ·w_q)),    λ such that Σ_q x_q = min(k_total, Σ_q C_q)
+(water-filling: λ·w_q is the softmax share of k_total while no minimum or cap binds; what capped queries cannot
+take and what minimums take is re-spread over the others, proportionally to w_q). The minimum m_q (``min_share``,
+at least 1 for a query past the starvation bound, at most C_q) is a floor, not an addition: a query whose softmax
+share is above it gets just that share. When k_total cannot give every query its minimum, the queries that waited
+longest with work and no share keep theirs first (:class:`SpecBudget`'s ``max_wait_s``), then the best scores; the
+others' minimum is 0. Integer shares use largest remainders.
 
 Scores lie in [0, 1], so τ sets how sharply the split follows them: at τ = 1 a query with P_q = 0.9 gets
 e^0.8 ≈ 2.2× the weight of one with P_q = 0.1; at τ = 0.1 about 3000×.
@@ -104,38 +108,52 @@ def scores(demands: List[QueryDemand], weight_bytes: float) -> List[float]:
 
 # The split runs on every refill that changes a round's demands: plain lists, no numpy (its per-call overhead
 # dominates at a few dozen queries).
-def _water_fill(weights: List[float], caps: List[float], total: float) -> List[float]:
-    """Split ``total`` proportionally to ``weights`` with per-item caps; the excess of capped items goes to the
-    uncapped ones (items whose cap is below their proportional share are capped first: cap / weight order)."""
-    n = len(weights)
-    alloc = [0.0] * n
-    free = [i for i in range(n) if caps[i] > 0]
-    if not free or total <= 1e-9:
-        return alloc
-    w = [weights[i] for i in free]
-    if sum(w) <= 0:
-        w = [1.0] * len(free)
-    items = sorted(zip(free, w), key=lambda t: caps[t[0]] / t[1] if t[1] > 0 else math.inf)
-    suffix = [0.0] * (len(items) + 1)  # weight of items[k:], summed afresh (no cancellation from subtracting)
-    for k in range(len(items) - 1, -1, -1):
-        suffix[k] = suffix[k + 1] + items[k][1]
-    remaining = float(total)
-    for k, (i, wi) in enumerate(items):
-        wsum = suffix[k]
-        if wsum <= 0:  # only zero-weight items are left: an even split of what remains
-            rest = items[k:]
-            for j, _ in rest:
-                alloc[j] = min(caps[j], remaining / len(rest))
-            break
-        want = remaining * wi / wsum
-        if want >= caps[i]:  # capped: its excess stays in the pool
-            alloc[i] = caps[i]
-            remaining -= caps[i]
-        else:  # every later item has a larger cap / weight: all of them take their proportional share
-            for j, wj in items[k:]:
-                alloc[j] = remaining * wj / wsum
-            break
-    return alloc
+def _fill(weights: List[float], floors: List[float], caps: List[float], total: float) -> List[float]:
+    """Water-filling between floors and caps: ``x_j = min(caps_j, max(floors_j, λ·weights_j))`` with the λ that makes
+    ``Σ x = min(total, Σ caps)`` (needs ``0 <= floors_j <= caps_j`` and ``Σ floors <= total``). Σ x is piecewise
+    linear in λ, bending where an item starts to grow (floor / weight) or stops (cap / weight): one walk over those
+    points in order, O(n log n). The slope (the growing items' summed weight) is kept as a running sum and summed
+    afresh when it falls far below what was added to it (1 + 1e-35 - 1 is 0 in floats). An item whose weight is 0
+    (or NaN) stays at its floor while an item with a positive weight can still grow; what is left once those are all
+    capped is spread evenly over the others (unit weights)."""
+    x = list(floors)
+    left = total - sum(floors)
+    if left <= 1e-9:
+        return x
+    grow = [j for j, wj in enumerate(weights) if wj > 0 and caps[j] > floors[j]]  # False for NaN
+    if grow:
+        events = sorted([(floors[j] / weights[j], 0, j) for j in grow] + [(caps[j] / weights[j], 1, j) for j in grow])
+        on = [False] * len(x)
+        lam = rate = added = 0.0  # rate: the weight of the items growing between ``lam`` and the next point
+        growing = 0
+        for at, stops, j in events:
+            if rate > 0 and (at - lam) * rate >= left:  # λ lies before this point
+                lam += left / rate
+                for i in grow:
+                    x[i] = min(caps[i], max(floors[i], lam * weights[i]))
+                return x
+            left -= (at - lam) * rate
+            lam = at
+            on[j] = not stops
+            growing += -1 if stops else 1
+            if not stops:
+                rate += weights[j]
+                added += weights[j]
+            elif not growing:
+                rate = added = 0.0
+            elif rate - weights[j] < 1e-7 * added:  # cancellation: sum what still grows afresh
+                rate = added = sum(weights[i] for i in grow if on[i])
+            else:
+                rate -= weights[j]
+        for i in grow:  # every item with a weight is capped
+            x[i] = caps[i]
+        left = total - sum(x)
+    rest = [j for j, (xj, cj) in enumerate(zip(x, caps)) if cj > xj]
+    if rest and left > 1e-9:
+        even = _fill([1.0] * len(rest), [x[j] for j in rest], [caps[j] for j in rest], left + sum(x[j] for j in rest))
+        for j, v in zip(rest, even):
+            x[j] = v
+    return x
 
 
 def _round(alloc: List[float], caps: List[float], total: int) -> List[int]:
@@ -159,28 +177,32 @@ def split_budget(
     weight_bytes: float = 1.0,
     waited: Optional[Sequence[float]] = None,
 ) -> Dict[str, int]:
-    """Integer speculative shares per query: sum ≤ k_total, share_q ≤ C_q, min_share for those with work.
+    """Integer speculative shares per query: sum ≤ k_total, share_q ≤ C_q, and, for a query with work, at least
+    ``min_share`` (a floor: ``max(min_share, its softmax share)``, water-filled, see the module docstring) whenever
+    k_total covers every such minimum. A query without candidates gets 0; a negative ``min_share`` counts as 0.
 
     ``waited`` (seconds per demand past the starvation bound, 0 = not starving): a starving query's minimum is at
     least 1 even with ``min_share`` 0, and when k_total cannot cover every minimum, the minimums go to the
-    longest-waiting queries first, then to the best scores."""
+    longest-waiting queries first, then to the best scores (the others' minimum is 0)."""
     if not demands or k_total <= 0:
         return {d.query_id: 0 for d in demands}
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
     s = [x / temperature for x in scores(demands, weight_bytes)]
     # a query without candidates gets 0 whatever its score or wait (cap 0, minimum 0): the split runs over the
-    # others only, in the same order, so every sum, sort and rounding step sees what it saw over all of them;
-    # the weights stay relative to the best score of all queries
-    work = [i for i, d in enumerate(demands) if d.candidates > 0] if min_share >= 0 else list(range(len(demands)))
+    # others only, in the same order, so every sum, sort and rounding step sees what it saw over all of them
+    work = [i for i, d in enumerate(demands) if d.candidates > 0]
     got = [0] * len(demands)
     if not work:
         return {d.query_id: 0 for d in demands}
-    top = max(s)
-    caps = [float(max(0, demands[i].candidates)) for i in work]
+    # softmax relative to the best score among the queries with work: an idle query's higher score would push
+    # every working query's weight to 0 at a small τ (the split would then be even)
+    top = max(s[i] for i in work)
+    caps = [float(demands[i].candidates) for i in work]
     w = [math.exp(s[i] - top) for i in work]
     wait = [0.0] * len(work) if waited is None else [float(waited[i]) for i in work]
-    minimum = [min(c, float(max(min_share, 1) if wt > 0 else min_share)) for c, wt in zip(caps, wait)]
+    least = max(min_share, 0)
+    minimum = [min(c, float(max(least, 1) if wt > 0 else least)) for c, wt in zip(caps, wait)]
     floor = minimum
     if sum(floor) > k_total:  # not enough for every minimum: longest starved, then best scores first
         floor = [0.0] * len(caps)
@@ -189,8 +211,7 @@ def split_budget(
             if used + minimum[j] <= k_total:
                 floor[j] = minimum[j]
                 used += minimum[j]
-    rest = _water_fill(w, [c - f for c, f in zip(caps, floor)], k_total - sum(floor))
-    shares = _round([f + r for f, r in zip(floor, rest)], caps, k_total)
+    shares = _round(_fill(w, floor, caps, k_total), caps, k_total)
     for i, x in zip(work, shares):
         got[i] = int(x)
     return {d.query_id: x for d, x in zip(demands, got)}
@@ -454,13 +475,8 @@ class SpecBudget:
         as its last one answers from it: the same shares, the wait clocks already as that split left them."""
         now = self.clock()
         starved = self._starved_since
-        every = self.min_share < 0  # else a query without candidates gets 0 whatever its wait: not read
-        waited = [
-            (
-                max(0.0, now - starved[d.query_id] - self.max_wait_s)
-                if (every or d.candidates > 0) and d.query_id in starved
-                else 0.0
-            )
+        waited = [  # a query without candidates gets 0 whatever its wait: not read
+            max(0.0, now - starved[d.query_id] - self.max_wait_s) if d.candidates > 0 and d.query_id in starved else 0.0
             for d in demands
         ]
         inputs = (
