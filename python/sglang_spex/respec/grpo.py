@@ -20,6 +20,7 @@ acceptance length) and rollout throughput, which is what ``benchmark/bench_respe
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -231,7 +232,9 @@ class ServerClient:
 
 
 class GRPOLoop:
-    """Sample → score → advantages → policy step → push → post rollouts, one :meth:`step` at a time."""
+    """Sample → score → advantages → policy step → push → post rollouts, one :meth:`step` at a time. The policy's
+    temperature must equal ``config.temperature`` (the sampler's; ValueError otherwise): GRPO's π is the sampling
+    distribution."""
 
     def __init__(
         self,
@@ -244,12 +247,18 @@ class GRPOLoop:
         post_rollouts: bool = True,
         mirrors: Sequence[ServerClient] = (),
     ):
+        self.config = (config or GRPOConfig()).validate()
+        temperature = getattr(policy, "temperature", None)  # (None: a sampling-only loop without a policy)
+        if temperature is not None and not math.isclose(temperature, self.config.temperature, rel_tol=1e-9):
+            raise ValueError(
+                f"Policy.temperature {temperature} != GRPOConfig.temperature {self.config.temperature}: the "
+                "policy's log-probs would not be those of the sampler (an off-policy GRPO objective)"
+            )
         self.client = client
         self.servers = [client, *mirrors]  # every one gets each policy push and each rollout batch
         self.policy = policy
         self.tokenizer = tokenizer
         self.task = task
-        self.config = (config or GRPOConfig()).validate()
         self.reward_fn = reward_fn or verifier_reward(task)
         self.post = post_rollouts
         self.swaps = [

@@ -3,11 +3,16 @@
 Weighting, ``mode="linear"`` (the paper's w(r) = r, normalised and clipped; the learner's default once
 ``LearnerConfig.weight_mode`` defaults to it):
 
-    w_b = clip(max(r_b, 0) / mean_b max(r_b, 0), 0, w_max)      (mean ≤ eps, e.g. all rewards 0 → w = 1)
+    w_b = clip(max(r_b, 0) / max(mean_b max(r_b, 0), eps), 0, w_max)      (r first divided by max_b |r_b|)
 
-so w is proportional to the reward, the batch-mean weight is 1 before the clip (the loss scale of unweighted KD),
-a zero or negative reward gives 0 (the drafter is never pushed *away* from a rollout) and no rollout counts more
-than ``w_max`` times. A batch without any positive reward carries no preference and falls back to w = 1.
+so w is proportional to the reward, the batch-mean weight is 1 before the clip (the loss scale of unweighted KD;
+while the mean is at least the floor), a zero or negative reward gives 0 (the drafter is never pushed *away* from a
+rollout) and no rollout counts more than ``w_max`` times. A batch without any positive reward (all 0, all
+negative) gets w = 0 for every rollout: the learner then skips the update (``UpdateRecord.reason ==
+"zero_weight"``, counted in ``state()["zero_weight_updates"]``) instead of distilling failed rollouts. The floor
+``eps`` on the mean (relative to max |r|) keeps the rule continuous as the positive rewards vanish:
+r = (1e-6, −1, −1, −1) gives (1, 0, 0, 0), r = (1e-7, −1, −1, −1) gives (0.1, 0, 0, 0), r = (0, −1, −1, −1) gives
+(0, 0, 0, 0).
 
 ``mode="zscore"``: w_b = clip(1 + (r_b − mean(r)) / std(r), 0, w_max) (population std; std ≤ eps → w = 1).
 ``mode="max"``: w_b = clip(r_b / max_b |r_b|, 0, w_max). ``mode="none"``: w_b = 1 (unweighted KD).
@@ -42,7 +47,7 @@ def reward_weights(rewards, mode: str = DEFAULT_WEIGHT_MODE, w_max: float = 2.0,
     if mode == "linear":
         pos = r.clamp(min=0.0)
         mean = pos.mean() if pos.numel() else torch.zeros(())
-        w = pos / mean if float(mean) > eps else torch.ones_like(r)
+        w = pos / max(float(mean), eps)  # no positive reward → 0 everywhere (no fallback to unweighted KD)
     elif mode == "zscore":
         std = r.std(unbiased=False) if r.numel() > 1 else torch.zeros(())
         w = 1.0 + (r - r.mean()) / std if float(std) > eps else torch.ones_like(r)

@@ -17,10 +17,12 @@ drafter is updated with (reward-weighted) KD on a copy, checked, and published a
   old drafter); ``state()["replicas"]`` is each replica's drafter version;
 - an update drains the buffer and trains on ``train_steps`` micro-batches of ``micro_batch`` rollouts drawn from
   it; the policy copy runs only on the rollouts drawn (at most ``train_steps x micro_batch``), so an update's time
-  and memory do not grow with what was posted; the reward weights are normalised over every drained rollout. A
-  rollout longer than ``train_window`` tokens trains on a window of that many (``_window``), its features computed
-  with the context before it, so memory does not grow with rollout length either. A rollout longer than the model's
-  context (``max_rollout_tokens``: prompt + response) is refused at ``submit``;
+  and memory do not grow with what was posted; the reward weights are normalised over every drained rollout. An
+  update whose drawn rollouts all weigh 0 (e.g. ``linear`` with no positive reward in the drained batch) trains
+  and publishes nothing (reason ``zero_weight``; ``state()["zero_weight_updates"]`` counts them). A rollout longer
+  than ``train_window`` tokens trains on a window of that many (``_window``), its features computed with the
+  context before it, so memory does not grow with rollout length either. A rollout longer than the model's context
+  (``max_rollout_tokens``: prompt + response) is refused at ``submit``;
 - KD target p: when every rollout the update trains on carries the served target's top-k log-probs
   (``target_top_logprobs``) and ``kd_target="auto"`` (default), p is that top-k renormalised over the draft
   vocabulary (``target.served_target``; ``target_source="served"``); otherwise — a mixed batch included — p comes
@@ -166,6 +168,7 @@ class OnlineLearner:
         self.attempts = 0
         self.idle_reason: Optional[str] = None  # set: updates are skipped (adaptive.drafter_never_pays)
         self.skipped_updates = 0
+        self.zero_weight_updates = 0  # updates skipped because every rollout they drew weighs 0
         self.best_speedup: Optional[float] = None  # the profile's best case at full acceptance (payback gate)
         self.payback: Optional[dict] = None  # the payback gate's last reading (None: not applied)
         self._paying = True  # the gate's last verdict
@@ -334,6 +337,7 @@ class OnlineLearner:
             "updating": not self._idle.is_set(),
             "idle_reason": self.idle_reason,
             "skipped_updates": self.skipped_updates,
+            "zero_weight_updates": self.zero_weight_updates,  # due updates whose drawn rollouts all weighed 0
             "training": self.training,
             "payback": self.payback,
             "last_loss": losses[-1] if losses else None,
@@ -436,6 +440,7 @@ class OnlineLearner:
         record.seconds = time.perf_counter() - t0
         with self._lock:
             self.history.append(record)
+            self.zero_weight_updates += int(record.reason == "zero_weight")
         return record
 
     def _window(self, r: Rollout) -> Optional[Tuple[int, int]]:

@@ -13,8 +13,16 @@ space fixed and the push smaller.
 Step size: AdamW moves every weight by about ``lr`` per optimizer step whatever the size of its (small, noisy)
 policy gradient. On the warm-started tiny Llama (weights of std ~0.02) lr 1e-3 moved the policy outside the clip
 region within two inner steps and its accuracy fell (0.30 → 0.14 in 30 steps, same code with HF sampling); lr 1e-4
-learns (0.30 → 0.43). ``grpo_step`` reports ``approx_kl`` (mean of ρ − 1 − log ρ over response tokens, last inner
-step) and ``clip_frac`` so that a too-large step shows.
+learns (0.30 → 0.43). ``grpo_step`` reports the move the whole step made, so that a too-large step shows: after
+the last optimizer step it runs one more forward pass (no grad, no backward) on the same batch and, with ρ = π_new /
+π_old from it, reports ``approx_kl`` = the masked mean over response tokens of ρ − 1 − log ρ (the k3 estimator of
+KL(π_old ‖ π_new)) and ``clip_frac`` = the share of response tokens where the clip binds, i.e. ρ > 1 + ε with A > 0
+or ρ < 1 − ε with A < 0. That forward costs about 1 / (1 + 3 · inner_steps) more compute per policy step (the
+π_old forward plus inner_steps forward + backward passes; ~14 % at ``inner_steps`` = 2).
+
+Aggregation: each sequence's token terms are averaged over its own response tokens, then sequences are averaged
+(the DeepSeekMath GRPO form: a token of a response of length |o| weighs A / |o|), not a token mean over the batch.
+π_old is this copy's own recomputation at the start of the step (float32), not the server's sampling log-probs.
 """
 
 from __future__ import annotations
@@ -104,18 +112,28 @@ class Policy:
         with torch.no_grad():
             old, mask = self.token_logprobs(pairs)
         n_tok = mask.sum(-1).clamp(min=1)
-        losses, clipped, kl = [], 0.0, 0.0
+        losses = []
         for _ in range(inner_steps):
             new, _ = self.token_logprobs(pairs)
             ratio = torch.exp(new - old)
             surr = torch.minimum(ratio * adv, ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * adv)
             loss = -((surr * mask).sum(-1) / n_tok).mean()
             losses.append(self._apply(loss))
-            n = mask.sum().clamp(min=1)
-            clipped = float((((ratio - 1).abs() > self.clip_eps) & mask).sum() / n)
-            kl = float((((ratio - 1) - (new - old)).detach() * mask).sum() / n)
         self.version += 1
-        return {"loss": losses[-1], "clip_frac": clipped, "approx_kl": kl, "version": self.version}
+        with torch.no_grad():  # the step's actual move: one more forward after the last optimizer step
+            new, _ = self.token_logprobs(pairs)
+        return {"loss": losses[-1], **self._step_size(new - old, adv, mask), "version": self.version}
+
+    def _step_size(self, log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> Dict[str, float]:
+        """``approx_kl`` (masked mean of ρ − 1 − log ρ) and ``clip_frac`` (share of masked tokens where the clip
+        binds: ρ > 1 + ε with A > 0, or ρ < 1 − ε with A < 0). ``adv``: [B, 1]; ``log_ratio``, ``mask``: [B, L-1]."""
+        ratio = log_ratio.exp()
+        n = mask.sum().clamp(min=1)
+        binds = ((ratio > 1 + self.clip_eps) & (adv > 0)) | ((ratio < 1 - self.clip_eps) & (adv < 0))
+        return {
+            "clip_frac": float((binds & mask).sum() / n),
+            "approx_kl": float((((ratio - 1) - log_ratio) * mask).sum() / n),
+        }
 
     def sft_step(self, pairs: Sequence[Pair]) -> float:
         """One supervised step (mean response-token NLL at temperature 1): the warm start of a tiny policy."""
