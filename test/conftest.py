@@ -59,7 +59,8 @@ def _code_names(code: types.CodeType) -> Set[str]:
 
 
 def _starts_server(fn: object, depth: int = 3) -> bool:
-    """``fn`` constructs a ``ServerProcess``, itself or through functions of its own module (``depth`` calls)."""
+    """``fn`` constructs a ``ServerProcess``, itself or through functions of its own module or of the package
+    (``depth`` calls)."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return False
@@ -70,8 +71,14 @@ def _starts_server(fn: object, depth: int = 3) -> bool:
     return depth > 0 and any(
         _starts_server(module_globals[n], depth - 1)
         for n in names
-        if inspect.isfunction(module_globals.get(n)) and module_globals[n].__module__ == fn.__module__
+        if inspect.isfunction(module_globals.get(n)) and _followed(module_globals[n].__module__, fn.__module__)
     )
+
+
+def _followed(module: str, caller: str) -> bool:
+    """Calls followed by :func:`_starts_server`: into the caller's own module, and into the package (``run_rl``
+    starts its server inside ``sglang_spex.respec.rl_loop``)."""
+    return module == caller or module.split(".")[0] == "sglang_spex"
 
 
 def _uses_server(item: pytest.Item) -> bool:
