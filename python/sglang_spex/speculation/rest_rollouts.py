@@ -23,13 +23,12 @@ def rollout_candidates(
     """Candidates below the expansion whose unvisited children are ``group`` (paths). ``scored(path)``: the finished
     node there if it has a reward; ``taken(path)``: already in the tree or issued."""
     steps, branch = getattr(params, "roll_forward_steps", 0), getattr(params, "roll_branch", 0)
-    gate = getattr(params, "end_gate", float("inf"))
     for step in range(steps if branch else 0):
         done = [n for n in map(scored, group) if n is not None]
         if not done:
             return
         best = max(done, key=lambda n: n.reward)  # the first of equals, as the policy's max()
-        if best.is_terminal or (step == 0 and best.reward >= gate):  # REST ends the rollout there
+        if best.is_terminal:  # REST's rollout ends there (a node past end_gate is rolled out too)
             return
         start, use = len(best.rollouts), len(done) / len(group)
         for j in range(branch):

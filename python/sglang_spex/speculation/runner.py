@@ -350,8 +350,7 @@ class SpexContext(SearchContext):
         return node if node is not None and node.reward is not None else None
 
     def _facts(self, path: str) -> Optional[dfs_lookahead.NodeFacts]:
-        """What is known of the node at ``path``: the primary tree's once it finished (a terminal the current rollout
-        reached but has not backed up yet), else a finished speculative one's (None: nothing yet)."""
+        """Facts of the finished node at ``path``: the primary tree's (a terminal not yet backed up) or a spec one."""
         n = self.tree.nodes.get(path)
         if n is None or n.status not in (DONE, FAILED):
             e = self.store.get(path)

@@ -1,10 +1,12 @@
 """ReST-MCTS*: value-guided MCTS with partial rollouts, one iteration at a time.
 
 Iteration: select (follow UCT V + c·sqrt(2 ln N_p / n), unvisited → V + inf, ties at random, while the node is
-expanded) → if the node is terminal (V ≥ end_gate, an answer, EOS, a limit) it is a solution: without
-``target_answers`` the search stops; otherwise it is only backed up → expand ``branch`` children (V = their
-reward) → greedy partial rollout from the best child: ``roll_forward_steps`` steps of ``roll_branch``
-samples each, keep the highest value, V = (1−α)V + α·maxV, N += 1 → weighted backup V_p = Σ V_c N_c / Σ N_c.
+expanded) → if the node is terminal (V ≥ end_gate, an answer, EOS, a limit) it is not expanded: at V ≥ end_gate
+it is a solution and, without ``target_answers``, the search stops; otherwise (an end below the gate, or collecting
+``target_answers``) it is only backed up, as in the reference → expand ``branch`` children (V = their reward) →
+greedy partial rollout from the best child unless it is an end (answer, EOS, a limit; a child that reached
+end_gate is rolled out too, as the reference does): ``roll_forward_steps`` steps of ``roll_branch`` samples each,
+keep the highest value, V = (1−α)V + α·maxV, N += 1 → weighted backup V_p = Σ V_c N_c / Σ N_c.
 Rollout steps are nodes of kind "rollout" (``<path>.g<i>``), not tree children. Iteration i draws from the
 stream ``"iteration:<i>"``.
 """
@@ -154,9 +156,10 @@ class Rest(MCTSPolicy):
             rng = self.rollout_rng(ctx.rng, it)
             leaf = self.select(stats, root, rng)[-1]
             if self.is_terminal(stats, leaf, root):
+                solved = leaf != root and stats[leaf].value >= p.end_gate
                 stats[leaf].terminal = True
-                if not p.target_answers:
-                    break  # solution found
+                if solved and not p.target_answers:
+                    break  # a solution: V >= end_gate (an end below the gate is only backed up, as the reference's)
                 self.backup(stats, leaf)
                 ctx.sync_stats()
                 continue
@@ -168,7 +171,7 @@ class Rest(MCTSPolicy):
             else:
                 roll = self.best_child(stats, leaf, rng)
                 st = stats[roll]
-                if not self.is_terminal(stats, roll, root):
+                if not st.terminal:  # a child at V >= end_gate is rolled out too (the rollout may pull it below)
                     st.value = rollout_update(st.value, await self.simulate(ctx, ctx.tree.get(roll)), p.alpha)
                 st.visits += 1
             self.backup(stats, leaf)
