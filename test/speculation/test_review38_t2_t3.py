@@ -126,3 +126,19 @@ def test_fill_survives_a_weight_far_below_the_others():
     # a running slope of 1 + 1e-35 - 1 is 0 in floats: the tiny-weight query would be given its cap (50 of 10)
     assert bm._fill([1.0, 1e-35], [0.0, 0.0], [2.0, 50.0], 10.0) == pytest.approx([2.0, 8.0])
     assert bm._fill([1.0, 1e-35, 0.0], [0.0, 0.0, 1.0], [2.0, 3.0, 9.0], 10.0) == pytest.approx([2.0, 3.0, 5.0])
+
+
+@pytest.mark.parametrize("tau", [1e-3, 1e-4])
+def test_a_denormal_weight_never_breaks_the_budget(tau):
+    """At a tiny τ a weight can be a denormal whose cap / weight overflows: the split still sums to
+    min(k_total, Σ C_q) and keeps every cap (diff review: {'a': 1, 'b': 5} out of a budget of 3)."""
+    d = [QueryDemand("a", 1, hit_rate=0.9), QueryDemand("b", 5, hit_rate=0.17)]
+    assert split_budget(d, 3, temperature=0.001, min_share=1) == {"a": 1, "b": 2}
+    assert sum(bm._fill([1.0, 1e-317], [0.0, 1.0], [2.0, 5.0], 4.0)) == pytest.approx(4.0)
+    rng = random.Random(7)
+    for _ in range(500):
+        demands = [QueryDemand(str(i), rng.randint(1, 6), hit_rate=rng.random()) for i in range(rng.randint(2, 12))]
+        k = rng.randint(1, 32)
+        got = split_budget(demands, k, temperature=tau, min_share=rng.choice([0, 1]))
+        assert sum(got.values()) == min(k, sum(q.candidates for q in demands))
+        assert all(0 <= got[q.query_id] <= q.candidates for q in demands)

@@ -14,6 +14,7 @@ from speculation.test_spex_fake import POLICIES, JitterPort, make_spec, signatur
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.budget import make_budget
 from sglang_spex.speculation.runner import SpexContext, context_factory
+from sglang_spex.tot.policies.base import Stat
 from sglang_spex.tot.rewards import Reward, VerifierReward
 from sglang_spex.tot.search import run_search
 from sglang_spex.tot.tree import CANCELLED, FAILED, Node, node_seed
@@ -85,3 +86,45 @@ def test_the_dfs_lookahead_reads_a_finished_primary_terminal_s_reward():
     facts = ctx._facts(node.path)
     assert facts is not None and facts.terminal and not facts.failed and facts.reward == 0.8
     assert ctx._facts("r.1") is None  # nothing known yet
+
+
+def test_a_reward_failure_while_the_search_waits_leaves_the_search_s_statistic_alone():
+    """The search already waits on the speculative node (its statistic exists) when the node's reward fails: the
+    failure is the speculative copy's, so the statistic is not marked failed; the search generates and scores the
+    node itself and gets its reward (diff review: the statistic read failed until the node was regenerated)."""
+
+    class FirstFails(Reward):
+        def __init__(self) -> None:
+            self.inner, self.calls = VerifierReward("arith"), 0
+
+        async def score(self, node, question, search_id=""):
+            self.calls += 1
+            if self.calls == 1:
+                await asyncio.sleep(0.05)
+                raise RuntimeError("reward service hiccup")
+            return await self.inner.score(node, question, search_id)
+
+    async def main():
+        spec = make_spec(POLICIES["rstar"])
+        ctx = SpexContext(spec, QUESTION, JitterPort(), reward=FirstFails(), settings=CFG, budget=make_budget(CFG))
+        node = Node(path="r.0", parent=ctx.tree.root, seed=node_seed(spec.seed, "r.0"))
+        ctx.acc.on_issue(1, depth=1)
+        entry = ctx.store.issue(node, 1, ctx._generate_spec)
+        ctx.stats.setdefault("r.0", Stat("r.0", "r", 1))  # as the policy's expand makes it
+        seen = []
+
+        async def watch():
+            await entry.task
+            seen.append(ctx.stats["r.0"].failed)
+
+        watcher = asyncio.ensure_future(watch())
+        await asyncio.sleep(0.02)  # generated; its reward is being computed
+        got = await ctx.generate_node(ctx.tree.root, 0)
+        await watcher
+        await ctx.finalize()
+        return ctx, got, seen
+
+    ctx, got, seen = asyncio.run(main())
+    assert seen == [False]
+    assert got.status == "done" and got.reward is not None and not ctx.stats["r.0"].failed
+    assert ctx.acc.failed == 1 and ctx.acc.hits == 0

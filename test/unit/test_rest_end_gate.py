@@ -91,3 +91,24 @@ def test_spex_speculates_the_rollout_below_a_child_at_the_end_gate():
     params = RestParams(roll_forward_steps=1, roll_branch=1)
     found = list(rollout_candidates(params, list(by_path), by_path.get, lambda path: False))
     assert [(c.parent.path, c.kind) for c in found] == [("r.0", "rollout")]
+
+
+def test_a_tree_of_ends_below_the_gate_stops_the_search_instead_of_spinning():
+    """Every reachable node an end below the gate (here: each depth-1 step answers): the search stops once
+    selection can reach nothing to expand, instead of backing the ends up for every remaining iteration."""
+    host = _run({"r.0": (0.30, "1"), "r.1": (0.35, "2"), "r.2": (0.40, "3")}, iterations=1000)
+    assert host.iterations < 10 and all(host.stats[f"r.{i}"].terminal for i in range(3))
+
+
+def test_a_search_whose_root_children_all_failed_stops():
+    class Failing(Host):
+        async def generate_node(self, parent, index, kind=KIND_STEP):
+            n = self.tree.child(parent, index, kind)
+            n.status, n.reward = "failed", None
+            self.policy.update_stat(self.stats[n.path], n)
+            return n
+
+    policy = Rest(RestParams(iterations=1000))
+    host = Failing(policy, {})
+    asyncio.run(policy.run(host))
+    assert host.iterations < 5

@@ -46,8 +46,9 @@ CLIENT_KEYWORDS = ("context_factory", "limits", "progress", "reward", "reward_ti
 
 def plain(value: Any, name: str = "value", _depth: int = 0) -> Any:
     """``value`` as JSON holds it: numeric scalars of other types (numpy's ``int64``, ``float32``, ...) become Python
-    ints and floats, tuples become lists, and dicts and lists are copied. Nesting past ``MAX_JSON_DEPTH`` (what a
-    server takes) raises :class:`SearchSpecError` naming ``name``."""
+    ints and floats, tuples become lists, and dicts and lists are copied. Nesting past ``MAX_JSON_DEPTH`` below
+    ``value`` raises :class:`SearchSpecError` naming ``name`` (a bound against RecursionError; the server counts its
+    bound from the body's root, so a value a few levels shallower than this is the most it takes)."""
     if isinstance(value, (dict, list, tuple)):
         check(_depth < MAX_JSON_DEPTH, name, f"nested more than {MAX_JSON_DEPTH} levels deep")
         if isinstance(value, dict):

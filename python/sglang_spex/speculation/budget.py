@@ -120,7 +120,8 @@ def _fill(weights: List[float], floors: List[float], caps: List[float], total: f
     left = total - sum(floors)
     if left <= 1e-9:
         return x
-    grow = [j for j, wj in enumerate(weights) if wj > 0 and caps[j] > floors[j]]  # False for NaN
+    # a weight so small (a denormal at a tiny τ) that cap / weight overflows counts as 0; False for NaN too
+    grow = [j for j, wj in enumerate(weights) if wj > 0 and caps[j] > floors[j] and caps[j] / wj < math.inf]
     if grow:
         events = sorted([(floors[j] / weights[j], 0, j) for j in grow] + [(caps[j] / weights[j], 1, j) for j in grow])
         on = [False] * len(x)

@@ -248,8 +248,8 @@ class SearchContext:
         logger.info("search %s node %s failed: %s", self.search_id, node.path, error)
 
     def _update_stat(self, node: Node) -> None:
-        st = self.stats.get(node.path) if node.kind == KIND_STEP else None
-        if st is not None:  # a speculative node has none until the search adopts it (``SpexContext._adopt``)
+        st = self.stats.get(node.path) if node.kind == KIND_STEP and self.tree.nodes.get(node.path) is node else None
+        if st is not None:  # the tree's own node only: a speculative one counts once adopted (``SpexContext._adopt``)
             self.policy.update_stat(st, node)
 
     async def expand(self, parent: Node, n: int, kind: str = KIND_STEP) -> List[Node]:

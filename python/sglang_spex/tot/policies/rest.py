@@ -146,6 +146,21 @@ class Rest(MCTSPolicy):
         if node.reward is not None:
             st.value = node.reward
 
+    @staticmethod
+    def open_below(stats: Stats, root: str) -> bool:
+        """Some node the selection can reach from ``root`` is no end: it is unexpanded, or has no live child left
+        (the search expands it again)."""
+        todo = [root]
+        while todo:
+            path = todo.pop()
+            if stats[path].terminal:
+                continue
+            kids = selectable(stats, path)
+            if not stats[path].expanded or not kids:
+                return True
+            todo.extend(kids)
+        return False
+
     async def run(self, ctx: SearchHost) -> None:
         p, stats = self.params, ctx.stats
         root = ctx.tree.root.path
@@ -162,6 +177,8 @@ class Rest(MCTSPolicy):
                     break  # a solution: V >= end_gate (an end below the gate is only backed up, as the reference's)
                 self.backup(stats, leaf)
                 ctx.sync_stats()
+                if not self.open_below(stats, root):
+                    break  # every node selection can reach is an end: later iterations would only back them up
                 continue
             await self.expand(ctx, leaf)
             if ctx.should_stop():
