@@ -71,8 +71,8 @@ def test_rstar_replays_the_simulation_path_below_unexplored_children():
 def test_rest_picks_by_value_ucb():
     # REST UCT = V + 0.7*sqrt(2 ln N_p / n): N_p=3; a: 0.9 + 0.7*sqrt(2ln3/2)=1.634, b: 0.2 + 0.7*sqrt(2ln3)=1.238
     stats = tree(**{"0": (0.9, 2), "1": (0.2, 1)})
-    out = predict_expansions(stats, "r", Rest(RestParams(branch=2, max_depth=5)), rngs(1), set())
-    assert [e.path for e in out] == ["r.0"]
+    policy = Rest(RestParams(branch=2, max_depth=5, end_gate=2.0))  # (at the default 0.9 gate, r.0 is a solution)
+    assert [e.path for e in predict_expansions(stats, "r", policy, rngs(1), set())] == ["r.0"]
 
 
 def test_a_subclass_select_changes_the_prediction():
@@ -124,3 +124,16 @@ def test_rstar_prediction_equals_the_real_rollout():
     # another stream predicts another path (the prediction is not a fixed walk)
     other = predict_expansions(before, "r", policy, [policy.rollout_rng(lambda label: random.Random(label), 0)], set())
     assert [e.path for e in other] != expanded
+
+
+def test_rest_predicts_no_expansion_of_an_end_and_nothing_below_it():
+    """REST selects an answer step (an end) or one at V >= end_gate: the search only backs it up, so the lookahead
+    predicts no expansion there, and later predicted rollouts do not descend into children it never gets (before,
+    the end was virtually expanded and its virtual children predicted)."""
+    stats = tree(**{"0": (0.95, 2), "1": (0.2, 1)})  # r.0 at V >= end_gate 0.9: selected first, a solution
+    policy = Rest(RestParams(branch=2, max_depth=5))
+    out = [e.path for e in predict_expansions(stats, "r", policy, rngs(3), set())]
+    assert "r.0" not in out and not any(p.startswith("r.0.") for p in out)
+    stats["r.0"].terminal, stats["r.0"].value = True, 0.5  # an answer below the gate: an end all the same
+    out = [e.path for e in predict_expansions(stats, "r", policy, rngs(3), set())]
+    assert "r.0" not in out and not any(p.startswith("r.0.") for p in out)

@@ -130,9 +130,11 @@ class Rest(MCTSPolicy):
             cur = st.parent
 
     def predict_rollout(self, stats: Stats, root: str, rng: random.Random) -> RolloutWalk:
-        """Selection, then the leaf it expands; the values its partial rollout will bring are unknown."""
+        """Selection, then the leaf it expands (none when the leaf is an end: the search only backs it up); the
+        values its partial rollout will bring are unknown."""
         path = self.select(stats, root, rng)
-        yield path[-1]
+        if not self.is_terminal(stats, path[-1], root):
+            yield path[-1]
         return path
 
     def virtual_backup(self, stats: Stats, path: List[str], reward: float) -> None:
