@@ -27,7 +27,7 @@ def rollout_candidates(
         done = [n for n in map(scored, group) if n is not None]
         if not done:
             return
-        best = max(done, key=lambda n: n.reward)  # the first of equals, as the policy's max()
+        best = max(done, key=lambda n: n.reward)  # the first of equals (step 0: the policy draws among them)
         if best.is_terminal:  # REST's rollout ends there (a node past end_gate is rolled out too)
             return
         start, use = len(best.rollouts), len(done) / len(group)
