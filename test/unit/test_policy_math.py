@@ -153,3 +153,14 @@ def test_scored_node_enters_the_statistics_by_policy():
     assert RStar().terminal_reward(node) == 0.0  # no answer stated
     node.answer = "5"
     assert RStar().terminal_reward(node) == 0.8 and Rest().terminal_reward(node) == 0.0
+
+
+def test_ets_at_lambda_c_zero_keeps_a_leaf_no_term_tells_apart():
+    """At λc = 0 the reference turns the node cost into a small bonus (1e-4 per kept node), so a leaf whose REBASE
+    share is 0 is kept, not dropped at the solver's whim; the in-process enumeration (SPEX's prediction) agrees."""
+    from sglang_spex.tot.policies.ets import ilp_select_exact
+
+    anc = [["r", "a"], ["r", "b"], ["r", "c"]]
+    assert ilp_select([0.6, 0.4, 0.0], anc, None, 0.0, 0.0) == [True, True, True]
+    assert ilp_select_exact([0.6, 0.4, 0.0], anc, None, 0.0, 0.0) == [True, True, True]
+    assert ilp_select_exact([0.6, 0.4, 0.0], anc, None, 1.0, 0.0) == [True, True, False]  # a cost drops it

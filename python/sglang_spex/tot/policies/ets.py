@@ -30,6 +30,7 @@ from sglang_spex.tot.validation import check, check_finite
 EMBEDDERS = ("auto", "minilm", "tfidf")
 TIE_WEIGHT = 1e-9  # ilp_select_exact's tie-break weight (objective differences are >= ~1e-5 at these sizes)
 EXACT_MAX_LEAVES = 16  # up to this many candidates a prediction enumerates every subset (<= 2^16) instead of CBC
+LAMBDA_C_ZERO_BONUS = 1e-4  # the reference's per-node bonus in place of the cost at lambda_c = 0 (node_cost_weight)
 
 
 @dataclass
@@ -54,6 +55,12 @@ def outcome_scores(scores: Sequence[float], width: int, temperature: float) -> L
     return [a / total if total else 0.0 for a in alloc]
 
 
+def node_cost_weight(lambda_c: float) -> float:
+    """λc as the program uses it: at 0 the reference (ETS ``rebase.py``) turns the cost into a bonus of 1e-4 per
+    kept node (x 1/(M+N)), so among leaves no term tells apart every one is kept, not an arbitrary subset."""
+    return -LAMBDA_C_ZERO_BONUS if lambda_c == 0 else lambda_c
+
+
 def ilp_select(
     outcome: Sequence[float],
     leaf_ancestors: Sequence[Sequence[str]],
@@ -70,6 +77,7 @@ def ilp_select(
             branches.setdefault(a, []).append(i)
     m = len(branches)
     cost = 1.0 / (m + n)
+    lambda_c = node_cost_weight(lambda_c)
     prob = LpProblem("ets_leaf_selection", LpMaximize)
     x = [LpVariable(f"x_{i}", cat="Binary") for i in range(n)]
     y = {a: LpVariable(f"y_{j}", cat="Binary") for j, a in enumerate(branches)}
@@ -108,7 +116,7 @@ def ilp_select_exact(
     for i, anc in enumerate(leaf_ancestors):
         for a in anc:
             branches[a] = branches.get(a, 0) | (1 << i)
-    cost = lambda_c / (len(branches) + n)
+    cost = node_cost_weight(lambda_c) / (len(branches) + n)
     value = np.zeros(1 << n)  # value[s]: the objective of the set with bitmask s, built up one leaf at a time
     for i in range(n):
         tie = TIE_WEIGHT * prefer[i] if prefer is not None else 0.0  # below any real difference of the objective
