@@ -128,3 +128,22 @@ def test_a_reward_failure_while_the_search_waits_leaves_the_search_s_statistic_a
     assert seen == [False]
     assert got.status == "done" and got.reward is not None and not ctx.stats["r.0"].failed
     assert ctx.acc.failed == 1 and ctx.acc.hits == 0
+
+
+def test_an_unexpected_error_in_a_speculative_task_frees_its_slot():
+    """Whatever raises inside a speculative task (a bug), its entry leaves the running set: a running entry holds a
+    slot of the search's share until the search ends (the reward KeyError above did that)."""
+    from sglang_spex.speculation.store import FAILED as ENTRY_FAILED
+    from sglang_spex.speculation.store import SpecStore
+
+    async def boom(node):
+        raise ValueError("a bug")
+
+    async def main():
+        store = SpecStore()
+        entry = store.issue(Node(path="r.0", parent=None, seed=1), 1, boom)
+        await entry.task  # the error is handled (and logged), not left for "Task exception was never retrieved"
+        return store, entry
+
+    store, entry = asyncio.run(main())
+    assert entry.state == ENTRY_FAILED and store.running() == []

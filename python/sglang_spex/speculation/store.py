@@ -9,11 +9,14 @@ adopted too (the primary awaits the in-flight request) or cancelled (BFS strict 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Dict, Iterator, List, Optional, Set
 
 from sglang_spex.tot.tree import Node
+
+logger = logging.getLogger(__name__)
 
 RUNNING = "running"
 READY = "ready"
@@ -87,6 +90,9 @@ class SpecStore:
             except asyncio.CancelledError:
                 entry.state = CANCELLED
                 raise
+            except Exception:  # a bug in ``run``: the entry must not hold its slot as running for the search's rest
+                logger.exception("spex: speculative node %s failed", node.path)
+                entry.state = FAILED
 
         entry.task = asyncio.ensure_future(_run())
         self.entries[node.path] = entry
