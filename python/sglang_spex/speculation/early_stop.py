@@ -5,9 +5,9 @@ the top-1 and top-2 answers, stop the whole search when n ≥ t and c1 − c2 �
 top-1 (majority by mass) answer. α = 0.5 as in the paper. Answers are told apart as the final vote tells them
 (:func:`~sglang_spex.tot.answers.normalize`: "1,000", "1000" and "1000.0" are one answer), so ``mass`` is keyed
 by that vote key, and ``stopped_answer`` is the top-1 answer as T3 first saw it spelled (the vote may report
-another spelling of it). An answer's mass is its reward, a score >= 0 as every built-in reward gives (``logprob``: exp of the mean
-token log-probability; a verifier's 0 or 1; a PRM's probability); a negative (a callback's), missing or NaN
-reward adds none, so the mass never falls as a reward rises.
+another spelling of it). An answer's mass is its reward, a score >= 0 as every built-in reward gives (``logprob``:
+exp of the mean token log-probability; a verifier's 0 or 1; a PRM's probability); a negative (a callback's),
+missing or NaN reward adds none, so the mass never falls as a reward rises.
 """
 
 from __future__ import annotations
