@@ -48,11 +48,15 @@ def test_a_speculative_reward_failure_frees_the_entry_and_counts_failed():
             budget=make_budget(CFG),
         )
         node = Node(path="r.1", parent=ctx.tree.root, seed=node_seed(3, "r.1"))
+        pumped = []
+        ctx.pump = lambda: pumped.append(1)  # the freed slot is refilled at once
         entry = ctx.store.issue(node, 1, ctx._generate_spec)
         await entry.task  # raised KeyError before
-        return ctx, entry, node
+        await asyncio.sleep(0)
+        return ctx, entry, node, pumped
 
-    ctx, entry, node = asyncio.run(main())
+    ctx, entry, node, pumped = asyncio.run(main())
+    assert pumped
     assert node.status == CANCELLED and "reward" in node.error  # no result: the search generates it itself
     assert entry not in ctx.store.running() and "r.1" not in ctx.store  # its slot is free
     assert "r.1" in ctx.store.barred  # not speculated again: the search generates it itself

@@ -472,13 +472,13 @@ class SpexContext(SearchContext):
         if applied and node.status == FAILED:  # its reward failed: no result; the search generates and scores it
             node.status = CANCELLED
             self._failed(node, release=False)
-            return
-        self._version += 1
-        self._note_finished(node)
-        bfs = self.bfs
-        if bfs is not None and node.kind == KIND_STEP and node.status == DONE and not node.is_terminal:
-            self._bfs_early(bfs)  # a node below the undecided depth: predict its width too
-        if self.t1:
+        else:
+            self._version += 1
+            self._note_finished(node)
+            bfs = self.bfs
+            if bfs is not None and node.kind == KIND_STEP and node.status == DONE and not node.is_terminal:
+                self._bfs_early(bfs)  # a node below the undecided depth: predict its width too
+        if self.t1:  # a slot is free either way: refill it
             asyncio.get_running_loop().call_soon(self.pump)
 
     # ---- BFS strict cancel, T3, end of search -------------------------------------------------------
