@@ -62,15 +62,16 @@ MAX_HYSTERESIS_STEPS = 10_000  # MIN_DWELL / CONFIRM past this: the FSM never sw
 MODEL_CONFIG = "config.json"  # what from_pretrained reads first, ours (respec/checkpoint.py) and HF's
 
 
+def is_decimal(value: str) -> bool:
+    """ASCII digits only, at most 9 of them (``'²'.isdigit()`` is true and ``int('²')`` fails)."""
+    return value.isascii() and value.isdigit() and len(value) <= 9
+
+
 def count_flag(text: str) -> int:
-    """An argparse type for a count: an integer >= 1 in ASCII digits (the demo's and the cluster launcher's)."""
-    try:
-        value = int(text) if text.isascii() else None
-    except ValueError:
-        value = None
-    if value is None or value < 1:
+    """An argparse type for a count: an integer >= 1 (:func:`is_decimal`; the demo's and the cluster launcher's)."""
+    if not is_decimal(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return value
+    return int(text)
 
 
 class _Parser(argparse.ArgumentParser):

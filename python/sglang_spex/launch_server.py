@@ -35,7 +35,7 @@ from sglang_spex.config import (
     flag_value,
     stats_channel,
 )
-from sglang_spex.flags import add_flags, parse_args
+from sglang_spex.flags import add_flags, is_decimal, parse_args
 from sglang_spex.serve import PORT_TAKEN
 from sglang_spex.tot.validation import is_http_url
 
@@ -90,16 +90,11 @@ PARALLEL_FLAGS = {
 }
 
 
-def _decimal(value: str) -> bool:
-    """ASCII digits only, at most 9 of them (``'²'.isdigit()`` is true and ``int('²')`` fails)."""
-    return value.isascii() and value.isdigit() and len(value) <= 9
-
-
 def _ranks(args: Sequence[str]) -> Dict[str, int]:
     out = {}
     for kind, names in PARALLEL_FLAGS.items():
         value = next((v for v in (flag_value(args, n) for n in names) if v is not None), "1")
-        if not _decimal(value) or int(value) < 1:
+        if not is_decimal(value) or int(value) < 1:
             raise ConfigError(f"{names[0]} {value!r}: expected an integer >= 1")
         out[kind] = int(value)
     return out
@@ -133,7 +128,7 @@ def _int_flag(args: Sequence[str], flag: str, default: int) -> int:
     value = flag_value(args, flag)
     if value is None:
         return default
-    if not _decimal(value):
+    if not is_decimal(value):
         raise ConfigError(f"{flag} {value!r}: expected an integer >= 0")
     return int(value)
 
@@ -375,7 +370,7 @@ def check_port_free(args: Sequence[str]) -> None:
     exit. Bound as uvicorn binds (SO_REUSEADDR); another process can still take the port before uvicorn does."""
     host = flag_value(args, "--host") or "127.0.0.1"
     text = flag_value(args, "--port") or "30000"
-    if not (_decimal(text) and int(text) <= 65535):  # (0: the system picks one, as bind does)
+    if not (is_decimal(text) and int(text) <= 65535):  # (0: the system picks one, as bind does)
         _refuse(f"--port {text!r}: expected a port number in 0..65535")
     port = int(text)
     try:

@@ -18,8 +18,8 @@ that still falls by more than ``max_dip`` with the batch after its out-of-order 
 it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
 (:class:`ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: the
 short batch was slowed more than the long one) that stays so after ``BAD_TIME_RETRIES`` re-measurements also keeps
-the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. The knee is fitted to the curve's monotone envelope (a bigger batch never decodes
-a step faster); the points keep what was measured.
+the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. The knee is fitted
+to the curve's monotone envelope (a bigger batch never decodes a step faster); the points keep what was measured.
 
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
 for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class:`~sglang_spex.tot.http_port.HttpPort`).

@@ -206,8 +206,8 @@ class ServerClient:
 
     def post_rollouts(self, rollouts: List[dict]) -> dict:
         """One RL step's rollouts, in as many posts as the learner's body limit (``max_post_bytes`` in its state)
-        needs, as binary bodies (``rollout_wire.py``): each but the last with ``more``. Returns the last post's answer, ``accepted`` summed.
-        """
+        needs, as binary bodies (``rollout_wire.py``): each but the last with ``more``. Returns the last post's answer,
+        ``accepted`` summed."""
         if self._post_limit is None:
             self._post_limit = int(self.learner_state().get("max_post_bytes") or DEFAULT_POST_LIMIT)
         url, accepted, answer = self.learner_url + "/respec/rollouts", 0, {}

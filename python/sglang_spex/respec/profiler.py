@@ -4,8 +4,8 @@ For every candidate config (and the no-speculation baseline) one server is start
 of calibration prompts (several batches of different prompts below ``min_sequences``, as acceptance varies from
 prompt to prompt) is decoded twice (greedily, or sampled at ``temperature`` > 0), with ``n_short`` and ``n_long``
 new tokens, each after ``/flush_cache`` (empties the radix cache *and* the NGRAM corpus, which otherwise learns the
-calibration outputs and inflates acceptance on the next run). The difference of the two wall times removes prefill and request
-overhead, so a :class:`Point` holds pure decode numbers (over at least ``min_steps`` decode steps; a point that
+calibration outputs and inflates acceptance on the next run). The difference of the two wall times removes prefill
+and request overhead, so a :class:`Point` holds pure decode numbers (over at least ``min_steps`` decode steps; a point that
 reads slower per step than a bigger batch's is measured once more and the faster reading kept, as the SPEX
 profiler does):
 

@@ -144,8 +144,8 @@ def planned_distance(
 ) -> int:
     """Rollouts to plan ahead: ``lookahead``, grown (up to ``max_lookahead``) while the deepest planned distance
     has ``MIN_RESOLVED`` resolved predictions at a rate of at least ``min_rate`` — doubled at twice that rate, else by
-    one; then cut before the first distance past ``lookahead`` whose measured rate is below it. ``resolved(d)`` is (hits, resolved) at ``d``.
-    """
+    one; then cut before the first distance past ``lookahead`` whose measured rate is below it. ``resolved(d)`` is
+    (hits, resolved) at ``d``."""
     min_rate = max(min_rate, MIN_DEEP_HIT_RATE)
 
     def rate(d: int) -> Optional[float]:

@@ -40,7 +40,8 @@ def check_override_names(overrides: Dict[str, Any]) -> None:
 
 
 def resolve(server: SpexConfig, overrides: Optional[Dict[str, Any]]) -> SpexConfig:
-    """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SearchSpecError naming them."""
+    """Merge ``overrides`` (``SearchSpec.speculation``) into ``server``; bad fields raise SearchSpecError naming
+    them."""
     if not overrides:
         return server
     if not isinstance(overrides, dict):
