@@ -93,6 +93,13 @@ def needs_plain_steps(batch: Any) -> bool:
     return info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
 
 
+def samples(batch: Any) -> bool:
+    """True when a request of the batch samples (T > 0): SGLang's ``is_all_greedy`` is False (it counts a request
+    as greedy when its top-k is 1, as temperature 0 sets it)."""
+    info = getattr(batch, "sampling_info", None)
+    return info is not None and not info.is_all_greedy
+
+
 def rids(batch: Any) -> List[str]:
     return [r.rid for r in batch.reqs]
 

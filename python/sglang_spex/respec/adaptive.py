@@ -65,26 +65,28 @@ def switchable_configs(cfg: RespecConfig, plan: Optional[Plan], profile: Optiona
     return sorted(keys | set(runnable_configs(profile, cfg) if profile is not None else ()))
 
 
-def find_profile(cfg: RespecConfig, model_path: str = "") -> Optional[Path]:
-    """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known); of
-    several, the greedy ones (any drafter) before those profiled at T > 0 (``__t<T>`` in the name), each by name."""
+def find_profile(cfg: RespecConfig, model_path: str = "", sampled: bool = False) -> Optional[Path]:
+    """``cfg.profile`` as a path, or for ``auto`` the cached profile of the model (and algorithm, when known) for
+    greedy decode batches (``sampled`` False) or batches that sample at T > 0: of several, those measured the same
+    way first (greedy ones, or those profiled at T > 0: ``__t<T>`` in the name), then the others, each by name."""
     if cfg.profile != "auto":
         return Path(cfg.profile)
     if not model_path:
         return None
     found = PROFILE_DIR.glob(f"{_slug(model_path)}__*.json") if PROFILE_DIR.exists() else []
-    found = sorted(found, key=lambda p: (cached_at_t_above_zero(p), p.name))  # greedy ones first
+    found = sorted(found, key=lambda p: (cached_at_t_above_zero(p) != sampled, p.name))
     for path in found:
         if not cfg.algorithm or runnable_configs(Profile.load(path), cfg):
             return path
     return None
 
 
-def load_profile_and_plan(cfg: RespecConfig, model_path: str = "") -> tuple:
-    """(profile, plan restricted to :func:`runnable_configs`), or (None, None) in force modes / without a profile."""
+def load_profile_and_plan(cfg: RespecConfig, model_path: str = "", sampled: bool = False) -> tuple:
+    """(profile, plan restricted to :func:`runnable_configs`) for greedy or sampled decode batches
+    (:func:`find_profile`), or (None, None) in force modes / without a profile."""
     if cfg.force is not None:
         return None, None
-    path = find_profile(cfg, model_path)
+    path = find_profile(cfg, model_path, sampled)
     if path is None or not path.exists():
         logger.warning("respec: no profile (%s); speculating always", cfg.profile)
         return None, None
@@ -123,8 +125,48 @@ def load_plan(cfg: RespecConfig, model_path: str = "") -> Optional[Plan]:
     return load_profile_and_plan(cfg, model_path)[1]
 
 
+def load_lanes(cfg: RespecConfig, model_path: str = "") -> Dict[bool, tuple]:
+    """(profile, plan) per kind of decode batch, keyed by "samples at T > 0": one entry (``False``) when both
+    kinds find the same profile file (an explicit ``--respec-profile``, or ``auto`` with one cached kind)."""
+    if cfg.force is not None:
+        return {False: (None, None)}
+    paths = {sampled: find_profile(cfg, model_path, sampled) for sampled in (False, True)}
+    lanes = {False: load_profile_and_plan(cfg, model_path)}
+    if paths[True] != paths[False]:
+        lanes[True] = load_profile_and_plan(cfg, model_path, sampled=True)
+    return lanes
+
+
+class Lane:
+    """The plan, FSM and online re-profiler that decide one kind of decode batch (greedy, or sampled at T > 0)."""
+
+    def __init__(self, cfg: RespecConfig, plan: Optional[Plan], profile: Optional[Profile] = None):
+        self.plan = plan
+        self.configs = switchable_configs(cfg, plan, profile)
+        self.fsm = AdaptiveFSM(plan, Hysteresis.parse(cfg.hysteresis), max_batch=cfg.max_batch) if plan else None
+        self.reprofiler: Optional[OnlineReprofiler] = None
+        if plan is not None and profile is not None and cfg.drift > 0:
+            self.reprofiler = OnlineReprofiler(
+                profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift, base=plan
+            )
+
+    def info(self) -> dict:
+        out: dict = {}
+        if self.fsm is not None:
+            out["fsm"] = self.fsm.info()
+        if self.plan is not None:
+            out["plan"] = self.plan.summary()
+        if self.reprofiler is not None:
+            out["reprofile"] = self.reprofiler.info()
+        return out
+
+
 class Runtime:
     """One spec worker's FSM and switch bookkeeping (kept on the worker, see :func:`runtime_of`).
+
+    A decode batch whose requests all decode greedily is decided by the greedy lane, one that samples at T > 0 by
+    the sampled lane (:func:`load_lanes`; one lane serves both when one profile does): acceptance, and so the
+    plan, differ between the two. ``plan``, ``fsm`` and ``reprofiler`` are those of the lane that decided last.
 
     Step clock: a decode step lasts from its forward's start to the next forward's start (as the offline profile
     measures a step, and the same under overlap scheduling, where forwards are launched back to back); step
@@ -133,16 +175,19 @@ class Runtime:
     usually one or two steps later; a step is fed to online re-profiling then. No extra device sync is made.
     """
 
-    def __init__(self, cfg: RespecConfig, plan: Optional[Plan], profile: Optional[Profile] = None):
+    def __init__(
+        self,
+        cfg: RespecConfig,
+        plan: Optional[Plan],
+        profile: Optional[Profile] = None,
+        sampled: Optional[Tuple[Optional[Profile], Optional[Plan]]] = None,
+    ):
+        """``plan``/``profile``: the greedy lane's, and the sampled lane's too unless ``sampled`` = (profile, plan)."""
         self.cfg = cfg
-        self.plan = plan
-        self.fsm = AdaptiveFSM(plan, Hysteresis.parse(cfg.hysteresis), max_batch=cfg.max_batch) if plan else None
-        self.configs = switchable_configs(cfg, plan, profile)
-        self.reprofiler: Optional[OnlineReprofiler] = None
-        if plan is not None and profile is not None and cfg.drift > 0:
-            self.reprofiler = OnlineReprofiler(
-                profile, self.configs, max_batch=cfg.max_batch, threshold=cfg.drift, base=plan
-            )
+        greedy = Lane(cfg, plan, profile)
+        self.lanes: Dict[bool, Lane] = {False: greedy, True: Lane(cfg, sampled[1], sampled[0]) if sampled else greedy}
+        self.lane = greedy  # the lane of the last decision
+        self.configs = sorted(set(greedy.configs) | set(self.lanes[True].configs))
         self.ledger: Optional[Any] = None  # EAGLE plain mode: the drafter's DraftLedger (respec/eagle_catchup.py)
         self.decode_steps = 0
         self.plain_steps = 0
@@ -152,20 +197,34 @@ class Runtime:
         self.read_spec_steps = 0  # spec steps whose accept length has been read
         self.accept_ewma: Optional[float] = None
         self.last_state: State = None
-        self._open: Optional[list] = None  # [start, state, batch, result, target mode] of the decode step in flight
-        self._unread: Deque[Tuple[State, int, Optional[float], Any, str]] = deque()  # (.., step_s, result, mode)
+        self._open: Optional[list] = None  # [start, state, batch, result, target mode, lane] of the step in flight
+        self._unread: Deque[Tuple[State, int, Optional[float], Any, str, Lane]] = deque()  # (.., step_s, result, ..)
         self.target_modes: Dict[str, Dict[str, int]] = {"plain": {}, "spec": {}}  # target forward modes per kind
         self.step_time: Dict[str, List[float]] = {}  # target forward mode -> [timed steps, seconds]
         self.metrics = RespecMetrics()
+
+    @property
+    def plan(self) -> Optional[Plan]:
+        return self.lane.plan
+
+    @property
+    def fsm(self) -> Optional[AdaptiveFSM]:
+        return self.lane.fsm
+
+    @property
+    def reprofiler(self) -> Optional[OnlineReprofiler]:
+        return self.lane.reprofiler
 
     @property
     def on_state(self) -> str:
         """The state a forced "spec" step runs: the server's own config key when known."""
         return self.cfg.server_key or SPEC
 
-    def decide(self, batch_size: int, opted_out: bool = False) -> State:
-        """Observe one decode step of ``batch_size`` sequences; the state it should run (None: plain decode)."""
+    def decide(self, batch_size: int, opted_out: bool = False, sampled: bool = False) -> State:
+        """Observe one decode step of ``batch_size`` sequences (``sampled``: one of them samples at T > 0); the state
+        it should run (None: plain decode)."""
         self.decode_steps += 1
+        self.lane = self.lanes[sampled]
         force = self.cfg.force
         state: State
         if force == "plain":
@@ -217,10 +276,10 @@ class Runtime:
         """A forward is starting: closes the previous decode step (its wall time ends here), reads finished ones."""
         now = time.perf_counter()
         if self._open is not None:
-            start, state, batch, result, mode = self._open
+            start, state, batch, result, mode, lane = self._open
             timed = decode and now - start < _MAX_STEP_GAP_S
-            self._unread.append((state, batch, now - start if timed else None, result, mode))
-        self._open = [now, None, 0, None, ""] if decode else None
+            self._unread.append((state, batch, now - start if timed else None, result, mode, lane))
+        self._open = [now, None, 0, None, "", self.lane] if decode else None
         self.read_finished()
 
     def end_step(self, state: State, batch: int, result: Any, target_mode: str = "") -> None:
@@ -229,12 +288,12 @@ class Runtime:
         kind = self.target_modes["plain" if state is None else "spec"]
         kind[target_mode] = kind.get(target_mode, 0) + 1
         if self._open is not None:
-            self._open[1:] = [state, batch, result, target_mode]
+            self._open[1:] = [state, batch, result, target_mode, self.lane]
 
     def read_finished(self) -> None:
         """Account every closed step whose accept lengths SGLang has copied to the host (oldest first)."""
         while self._unread:
-            state, batch, step_s, result, mode = self._unread[0]
+            state, batch, step_s, result, mode, lane = self._unread[0]
             tokens = 1.0
             if state is not None:
                 lens = sw.host_accept_lens(result)
@@ -254,17 +313,21 @@ class Runtime:
                 timed = self.step_time.setdefault(mode, [0, 0.0])
                 timed[0] += 1
                 timed[1] += step_s
-                self.record(state, batch, step_s, tokens)
+                self.record(state, batch, step_s, tokens, lane)
 
-    def record(self, state: State, batch: int, step_s: float, tokens_per_step: float) -> None:
-        """One finished decode step: feeds online re-profiling; a refit re-plans the FSM."""
-        if self.reprofiler is None or state == SPEC:
+    def record(
+        self, state: State, batch: int, step_s: float, tokens_per_step: float, lane: Optional[Lane] = None
+    ) -> None:
+        """One finished decode step, decided by ``lane`` (default: the last decision's): feeds that lane's online
+        re-profiling; a refit re-plans its FSM."""
+        lane = lane or self.lane
+        if lane.reprofiler is None or state == SPEC:
             return
-        plan = self.reprofiler.observe(state, batch, step_s, tokens_per_step)
+        plan = lane.reprofiler.observe(state, batch, step_s, tokens_per_step)
         if plan is not None:
             logger.info("respec: drift past %.0f%%, re-profiled online: %s", 100 * self.cfg.drift, plan.summary())
-            self.plan = plan
-            self.fsm.replan(plan)  # type: ignore[union-attr]
+            lane.plan = plan
+            lane.fsm.replan(plan)  # type: ignore[union-attr]
             self.metrics.reprofile()
 
     def info(self) -> dict:
@@ -281,20 +344,18 @@ class Runtime:
             "step_time_by_mode": {m: {"steps": n, "mean_s": t / n} for m, (n, t) in self.step_time.items() if n},
         }
         out["config"] = asdict(self.cfg)
-        if self.fsm is not None:
-            out["fsm"] = self.fsm.info()
-        if self.plan is not None:
-            out["plan"] = self.plan.summary()
-        if self.reprofiler is not None:
-            out["reprofile"] = self.reprofiler.info()
+        out.update(self.lanes[False].info())  # the greedy lane (the only one when one profile serves both)
+        if self.lanes[True] is not self.lanes[False]:
+            out["sampled_lane"] = self.lanes[True].info()
         return out
 
 
 def new_runtime(model_path: str = "") -> Runtime:
     """A runtime for this process's ReSpec config (``RespecConfig.from_env``) and its profile's plan."""
     cfg = RespecConfig.from_env()
-    profile, plan = load_profile_and_plan(cfg, model_path)
-    return Runtime(cfg, plan, profile)
+    lanes = load_lanes(cfg, model_path)
+    profile, plan = lanes[False]
+    return Runtime(cfg, plan, profile, sampled=lanes.get(True))
 
 
 def runtime_of(worker: Any) -> Runtime:

@@ -38,7 +38,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 from sglang_spex.adapters import spec_workers as sw
 from sglang_spex.config import RespecConfig, flag_value
-from sglang_spex.respec.adaptive import Runtime, load_profile_and_plan, opted_out, runtime_of, switchable_configs
+from sglang_spex.respec.adaptive import Runtime, load_lanes, opted_out, runtime_of, switchable_configs
 from sglang_spex.respec.eagle_catchup import DraftLedger, catch_up, plain_decode_step
 from sglang_spex.respec.fsm import State
 from sglang_spex.respec.profiler import PROFILE_DIR, SpecConfig
@@ -72,8 +72,10 @@ def sglang_adaptive_args(cfg: RespecConfig, args: Sequence[str]) -> List[str]:
     if flag_value(args, "--speculative-adaptive-config") is not None:
         return out
     server_steps = int(flag_value(args, "--speculative-num-steps") or 3)
-    profile, plan = load_profile_and_plan(cfg, flag_value(args, "--model-path") or "")
-    steps = candidate_steps(switchable_configs(cfg, plan, profile), server_steps)
+    lanes = load_lanes(cfg, flag_value(args, "--model-path") or "").values()  # greedy and sampled batches' plans
+    steps = candidate_steps(
+        {k for profile, plan in lanes for k in switchable_configs(cfg, plan, profile)}, server_steps
+    )
     body = json.dumps({"1": {"candidate_steps": steps}}, sort_keys=True)
     path = PROFILE_DIR / f"adaptive-{hashlib.sha1(body.encode()).hexdigest()[:12]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,9 +106,9 @@ class RespecStepPolicy:
     def cuda_graph_bs_for_step(self, step: int) -> Optional[List[int]]:
         return self._cuda_graph_bs
 
-    def decide(self, batch_size: int, opted_out: bool = False) -> State:
+    def decide(self, batch_size: int, opted_out: bool = False, sampled: bool = False) -> State:
         """R4, once per decode batch: the runtime's state for it (read back by :meth:`get_steps_for_batch`)."""
-        self.state = self.rt.decide(batch_size, opted_out)
+        self.state = self.rt.decide(batch_size, opted_out, sampled)
         return self.state
 
     def get_steps_for_batch(self, batch_size: int) -> int:
@@ -152,7 +154,7 @@ def h_eagle_forward(original, worker, batch, *args, **kwargs):
     if decode:
         try:
             policy.rt.begin_step(True)
-            state = policy.decide(bs, opted_out(batch))
+            state = policy.decide(bs, opted_out(batch), sw.samples(batch))
             ledger.keep_only(sw.rids(batch))
             if state is not None and ledger.pending:
                 sw.activate_state(worker, bs)  # the window of the state about to run

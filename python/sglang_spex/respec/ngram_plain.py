@@ -58,7 +58,7 @@ def h_ngram_forward(original, worker, batch, *args, **kwargs):
         decode = sw.is_decode(batch)
         rt.begin_step(decode)
         if decode and not sw.keeps_spec_path(batch):
-            state = rt.decide(len(batch.reqs), opted_out(batch))
+            state = rt.decide(len(batch.reqs), opted_out(batch), sw.samples(batch))
     except Exception:  # never break the scheduler: fall back to SGLang's path
         logger.exception("respec: FSM failed; speculating")
         state = UNDECIDED
