@@ -1,14 +1,17 @@
 """N sglang-spex servers behind sglang-router, one command (CPU or GPU); Ctrl-C stops everything.
 
-On GPUs each server gets its own GPUs (``CUDA_VISIBLE_DEVICES``: tp x pp x dp of them, read from the server args);
-on CPU its own core range. Too few GPUs or cores, a bad or taken ``--port`` and a missing sglang-router are refused
-in one line (exit 2) before any server starts. Ctrl-C, SIGTERM, SIGHUP and SIGQUIT stop every server and the router
-(a second one does not cut that short); the children also get SIGTERM if this process is killed outright. When
-the router or a server exits on its own, the rest is stopped too and this exits 1 (naming what died and its log).
+On GPUs each server gets its own GPUs (``CUDA_VISIBLE_DEVICES``: tp x pp x dp of them, read from the server args;
+more with ``--base-gpu-id`` / ``--gpu-id-step``); on CPU its own core range. The servers and the router listen on
+127.0.0.1 only. Refused in one line (exit 2) before any server starts, each naming the flag at fault: a missing
+sglang-router, a bad or taken ``--port``, after ``--`` a ``--host`` or ``--port`` (each server gets a free port) or
+a bad tp/pp/dp size, ``--base-gpu-id`` or ``--gpu-id-step``, and too few GPUs or cores (``--servers``). Ctrl-C,
+SIGTERM, SIGHUP and SIGQUIT stop every server and the router (a second one does not cut that short); the children
+also get SIGTERM if this process is killed outright. When the router or a server exits on its own, the rest is
+stopped too and this exits 1 (naming what died and its log).
 
     .venv/bin/python scripts/launch_cluster.py                          # 2 × SmolLM2 (CPU: one core range each)
     .venv/bin/python scripts/launch_cluster.py --servers 2 --policy manual --port 30000 -- \
-        --model-path M --tot-speculation                                # anything after -- goes to every server
+        --model-path M --tot-speculation                                # what follows -- goes to every server
 
 Searches then run client-side against the router URL it prints (``HttpPort(url)``, ``tot.Endpoint(url,
 server_side=False)``, ``python examples/rebase_search.py --url URL --client-side``): each search's requests carry
@@ -21,12 +24,12 @@ import argparse
 import signal
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import List, NoReturn, Optional, Sequence
 
 from sglang_spex.config import ConfigError
 from sglang_spex.flags import count_flag
-from sglang_spex.scale.cluster import Cluster
-from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES, check_router
+from sglang_spex.scale.cluster import Cluster, check_server_args
+from sglang_spex.scale.router import ASSIGNMENT_MODES, POLICIES, check_router, check_router_installed
 from sglang_spex.serve import STOP_SIGNALS
 
 
@@ -83,8 +86,8 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _refuse(flag: str, e: ConfigError) -> None:
-    print(f"launch_cluster.py: error: {flag}: {e}", file=sys.stderr)
+def _refuse(message: str) -> NoReturn:
+    print(f"launch_cluster.py: error: {message}", file=sys.stderr)
     sys.exit(2)  # as argparse's errors
 
 
@@ -99,14 +102,23 @@ def main(argv: Optional[List[str]] = None) -> None:
         router_port=args.port,
         startup_timeout=args.startup_timeout,
     )
-    try:  # before any server starts (they take minutes to load on GPUs)
+    # before any server starts (they take minutes to load on GPUs), each refusal naming what is wrong
+    try:
+        check_router_installed()
+    except ConfigError as e:
+        _refuse(str(e))
+    try:
         check_router(args.port)
     except ConfigError as e:
-        _refuse(f"--port {args.port}", e)
+        _refuse(f"--port {args.port}: {e}")
+    try:
+        check_server_args(args.server_args)
+    except ConfigError as e:  # it names the server's flag
+        _refuse(f"after --: {e}")
     try:
         cluster.plan()
     except ConfigError as e:
-        _refuse(f"--servers {args.servers}", e)
+        _refuse(f"--servers {args.servers}: {e}")
     # from here on each is as Ctrl-C (set explicitly: a launcher started in the background inherits SIGINT
     # ignored): a start under way stops what it started, a running cluster stops
     for sig in STOP_SIGNALS:

@@ -144,7 +144,9 @@ def start_all(servers: Sequence["ServerProcess"], attempts: int = 3) -> None:
 
 
 class ServerProcess:
-    """``python -m sglang_spex.launch_server ARGS`` in its own process group; a context manager."""
+    """``python -m sglang_spex.launch_server ARGS`` in its own process group; a context manager. It listens on
+    127.0.0.1 at ``port`` (default: a free one): its ``--host`` / ``--port`` follow ``args``, so they win over any
+    there."""
 
     def __init__(
         self,

@@ -1,10 +1,12 @@
 """N sglang-spex servers behind one sglang-router: start (servers, then the router), stop, kill one worker.
 
 Placement: on a GPU host each server gets its own GPUs through ``CUDA_VISIBLE_DEVICES`` (server i the i-th slice
-of ``ranks`` devices, ``ranks`` = the GPUs its own args need: tp x pp x dp, dp not counted under
-``--enable-dp-attention``, plus any ``--base-gpu-id``); on a CPU host each is bound to its own core range
-(``ranks`` core groups each). GPUs are what ``torch.cuda.device_count()`` sees (it honours
-``CUDA_VISIBLE_DEVICES``), asked in :meth:`Cluster.plan`, not at import.
+of ``ranks`` devices, ``ranks`` = the largest GPU id its own args index + 1: tp x pp x dp ids, dp not counted under
+``--enable-dp-attention``, from ``--base-gpu-id`` on and ``--gpu-id-step`` apart; ids below the base and between the
+steps are reserved but unused); on a CPU host each is bound to its own core range (``ranks`` core groups each).
+GPUs are what ``torch.cuda.device_count()`` sees (it honours ``CUDA_VISIBLE_DEVICES``), asked in
+:meth:`Cluster.plan`, not at import. Every server listens on 127.0.0.1 at a free port of its own (``ServerProcess``),
+so ``--host`` / ``--port`` in the server args are refused (:func:`check_server_args`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import os
 import signal
 from typing import Dict, List, Optional, Sequence
 
-from sglang_spex.config import ConfigError
+from sglang_spex.config import ConfigError, flag_value
 from sglang_spex.launch_server import THREAD_BIND_ENV, bind_group_ids, cpu_thread_binding
 from sglang_spex.scale.router import RouterProcess, check_router
 from sglang_spex.serve import ServerProcess, signal_group, start_all, stop_all
+
+SERVER_SET_FLAGS = ("--host", "--port")  # ServerProcess appends its own, which SGLang's argparse keeps (the last)
 
 
 def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
@@ -33,9 +37,22 @@ def core_groups(n: int, cores: Optional[Sequence[int]] = None) -> List[str]:
 
 
 def ranks_per_server(server_args: Sequence[str]) -> int:
-    """The devices (GPUs, or CPU core groups) one server started with ``server_args`` indexes: tp x pp x dp (dp
-    not counted under ``--enable-dp-attention``), from ``--base-gpu-id`` on (``bind_group_ids``)."""
+    """The devices (GPUs, or CPU core groups) one server started with ``server_args`` indexes: its largest device
+    id + 1, the ids being tp x pp x dp (dp not counted under ``--enable-dp-attention``) from ``--base-gpu-id`` on,
+    ``--gpu-id-step`` apart (``bind_group_ids``)."""
     return max(bind_group_ids(server_args)) + 1
+
+
+def check_server_args(server_args: Sequence[str]) -> int:
+    """:func:`ranks_per_server` of ``server_args``, after refusing a ``--host`` or ``--port`` in them (each server
+    listens on 127.0.0.1 at a free port of its own). Raises :class:`ConfigError` naming the flag."""
+    for flag in SERVER_SET_FLAGS:
+        value = flag_value(server_args, flag)
+        if value is not None:
+            raise ConfigError(
+                f"{flag} {value!r}: set by the cluster (each server listens on 127.0.0.1 at a free port of its own)"
+            )
+    return ranks_per_server(server_args)
 
 
 def visible_gpus() -> List[str]:
@@ -58,6 +75,7 @@ def gpu_slices(n: int, ranks: int, gpus: Sequence[str]) -> List[str]:
         raise ConfigError(
             f"{n} servers x {ranks} GPU(s) each = {n * ranks} GPUs, but only {len(gpus)} are visible "
             f"({','.join(gpus)}): lower --servers or the server's --tp-size/--dp-size/--pp-size"
+            "/--base-gpu-id/--gpu-id-step"
         )
     return [",".join(gpus[i * ranks : (i + 1) * ranks]) for i in range(n)]
 
@@ -133,11 +151,12 @@ class Cluster:
         return [s.url for s in self.servers]
 
     def plan(self) -> List[Dict[str, str]]:
-        """Each server's placement env (:func:`server_envs`), after checking that the router can start
-        (:func:`check_router`); raises :class:`ConfigError` before anything started."""
+        """Each server's placement env (:func:`server_envs`), after checking the server args
+        (:func:`check_server_args`) and that the router can start (:func:`check_router`); raises
+        :class:`ConfigError` before anything started."""
         if self.envs is None:
             gpus = visible_gpus() if self.gpus is None else self.gpus
-            envs = server_envs(self.n, ranks_per_server(self.server_args), gpus, self.bind)
+            envs = server_envs(self.n, check_server_args(self.server_args), gpus, self.bind)
             check_router(self.router_port)
             self.envs = envs
         return self.envs

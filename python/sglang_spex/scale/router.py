@@ -85,14 +85,20 @@ def server_url(worker_url: str) -> str:
     return head if at and rank.isdigit() and "://" in head else worker_url
 
 
-def check_router(port: Optional[int]) -> None:
-    """Raise :class:`ConfigError` (before anything starts) when the router cannot run: sglang-router is not
-    installed, or ``port`` is out of range or taken on 127.0.0.1 (bound as the router binds, SO_REUSEADDR)."""
+def check_router_installed() -> None:
+    """Raise :class:`ConfigError` when the ``sglang_router`` package cannot be imported here."""
     if importlib.util.find_spec("sglang_router") is None:
         raise ConfigError(
             "sglang-router is not installed in this environment (pip install sglang-router==0.3.2, the version "
             "pinned in third_party/project-requirements.txt)"
         )
+
+
+def check_router(port: Optional[int]) -> None:
+    """Raise :class:`ConfigError` (before anything starts) when the router cannot run: sglang-router is not
+    installed (:func:`check_router_installed`), or ``port`` is out of range or taken on 127.0.0.1 (bound as the
+    router binds, SO_REUSEADDR)."""
+    check_router_installed()
     if port is None:
         return
     if not 1 <= port <= 65535:
@@ -116,8 +122,9 @@ def worker_dp_size(url: str, timeout: float = 10.0) -> int:
 
 
 class RouterProcess(ServerProcess):
-    """``python -m sglang_router.launch_router`` over ``worker_urls`` in its own process group; a context manager
-    (``stop``, ``log_tail`` as :class:`ServerProcess`).
+    """``python -m sglang_router.launch_router`` over ``worker_urls`` in its own process group, listening on
+    127.0.0.1 (loopback) at ``port`` (default: a free one); a context manager (``stop``, ``log_tail`` as
+    :class:`ServerProcess`).
 
     ``start()`` returns once the router lists every worker healthy. Health checks run every
     ``health_check_interval_s`` and mark a worker unhealthy after ``health_failure_threshold`` misses in a row
