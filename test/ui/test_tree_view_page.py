@@ -238,3 +238,22 @@ def test_replay_accepts_a_saved_get_search_body(page):
     running = {"search_id": "late", "status": "running", "result": None}
     page.evaluate("r => { try { window.spexReplay(r); } catch (e) { window.__err = e.message; } }", running)
     assert "no result yet" in page.evaluate("window.__err")
+
+
+def test_the_answers_table_groups_spellings_of_one_vote_key(page):
+    """The final vote and T3 count "1,000" and "1000" as one answer (``tot.answer_key.normalize``); the table
+    does too, from each node's ``vote_key`` (old: one row per spelling, the winner's row half its mass)."""
+    from sglang_spex.tot.answer_key import normalize
+
+    spelled = [("r.0", "1,000"), ("r.1", "1000"), ("r.2", "7"), ("r.3", "1000.0")]
+    nodes = [node("r", None)] + [node(p, "r", answer=a) for p, a in spelled]
+    for n in nodes:
+        n["vote_key"] = normalize(n["answer"]) if n["answer"] is not None else None
+    result = result_of(nodes, answer="1,000", correct=True)
+    page.route(f"{BASE}/tot/ui/events/*", stream(sse([view(n) for n in nodes] + [result_event(result)])))
+    open_page(page)
+    attach(page)
+    page.wait_for_selector("body[data-state=done]", timeout=15_000)
+    rows = page.evaluate("[...document.querySelectorAll('#answers tr')].map(r => [...r.cells].map(c => c.textContent))")
+    assert rows[1][:2] == ["1,000 = 1000 = 1000.0 ✓", "3"] and rows[2][:2] == ["7", "1"] and len(rows) == 3
+    assert not page.errors

@@ -3,7 +3,7 @@
 Count finished answers n; accumulate the reward mass c(a) of each distinct answer. With c1 ≥ c2 the masses of
 the top-1 and top-2 answers, stop the whole search when n ≥ t and c1 − c2 ≥ α · Σ_a c(a), returning the
 top-1 (majority by mass) answer. α = 0.5 as in the paper. Answers are told apart as the final vote tells them
-(:func:`~sglang_spex.tot.answers.normalize`: "1,000", "1000" and "1000.0" are one answer), so ``mass`` is keyed
+(:func:`~sglang_spex.tot.answer_key.normalize`: "1,000", "1000" and "1000.0" are one answer), so ``mass`` is keyed
 by that vote key, and ``stopped_answer`` is the top-1 answer as T3 first saw it spelled (the vote may report
 another spelling of it). An answer's mass is its reward, a score >= 0 as every built-in reward gives (``logprob``:
 exp of the mean token log-probability; a verifier's 0 or 1; a PRM's probability); a negative (a callback's),
@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-from sglang_spex.tot.answers import normalize
+from sglang_spex.tot.answer_key import normalize
 
 
 @dataclass

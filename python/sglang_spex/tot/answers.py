@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import regex
 
+from sglang_spex.tot.answer_key import normalize
 from sglang_spex.tot.math_check import CHECKER
 from sglang_spex.tot.tree import Node
 
@@ -77,16 +78,6 @@ def clean_answer(ans: str) -> str:
     if ans.endswith("}") and ans.count("}") > ans.count("{"):
         ans = ans[:-1]
     return ans.strip().strip("$").strip()
-
-
-def normalize(ans: str) -> str:
-    """Vote key: numbers by value (``"1,000.0"`` → ``"1000"``), other strings lower-cased without spaces."""
-    s = ans.strip().replace(",", "")
-    try:
-        v = float(s)
-        return str(int(v)) if v.is_integer() else repr(v)
-    except ValueError:
-        return re.sub(r"\s+", "", ans).lower()
 
 
 def path_score(rewards: Sequence[float], how: str = "last") -> float:

@@ -13,6 +13,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
+from sglang_spex.tot.answer_key import normalize
+
 ROOT_PATH = "r"
 
 PENDING = "pending"
@@ -114,6 +116,7 @@ class Node:
             "value": self.value,
             "terminal": self.is_terminal,
             "answer": self.answer,
+            "vote_key": normalize(self.answer) if self.answer is not None else None,  # answers with one key: one vote
             "tokens": self.num_tokens,
             "cum_tokens": self.cum_tokens,
             "prompt_tokens": self.prompt_tokens,

@@ -181,21 +181,26 @@ function row(table, cells, cls) {
 }
 
 function drawPanels() {
-  // answers with their vote mass (T3's weighting), the search's answer marked once the result is in
+  // answers with their vote mass (T3's weighting), grouped by the vote's key (``vote_key``: "1,000" and "1000" are
+  // one answer; a saved result without it groups by spelling), each spelling shown; the search's answer marked
   const votes = new Map();
   for (const n of ui.nodes.values()) {
     if (n.ghost || n.kind !== "step" || n.status !== "done" || n.answer === null || n.answer === undefined) continue;
-    const v = votes.get(n.answer) || { count: 0, mass: 0 };
+    const key = n.vote_key ?? n.answer;
+    const v = votes.get(key) || { count: 0, mass: 0, spellings: [] };
     v.count += 1; v.mass += mass(n.reward);
-    votes.set(n.answer, v);
+    if (!v.spellings.includes(n.answer)) v.spellings.push(n.answer);
+    votes.set(key, v);
   }
   const answers = $("answers");
   answers.replaceChildren();
   row(answers, ["answer", "paths", "mass"]);
   const final = ui.result ? ui.result.answer : null;
-  [...votes.entries()].sort((a, b) => b[1].mass - a[1].mass).forEach(([a, v]) =>
-    row(answers, [a + (a === final ? (ui.result.correct === true ? " ✓" : ui.result.correct === false ? " ✗" : " ←") : ""),
-      v.count, fmt(v.mass, 3)], a === final ? "winner" : ""));
+  [...votes.values()].sort((a, b) => b.mass - a.mass).forEach((v) => {
+    const won = final !== null && v.spellings.includes(final);
+    const mark = won ? (ui.result.correct === true ? " ✓" : ui.result.correct === false ? " ✗" : " ←") : "";
+    row(answers, [v.spellings.join(" = ") + mark, v.count, fmt(v.mass, 3)], won ? "winner" : "");
+  });
 
   const st = ui.state || {};
   const t3 = st.t3;
