@@ -23,9 +23,17 @@ CACHE_ROOT="${SPEX_ENV_CACHE:-$HOME/.cache/sglang-spex/envs}"
 ENV_DIR="$CACHE_ROOT/$KIND-$HASH"
 PIP_FLAGS=(--disable-pip-version-check --no-input -q)
 
+# One setup at a time builds or extends a shared env: another checkout's setup waits here for the lock (a venv
+# cannot be built elsewhere and moved into place), then finds the env complete.
+mkdir -p "$CACHE_ROOT"
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$CACHE_ROOT/.$KIND-$HASH.lock"
+  if ! flock -n 9; then step "waiting for another setup building $ENV_DIR"; flock 9; fi
+fi
+
 if [ ! -f "$ENV_DIR/.complete" ]; then
   CURRENT_STEP="create venv $ENV_DIR"; step "$CURRENT_STEP"
-  rm -rf "$ENV_DIR" && mkdir -p "$CACHE_ROOT"
+  rm -rf "$ENV_DIR"
   "$PY" -m venv "$ENV_DIR"
   VPIP=("$ENV_DIR/bin/python" -m pip)
   CURRENT_STEP="upgrade pip"; step "$CURRENT_STEP"
@@ -53,6 +61,7 @@ if [ "$(cat "$ENV_DIR/.light" 2>/dev/null || true)" != "$LIGHT_KEY" ]; then
   "${VPIP[@]}" install "${PIP_FLAGS[@]}" --no-deps -r third_party/no-deps-requirements.txt
   echo "$LIGHT_KEY" > "$ENV_DIR/.light"
 fi
+exec 9>&-  # the shared env is complete: the lock's end
 
 # .venv is a small per-checkout venv layered on the shared heavy env (site.addsitedir in a .pth), so
 # several checkouts (CI's fresh clones included) share the heavy env without overwriting each other's
