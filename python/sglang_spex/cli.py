@@ -1,23 +1,23 @@
 """``python -m sglang_spex search "question" --policy rebase-8 [--url URL] [--speculation on|off] [--json] [--stream]``
 
-Runs one server-side search (``POST /tot/search``) and prints the answer, the best path and the accounting.
-Without ``--url`` it starts the default server (SmolLM2-135M, ``--tot-speculation``) and stops it afterwards.
-The spec is the demo's (SmolLM2 chat prompt, one line per step, ``arith`` verifier reward; see
-:func:`sglang_spex.demo.search_spec`). ``--stream`` prints each node as the server reports it.
+Runs one server-side search (POST /tot/search) and prints the answer, the best path and the accounting. Without
+--url it starts the default server (SmolLM2-135M, --tot-speculation) and stops it afterwards. The spec is the
+demo's (sglang_spex.demo.search_spec: SmolLM2's chat prompt, one line per step, the arith verifier reward).
+--stream prints each node as the server reports it.
 
-Exit status: 0 with an answer, 1 when the search ends without one (or fails), 2 for bad input (a one-line
-message naming the field, checked before any server starts; the server's 400 answers are reported the same way),
-3 when the URL cannot be reached or has no ``/tot/search`` (nothing was searched), 130 after Ctrl-C; an HTTP error
-answer from the server or a stream that ends early counts as a failed search (1).
+Exit statuses: ``EXIT_STATUSES``, appended to this docstring at import and printed by ``search --help``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
+import textwrap
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
@@ -28,12 +28,56 @@ from sglang_spex.tot.search import check_text
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
 
 REWARDS = {"arith": {"type": "verifier", "name": "arith"}, "logprob": {"type": "logprob"}}
+EXIT_ANSWER = 0
 EXIT_NO_ANSWER = 1
 EXIT_BAD_INPUT = 2
-EXIT_UNREACHABLE = 3  # connection refused, timed out, or not a sglang-spex server: nothing was searched
-EXIT_REFUSED = 4  # the server refused the search before running it (401/403 key, 413 size, 429 busy, 503 not ready)
-REFUSED_STATUS = (401, 403, 413, 429, 503)
+EXIT_UNREACHABLE = 3
+EXIT_REFUSED = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+# the statuses a sglang-spex server refuses a search with before running it (exit 4), and why
+REFUSED_STATUS: Dict[int, str] = {
+    401: "the API key",
+    403: "the API key",
+    413: "the body's size",
+    429: "busy",
+    503: "not ready",
+}
+NO_POST_STATUS = (405, 501)  # the URL takes no POST: never a sglang-spex server's /tot/search
+EXCERPT_CHARS = 120  # of a foreign answer's text in the error line
+
+
+def _refused_reasons() -> str:
+    """``401/403: the API key, 413: ...``: :data:`REFUSED_STATUS` grouped by reason."""
+    by_reason: Dict[str, List[str]] = {}
+    for status, reason in REFUSED_STATUS.items():
+        by_reason.setdefault(reason, []).append(str(status))
+    return ", ".join(f"{'/'.join(codes)}: {reason}" for reason, codes in by_reason.items())
+
+
+EXIT_STATUSES: Tuple[Tuple[int, str], ...] = (
+    (EXIT_ANSWER, "an answer"),
+    (EXIT_NO_ANSWER, "the search ended without an answer, or failed (an error answer, a stream cut short)"),
+    (
+        EXIT_BAD_INPUT,
+        "bad input: one line naming the field, checked before any server starts (the server's 400 answers are "
+        "reported the same way)",
+    ),
+    (EXIT_UNREACHABLE, "the URL cannot be reached or is not a sglang-spex server (nothing was searched)"),
+    (EXIT_REFUSED, f"the server refused the search before running it ({_refused_reasons()})"),
+    (EXIT_INTERRUPTED, "Ctrl-C (the server aborts the search; a server this command started is stopped)"),
+)
+
+
+def exit_status_help(width: int = 100) -> str:
+    """:data:`EXIT_STATUSES` as text: a heading, then one wrapped entry per status."""
+    entries = [
+        textwrap.fill(what, width, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+        for code, what in EXIT_STATUSES
+    ]
+    return "\n".join(["exit status:", *entries])
+
+
+__doc__ = f"{__doc__}\n{exit_status_help()}\n"
 
 
 class StreamEnded(RuntimeError):
@@ -49,20 +93,31 @@ class InputError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``search`` command line; ``--help`` shows each default once and ends with :data:`EXIT_STATUSES`."""
+    width = shutil.get_terminal_size().columns - 2  # argparse's own width for the options
+    description = textwrap.fill(" ".join(__doc__.split("\n\n")[1].split()), width)
     ap = argparse.ArgumentParser(
         prog="python -m sglang_spex search",
-        description=__doc__.split("\n\n")[1],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=description,
+        epilog=exit_status_help(width),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("question")
-    ap.add_argument("--policy", default="rebase-8", help="a policy or preset (rebase-8, ets-8, rstar-5, rest-5, ...)")
-    ap.add_argument("--url", help="a running server; default: start the default one")
-    ap.add_argument("--speculation", choices=("on", "off"), help="SPEX for this search (default: the server's)")
-    ap.add_argument("--reward", choices=sorted(REWARDS), default="arith")
+    ap.add_argument("question", help="the question to search")
+    ap.add_argument(
+        "--policy",
+        default="rebase-8",
+        help="a policy or preset: rebase-8, ets-8, rstar-5, rest-5, ... (default: %(default)s)",
+    )
+    ap.add_argument("--url", help="a running server (default: start the default server, and stop it afterwards)")
+    ap.add_argument("--speculation", choices=("on", "off"), help="SPEX for this search (default: as the server has it)")
+    ap.add_argument("--reward", choices=sorted(REWARDS), default="arith", help="the step reward (default: %(default)s)")
     ap.add_argument("--reference", help="the expected answer (the result then says whether it is correct)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per step")
-    ap.add_argument("--answer-pattern", help="regex whose group 1 is a step's answer (default: the demo's)")
+    ap.add_argument("--seed", type=int, default=0, help="the search's sampling seed (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per step (default: %(default)s)")
+    ap.add_argument(
+        "--answer-pattern",
+        help="regex whose group 1 is a step's answer (default: the demo's: 'The answer is N' or '= N')",
+    )
     ap.add_argument("--api-key", help="the server's --api-key")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
     ap.add_argument("--stream", action="store_true", help="print nodes as they arrive")
@@ -114,16 +169,63 @@ def node_line(event: Dict[str, Any]) -> str:
     return f"node {event['path']:<12} {event['status']:<9} reward={reward} tokens={event.get('tokens', 0)}{end}"
 
 
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """The start of an answer's text on one line: an HTML page's visible text, at most ``limit`` characters."""
+    text = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<[^>]*>", " ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def json_object(r: httpx.Response) -> Optional[Dict[str, Any]]:
+    """The answer's body as a JSON object; None when it is not one (an HTML page, plain text, nothing)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def not_a_spex_server(r: httpx.Response, what: str) -> NotASpexServer:
+    """The error for an answer no sglang-spex server gives: its status, ``what`` it is, and a short excerpt."""
+    said = excerpt(r.text)
+    return NotASpexServer(
+        f"POST {r.url.path}: HTTP {r.status_code} {what}{': ' + said if said else ''}: not a sglang-spex server"
+    )
+
+
+def check_answer(r: httpx.Response) -> None:
+    """:func:`check_search_answer`, except that an error answer no sglang-spex server gives raises
+    :class:`NotASpexServer` (exit 3, nothing was searched): a status meaning the URL takes no POST
+    (:data:`NO_POST_STATUS`), or a body that is not a JSON object unless the status is 500 (a server's unhandled
+    error, whose body is plain text). The plugin's and SGLang's own error answers are JSON objects."""
+    try:
+        check_search_answer(r)  # a 400 naming a field, a 404 (no /tot/search here), or HTTPStatusError
+    except httpx.HTTPStatusError:
+        if r.status_code in NO_POST_STATUS:
+            raise not_a_spex_server(r, "(no POST here)") from None
+        if r.status_code != 500 and json_object(r) is None:
+            raise not_a_spex_server(r, "without a JSON error") from None
+        raise
+
+
 def run_search(url: str, body: Dict[str, Any], headers: Dict[str, str], out=sys.stdout) -> Dict[str, Any]:
-    """POST the search; with ``stream`` print nodes, frontiers and answers as they come. Returns the result."""
+    """POST the search; with ``stream`` print nodes, frontiers and answers as they come. Returns the result; a 200
+    answer that is not one (not a JSON result, or a stream of another content type) raises :class:`NotASpexServer`."""
     if not body.get("stream"):
         r = httpx.post(url + "/tot/search", json=body, headers=headers, timeout=None)
-        check_search_answer(r)
-        return r.json()
+        check_answer(r)
+        result = json_object(r)
+        if result is None or "status" not in result:
+            raise not_a_spex_server(r, "with no search result")
+        return result
     with httpx.stream("POST", url + "/tot/search", json=body, headers=headers, timeout=None) as r:
-        if r.status_code != 200:
+        ctype = r.headers.get("content-type", "text/event-stream")  # a 200 page of another type is not a search's
+        events = r.status_code == 200 and ctype.startswith("text/event-stream")
+        if not events:
             r.read()
-        check_search_answer(r)
+        check_answer(r)
+        if not events:
+            raise not_a_spex_server(r, "with no event stream")
         for line in r.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -224,4 +326,4 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         print(json.dumps(result, indent=1))
     else:
         print("\n".join(summary_lines(result)))
-    return 0 if result["status"] == "done" and result["answer"] is not None else EXIT_NO_ANSWER
+    return EXIT_ANSWER if result["status"] == "done" and result["answer"] is not None else EXIT_NO_ANSWER
