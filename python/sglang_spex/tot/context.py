@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 import uuid
 from dataclasses import asdict
@@ -45,6 +46,7 @@ from sglang_spex.tot.tree import (
     Tree,
     node_seed,
 )
+from sglang_spex.tot.validation import SearchSpecError
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,17 @@ RETOKENIZE_MARGIN = 8  # tokens a path's text may gain when re-tokenized whole (
 # that never arrives leaves the protection to its lease (prefix_protection: ttl_s without the search's requests).
 RELEASE_TIMEOUT_S = 3.0
 STOP_PATTERN_BUDGET = "answer_pattern_budget"  # stop_reason: the answer pattern used its time on this search
+# A search id, as the server takes one in ``POST /tot/search`` (``srt/http_api.SearchBody.search_id`` spells out
+# the same rule): no ``:``, which would break the rids built from it (``tot/engine.node_rid``), and ASCII only.
+SEARCH_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 ProgressFn = Callable[[Dict[str, Any]], None]
+
+
+def check_search_id(search_id: Any) -> str:
+    """``search_id`` if it matches ``SEARCH_ID_PATTERN``, else :class:`SearchSpecError` naming ``search_id``."""
+    if not isinstance(search_id, str) or re.fullmatch(SEARCH_ID_PATTERN, search_id) is None:
+        raise SearchSpecError("search_id", f"must be 1-64 letters, digits, '_' or '-' (got {search_id!r:.80})")
+    return search_id
 
 
 class SearchContext:
@@ -74,7 +86,8 @@ class SearchContext:
         reward_timeout: Optional[float] = None,
         policy: Optional[Policy] = None,
     ):
-        """``policy``: a policy object to run instead of the one the spec names (e.g. a subclass)."""
+        """``policy``: a policy object to run instead of the one the spec names (e.g. a subclass); ``search_id``:
+        checked by :func:`check_search_id` (None: a random one)."""
         self.spec = spec
         self.policy = policy if policy is not None else spec.policy.build()
         self.question = question
@@ -82,7 +95,7 @@ class SearchContext:
         self.port = port
         self.reward = reward or build_reward(spec.reward)
         self._own_reward = reward is None
-        self.search_id = search_id or uuid.uuid4().hex[:16]
+        self.search_id = uuid.uuid4().hex[:16] if search_id is None else check_search_id(search_id)
         self.tree = Tree(spec.seed)
         self.stats: Stats = {self.tree.root.path: Stat(self.tree.root.path, None, 0)}
         self.prompt_prefix = spec.step.prompt_template.format(question=question)

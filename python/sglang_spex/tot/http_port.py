@@ -21,6 +21,13 @@ priority one, or one retracted under memory pressure) comes from a live worker, 
 raises :class:`WorkerBusy` at once and the search goes on. Sending a refused primary again is the search's
 (``tot/backpressure.py``, the same back-off as the in-process port's); a refused speculative request is a miss.
 
+A request whose caller stops waiting (a cancel, or the client's timeout) is aborted: closing its connection stops
+it on a plain server, not behind a router. An abort can also reach the worker before the ``/generate`` it is for
+(which takes the router's hop), and SGLang ignores an abort for a rid it does not know yet: so behind a router, and
+for an explicit :meth:`HttpPort.abort` anywhere, the abort is sent again after each of ``ABORT_WAITS_S`` but the
+last while the request's POST has not returned (a cancelled request's POST is kept open until then, at most until
+the last; a timed-out one's is gone: sent again every time).
+
 :meth:`HttpPort.capacity` asks the server (a router's first healthy worker) once for the model's context length
 and longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
 (``tot/search.py``) checks a question and ends a path at the context as the server does. An error answer of
@@ -54,7 +61,10 @@ LOST_STATUS = (502, 504)  # a gateway reached no worker (SGLang itself never ans
 BUSY_STATUS = 503  # without the router's header: a live worker shedding load (its queue is full)
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
 ERROR_BODY_CHARS = 500  # of an error answer's body kept in the error (SGLang's reason)
-CLOSE_WAIT_S = 10.0  # how long close() waits for the aborts of cancelled requests to be sent
+CLOSE_WAIT_S = 10.0  # how long close() waits for the abort loops to end (then they are cancelled)
+# An abort is sent again after each of these waits but the last while its request's POST has not returned (at
+# 0.1, 0.5 and 2 s); a cancelled request's POST still open after the last is closed (at 5 s).
+ABORT_WAITS_S = (0.1, 0.4, 1.5, 3.0)
 
 
 def pool_limits(max_connections: Optional[int] = None) -> httpx.Limits:
@@ -126,9 +136,11 @@ class HttpPort(EnginePort):
         self._targets: Optional[List[str]] = None
         self._healthy: List[str] = []  # of _targets, those the router lists healthy (all of them for a server)
         self._targets_at = 0.0
-        self._targets_expire = False  # a router's worker list expires (so does an unanswered lookup); a server's not
+        self._targets_expire = False  # a router's worker list expires (so does a failed lookup); a server's not
         self._targets_lock = asyncio.Lock()
-        self._background: Set["asyncio.Future[None]"] = set()
+        self._background: Set["asyncio.Future[None]"] = set()  # the abort loops; close() ends them
+        self._aborting: Dict[str, "asyncio.Future[None]"] = {}  # rid -> its running abort loop
+        self._posts: Dict[str, "asyncio.Future[httpx.Response]"] = {}  # rid -> its /generate POST, while awaited
         self._capacity: Optional[Dict[str, Optional[int]]] = None
         self._capacity_lock = asyncio.Lock()
 
@@ -144,6 +156,13 @@ class HttpPort(EnginePort):
         if key is not None and key in self.lost:
             raise WorkerLost(self.lost[key])
         headers = {ROUTING_KEY_HEADER: key} if key is not None else None
+        pending = self._aborting.get(req.rid)
+        if pending is not None:
+            # A rid names one node of one search (``node_rid``), and a search never sends a node again once its
+            # request was dropped (a cancelled search stops, a timed-out node fails); only a new search under the
+            # same search id does. It is sent once the old request's abort loop is over, so no late abort of the
+            # old request can stop it.
+            await asyncio.wait({pending})
         self.inflight.add(req.rid)
         t0 = time.monotonic()
         r = await self._post_generate(req.rid, key, body, headers)
@@ -164,21 +183,25 @@ class HttpPort(EnginePort):
     async def _post_generate(
         self, rid: str, key: Optional[str], body: Dict[str, Any], headers: Optional[Dict[str, str]]
     ) -> httpx.Response:
-        """One ``POST /generate``; a cancel aborts the request, a broken connection loses the search."""
+        """One ``POST /generate``; a cancel or a timeout aborts the request, a broken connection loses the search."""
+        post = asyncio.ensure_future(self.client.post(self.base_url + "/generate", json=body, headers=headers))
+        self._posts[rid] = post
         try:
-            return await self.client.post(self.base_url + "/generate", json=body, headers=headers)
+            return await asyncio.shield(post)  # a cancel leaves the POST to the abort loop
         except asyncio.CancelledError:
-            # closing the connection does not stop the request in the engine (behind a router not at all):
-            # abort it, and keep it in flight until then so a prefix abort of its search still finds it
-            task = asyncio.ensure_future(self._abort_cancelled(rid))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            # the rid stays in flight until its abort loop ends, so a prefix abort of its search still finds it
+            self._start_abort(rid, post, dropped=True)
+            raise
+        except httpx.TimeoutException:  # the request may still run (behind a router it does)
+            self._start_abort(rid, None, dropped=True)
             raise
         except BaseException as e:
             self.inflight.discard(rid)
             if isinstance(e, (httpx.NetworkError, httpx.RemoteProtocolError)):  # the connection to it broke
                 raise self._lose(key, f"{type(e).__name__}: {e}") from e
             raise
+        finally:
+            self._posts.pop(rid, None)
 
     def _lose(self, key: Optional[str], why: str) -> WorkerLost:
         msg = f"the worker of search {key} is gone ({why})" if key else f"the engine is gone ({why})"
@@ -195,7 +218,8 @@ class HttpPort(EnginePort):
         """Where aborts (and, ``healthy``: control calls) go: the workers of an sglang-router at ``base_url`` (it
         does not proxy them), with ``healthy`` only those it lists ``is_healthy`` (a worker without the field
         counts as healthy), else ``base_url`` itself. One lookup at a time (concurrent callers share it); a
-        router's list is reused for ``WORKERS_TTL_S``, a plain server is asked once."""
+        router's list, or ``base_url`` after a lookup that failed, is reused for ``WORKERS_TTL_S``; a plain server
+        (``/workers`` answers 404) is asked once."""
         if not self._targets_fresh():
             async with self._targets_lock:
                 if not self._targets_fresh():
@@ -204,11 +228,13 @@ class HttpPort(EnginePort):
 
     async def _lookup_targets(self) -> None:
         try:
-            r = await self.client.get(self.base_url + "/workers", timeout=CONTROL_TIMEOUT_S)
-            workers = parse_workers(r)
-            self._targets_expire = workers is not None
-        except httpx.HTTPError:  # not known yet: ask again after the TTL
-            workers, self._targets_expire = None, True
+            r: Optional[httpx.Response] = await self.client.get(self.base_url + "/workers", timeout=CONTROL_TIMEOUT_S)
+        except httpx.HTTPError:
+            r = None
+        workers = parse_workers(r) if r is not None else None
+        # a plain server answers 404 (no such route), or a 200 that is not a router's list: asked once; a router's
+        # list, no answer or any other error answer (e.g. a router's passing 5xx) is asked again after the TTL
+        self._targets_expire = r is None or workers is not None or r.status_code not in (200, 404)
         if workers is None:
             self._targets, self._healthy = [self.base_url], [self.base_url]
         else:
@@ -241,8 +267,12 @@ class HttpPort(EnginePort):
         return _int_at_least(out.get("count"), 0)
 
     async def _first_worker(self) -> str:
-        """The server, or a router's first healthy worker (its first worker when none is healthy)."""
-        return ((await self.targets(healthy=True)) or (await self.targets()))[0]
+        """The server, or a router's first healthy worker (its first worker when none is healthy); raises
+        :class:`EngineLost` for a router that lists no worker."""
+        urls = (await self.targets(healthy=True)) or (await self.targets())
+        if not urls:
+            raise EngineLost(f"the router at {self.base_url} lists no workers (none registered yet?)")
+        return urls[0]
 
     async def _get_json(self, method: str, url: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """The JSON object ``url`` answers; ``{}`` for an error, a non-object or no answer (an older or other
@@ -277,13 +307,60 @@ class HttpPort(EnginePort):
 
     async def abort(self, rid_or_prefix: str) -> None:
         # SGLang's HTTP abort only reaches rids it knows by name: expand a prefix to our in-flight rids.
-        await self._abort_rids([r for r in list(self.inflight) if r.startswith(rid_or_prefix)])
+        rids = [r for r in list(self.inflight) if r.startswith(rid_or_prefix)]
+        await self._abort_rids(rids)
+        for rid in rids:  # sent again while its POST has not returned (it may not have reached the worker yet)
+            post = self._posts.get(rid)
+            if post is not None and not post.done():
+                self._start_abort(rid, post, dropped=False)
 
-    async def _abort_cancelled(self, rid: str) -> None:
+    def _start_abort(self, rid: str, post: Optional["asyncio.Future[httpx.Response]"], dropped: bool) -> None:
+        """Run :meth:`_abort_loop` for ``rid`` in the background, one loop per rid (``close()`` ends it)."""
+        running = self._aborting.get(rid)
+        if running is not None:  # an explicit abort's loop: it watches the same POST; the drop waits for its end
+            if dropped:
+                running.add_done_callback(lambda _: self._drop(rid, post))
+            return
+        task = asyncio.ensure_future(self._abort_loop(rid, post, dropped))
+        self._aborting[rid] = task
+        self._background.add(task)
+
+        def done(t: "asyncio.Future[None]") -> None:
+            self._background.discard(t)
+            if self._aborting.get(rid) is t:
+                del self._aborting[rid]
+
+        task.add_done_callback(done)
+
+    async def _abort_loop(self, rid: str, post: Optional["asyncio.Future[httpx.Response]"], dropped: bool) -> None:
+        """Abort ``rid`` (at once if ``dropped``; an explicit abort has just sent it), and again after each of
+        ``ABORT_WAITS_S`` but the last while ``post`` (its ``/generate``; None: gone) has not returned.
+        ``dropped`` (nobody awaits the request any more): one abort on a plain server (the closed connection stops
+        the request too), and :meth:`_drop` at the end. Failures are logged, never raised."""
         try:
-            await self._abort_rids([rid])
+            if dropped:
+                await self._abort_rids([rid])
+                if self._targets == [self.base_url]:
+                    return
+            for wait_s in ABORT_WAITS_S[:-1]:
+                if await _returned(post, wait_s) or self.client.is_closed:
+                    return
+                await self._abort_rids([rid])
+            if post is not None and not await _returned(post, ABORT_WAITS_S[-1]):
+                logger.warning("%s has not returned %.1f s after its first abort", rid, sum(ABORT_WAITS_S))
+        except Exception:
+            logger.exception("aborting %s failed", rid)
         finally:
-            self.inflight.discard(rid)
+            if dropped:
+                self._drop(rid, post)
+
+    def _drop(self, rid: str, post: Optional["asyncio.Future[httpx.Response]"]) -> None:
+        """The abort loop of a request nobody awaits is over: its POST is closed (its outcome read, so an error
+        it ended with is not logged as never retrieved), and it leaves ``inflight``."""
+        if post is not None:
+            post.cancel()
+            post.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.inflight.discard(rid)
 
     async def _abort_rids(self, rids: List[str]) -> None:
         if rids:
@@ -300,10 +377,23 @@ class HttpPort(EnginePort):
         await self._spex_control("/spex/release", {"search_id": search_id})
 
     async def close(self) -> None:
-        """Close the client once the aborts of cancelled requests are sent (at most ``CLOSE_WAIT_S``)."""
+        """Close the client once the abort loops are over (at most ``CLOSE_WAIT_S``; then they are cancelled)."""
         if self._background:
-            await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
+            _, left = await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
+            for task in left:
+                task.cancel()
+            if left:
+                await asyncio.wait(left)
         await self.client.aclose()
+
+
+async def _returned(post: Optional["asyncio.Future[httpx.Response]"], wait_s: float) -> bool:
+    """Whether ``post`` is done within ``wait_s`` (None: a POST already gone, never)."""
+    if post is None:
+        await asyncio.sleep(wait_s)
+        return False
+    done, _ = await asyncio.wait({post}, timeout=wait_s)
+    return bool(done)
 
 
 def _busy(r: httpx.Response) -> bool:

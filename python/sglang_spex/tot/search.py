@@ -5,11 +5,11 @@ policies one rollout at a time per question; ``run_batch`` runs many questions c
 ``context_factory`` to run a :class:`SearchContext` subclass (SPEX does).
 
 Checked before a search starts, as ``POST /tot/search`` checks them: the question (a non-empty string of valid
-Unicode), the spec and its ``speculation`` overrides (``speculation.settings.resolve``; they take effect only under
-SPEX's context factory), the spec against :class:`SearchLimits`, and, over an :class:`HttpPort`, the prompt against
-the model's context as the server reports it; each search's context then ends a path at the context as a
-server-side search does (``ctx.limits``). A batch stops at its first error: the other searches are cancelled (their
-requests aborted) and awaited before the error is raised.
+Unicode), a given search id, the spec and its ``speculation`` overrides (``speculation.settings.resolve``; they take
+effect only under SPEX's context factory), the spec against :class:`SearchLimits`, and, over an :class:`HttpPort`,
+the prompt against the model's context as the server reports it; each search's context then ends a path at the
+context as a server-side search does (``ctx.limits``). A batch stops at its first error: the other searches are
+cancelled (their requests aborted) and awaited before the error is raised.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterable, List, Optional, Sequence,
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.settings import resolve
-from sglang_spex.tot.context import ProgressFn, SearchContext
+from sglang_spex.tot.context import ProgressFn, SearchContext, check_search_id
 from sglang_spex.tot.engine import EnginePort
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.limits import SearchLimits
@@ -141,8 +141,11 @@ async def run_search(
     **ctx_kwargs: Any,
 ) -> SearchResult:
     """Search one question through ``port`` (client-side with HttpPort, server-side with TokenizerManagerPort);
-    the question, the spec and the prompt are checked against ``limits`` (default: :func:`client_limits`) first."""
+    the question, ``search_id`` (:func:`check_search_id`, the server's rule), the spec and the prompt are checked
+    against ``limits`` (default: :func:`client_limits`) first."""
     check_text(question, "question")
+    if search_id is not None:
+        check_search_id(search_id)
     if reference is not None:
         check_text(reference, "reference", empty_ok=True)
     limits = await client_limits(port, limits)
