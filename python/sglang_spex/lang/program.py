@@ -15,6 +15,7 @@
 A program serialises to a validated JSON spec (:meth:`Program.spec`, :meth:`Program.to_json`). Server-side
 runs ``POST /tot/search`` on our launcher's server (the loop runs inside SGLang); client-side runs the same
 search loop here against any SGLang endpoint. Both return :class:`~sglang_spex.tot.search.SearchResult`.
+``run`` and ``run_batch`` block; inside a running event loop (Jupyter, async code) await ``arun`` / ``arun_batch``.
 """
 
 from __future__ import annotations
@@ -270,8 +271,15 @@ class Program:
 
     @classmethod
     def from_json(cls, text: Union[str, Dict[str, Any]]) -> "Program":
+        """A program with the spec ``text`` holds (JSON text or its decoded dict); raises :class:`SearchSpecError`
+        naming the field, ``spec`` for text that is not JSON or nests past ``MAX_JSON_DEPTH``."""
+        if isinstance(text, str):
+            try:
+                text = json.loads(text)
+            except (ValueError, RecursionError) as e:  # (RecursionError: nesting too deep for the decoder)
+                raise SearchSpecError("spec", f"must be JSON text ({type(e).__name__}: {e})") from None
         p = cls()
-        p._spec = SearchSpec.from_dict(json.loads(text) if isinstance(text, str) else plain(text, "spec"))
+        p._spec = SearchSpec.from_dict(plain(text, "spec"))
         return p
 
     # -- execution --
@@ -327,12 +335,28 @@ class Program:
     def run(
         self, question: str, backend: Union[Endpoint, str], reference: Optional[str] = None, **kw: Any
     ) -> SearchResult:
-        """Search one question (blocking); returns a SearchResult."""
+        """Search one question (blocking); returns a SearchResult. In a running event loop: ``await`` :meth:`arun`."""
+        _outside_event_loop("run", "arun")
         return asyncio.run(self.arun(question, backend, reference, **kw))
 
     def run_batch(self, questions: Sequence[str], backend: Union[Endpoint, str], **kw: Any) -> List[SearchResult]:
-        """Search many questions concurrently (blocking); results in question order."""
+        """Search many questions concurrently (blocking); results in question order. In a running event loop:
+        ``await`` :meth:`arun_batch`."""
+        _outside_event_loop("run_batch", "arun_batch")
         return asyncio.run(self.arun_batch(questions, backend, **kw))
+
+
+def _outside_event_loop(name: str, async_name: str) -> None:
+    """Raise a RuntimeError pointing to ``async_name`` when called inside a running event loop, where the blocking
+    ``name`` cannot run (``asyncio.run`` refuses to nest)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"Program.{name}() blocks and cannot run inside a running event loop (Jupyter, async code): "
+        f"use `await program.{async_name}(...)` there"
+    )
 
 
 def check_client_keywords(kw: Dict[str, Any], server_side: bool) -> None:

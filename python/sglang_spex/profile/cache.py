@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sglang_spex.config import cache_dir as config_cache_dir
 from sglang_spex.config import load as load_config
@@ -214,13 +214,17 @@ class Profile:
         return cls.from_dict(json.loads(text))
 
     def save(self, path: Path) -> Path:
-        """Write to ``path`` atomically (temp file + rename)."""
+        """Write to ``path`` atomically (temp file + rename; the temp file is removed if either fails)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".profile-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_json())
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod
@@ -258,24 +262,32 @@ def save(profile: Profile, cache_dir: Optional[Path] = None) -> Optional[Path]:
     return profile.save(path_for(profile.key, cache_dir))
 
 
-def load(key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: Optional[float] = None) -> Optional[Profile]:
-    """The cached profile for ``key`` if present and fresh, else None."""
+def _read(path: Path, keep: Callable[[Profile], bool]) -> Optional[Profile]:
+    """The profile in ``path`` if ``keep`` accepts it; None for a missing or unreadable file, and for a malformed one
+    (bad JSON, a list where a mapping belongs, a field of the wrong type), which counts as missing."""
     try:
-        prof = Profile.load(path_for(key, cache_dir))
-    except (OSError, ValueError, KeyError, TypeError):
+        prof = Profile.load(path)
+        return prof if keep(prof) else None
+    except Exception:
         return None
-    return None if prof.key != key or prof.is_stale(max_age_s) or prof.measured_under_load else prof
+
+
+def load(key: Dict[str, Any], cache_dir: Optional[Path] = None, max_age_s: Optional[float] = None) -> Optional[Profile]:
+    """The cached profile for ``key`` if present, well-formed, fresh and not measured under load, else None."""
+    return _read(
+        path_for(key, cache_dir),
+        lambda p: p.key == key and not p.is_stale(max_age_s) and not p.measured_under_load,
+    )
 
 
 def latest_profile(cache_dir: Optional[Path] = None, model_contains: str = "") -> Optional[Profile]:
     """The most recently written cached roofline profile (optionally for a model path containing a string)."""
     best = None
     for path in Path(cache_dir or CACHE_DIR).glob("*.json"):
-        try:
-            prof = Profile.load(path)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if prof.fit is None or (model_contains and model_contains not in prof.model):
+        prof = _read(
+            path, lambda p: p.fit is not None and model_contains in p.model and isinstance(p.created_at, (int, float))
+        )
+        if prof is None:
             continue
         if best is None or prof.created_at > best.created_at:
             best = prof

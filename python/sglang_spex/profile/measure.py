@@ -3,8 +3,10 @@
 Method (client-side timing, no SGLang internals needed): for each batch size B send B concurrent requests
 with tiny unique prompts and ``ignore_eos``, once with ``short`` and once with ``long`` new tokens; the
 wall-time difference divided by ``long − short`` is the decode step time at B (prefill, tokenisation and
-HTTP overheads cancel). SGLang 0.5.23 reports per-request latencies in ``meta_info`` only with
-``--enable-metrics`` and no per-step times in ``get_internal_state``, so this is the portable way.
+HTTP overheads cancel). Interference only slows a wall down, but a slowed *short* wall makes the difference read too
+fast, so each wall's fastest repeat counts on its own (:class:`_Walls`) before the two are subtracted. SGLang 0.5.23
+reports per-request latencies in ``meta_info`` only with ``--enable-metrics`` and no per-step times in
+``get_internal_state``, so this is the portable way.
 After the given batch sizes the sweep goes on doubling the batch while throughput still grows (roofline
 ``next_batch``), bounded by ``max_batch`` and the server's ``max_running_requests`` and ``max_queued_requests``
 (:func:`sweep_limit`; with such a cap no batch past it is measured, the given sizes and ``ctx_batch`` included: SGLang
@@ -16,10 +18,11 @@ A profile is measured for an idle engine. Other requests in flight when any of t
 ends (the port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve
 that still falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark
 it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
-(:class:`ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: the
-short batch was slowed more than the long one) that stays so after ``BAD_TIME_RETRIES`` re-measurements also keeps
-the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. The knee is fitted
-to the curve's monotone envelope (a bigger batch never decodes a step faster); the points keep what was measured.
+(:class:`ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: every
+short wall was slowed more than the long ones) that stays so after ``BAD_TIME_RETRIES`` re-measurements also keeps
+the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. A re-measurement adds
+its walls to the batch's earlier ones. The knee is fitted to the curve's monotone envelope (a bigger batch never
+decodes a step faster); the points keep what was measured.
 
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
 for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class:`~sglang_spex.tot.http_port.HttpPort`).
@@ -33,13 +36,13 @@ import math
 import time
 import uuid
 import zlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from sglang_spex.profile import cache
-from sglang_spex.profile.cache import Profile, device_name
+from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.drift import DriftMonitor
 from sglang_spex.profile.roofline import (
     find_knee,
@@ -48,6 +51,13 @@ from sglang_spex.profile.roofline import (
     next_batch,
     out_of_order,
     worst_dip,
+)
+from sglang_spex.profile.server_key import (  # noqa: F401  (the key's names, kept importable from here)
+    KEY_FLAGS,
+    QUEUE_CAP_FLAG,
+    SWEEP_CEILING,
+    profile_key,
+    server_args_dict,
 )
 from sglang_spex.tot.engine import EnginePort, GenRequest
 from sglang_spex.tot.validation import FieldError
@@ -60,26 +70,6 @@ logger = logging.getLogger(__name__)
 _WORDS = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
 _PROMPT_TOKENS = 32  # a profile prompt's tokens besides its filler words (nonce and index), with room to spare
 
-# Server flags that change step times; they (with the model and device) key the cache.
-KEY_FLAGS = (
-    "device",
-    "dtype",
-    "attention_backend",
-    "sampling_backend",
-    "tp_size",
-    "dp_size",
-    "quantization",
-    "kv_cache_dtype",
-    "disable_cuda_graph",
-    "disable_overlap_schedule",
-    "chunked_prefill_size",
-    "max_running_requests",
-    "enable_deterministic_inference",
-)
-# SGLang's request-queue cap: a burst of more requests than it holds is refused (503), so the sweep stops there. In
-# the key only when set (it bounds the sweep, as max_running_requests does), so uncapped servers keep their profiles.
-QUEUE_CAP_FLAG = "max_queued_requests"
-
 
 @dataclass
 class ProfileSpec:
@@ -91,8 +81,8 @@ class ProfileSpec:
     ctx_prefix_words: int = 160  # long shared prefix for the context probe (0 = skip)
     ctx_batch: int = 4
     prefill_words: int = 160  # one long prompt for the prefill rate (0 = skip)
-    repeats: int = 2  # short/long pairs per batch size; the fastest counts (interference only slows down)
-    max_batch: int = 512  # the sweep extends past batch_sizes until throughput flattens, up to this batch
+    repeats: int = 2  # short/long pairs per batch size; each wall's fastest counts (:class:`_Walls`)
+    max_batch: int = SWEEP_CEILING  # the sweep extends past batch_sizes until throughput flattens, up to this batch
     flat_gain: float = 0.1  # "flattened": the last doubling raised throughput by less than this fraction
     remeasure_dip: float = 0.1  # a point this much slower than a bigger batch's is measured once more
     max_dip: float = 0.25  # still this much slower after that: the sweep was disturbed (not cached; 1: never)
@@ -106,6 +96,7 @@ class ProfileSpec:
         """Raise :class:`FieldError` (naming the field) unless this spec fits an engine that runs at most
         ``max_batch`` requests at once with a ``context_len``-token context, where a filler word of the prompts is
         at most ``tokens_per_word`` tokens (:func:`filler_tokens_per_word`)."""
+        self.check_order()
         for i, b in enumerate(self.batch_sizes):
             if not 1 <= b <= max_batch:
                 raise FieldError(f"batch_sizes[{i}]", f"{b} is outside 1..{max_batch} (the sweep's ceiling)")
@@ -113,8 +104,6 @@ class ProfileSpec:
             raise FieldError("ctx_batch", f"{self.ctx_batch} is outside 1..{max_batch} (the sweep's ceiling)")
         if not 1 <= self.short_tokens:
             raise FieldError("short_tokens", f"{self.short_tokens}: must be at least 1")
-        if self.short_tokens >= self.long_tokens:
-            raise FieldError("long_tokens", f"{self.long_tokens}: must exceed short_tokens ({self.short_tokens})")
         room = context_len - self.long_tokens - _PROMPT_TOKENS
         if room < 0:
             raise FieldError("long_tokens", f"{self.long_tokens} does not fit the {context_len}-token context")
@@ -123,6 +112,16 @@ class ProfileSpec:
             if not 0 <= tokens_per_word * words <= room:
                 top = room // tokens_per_word
                 raise FieldError(name, f"{words} is outside 0..{top} (the prompt must fit the context)")
+
+    def check_order(self) -> None:
+        """Raise :class:`FieldError` unless ``batch_sizes`` strictly increase (the sweep's order checks read them so)
+        and ``long_tokens`` exceeds ``short_tokens`` (a step time is the difference of their walls)."""
+        for i in range(1, len(self.batch_sizes)):
+            prev, b = self.batch_sizes[i - 1], self.batch_sizes[i]
+            if b <= prev:
+                raise FieldError(f"batch_sizes[{i}]", f"{b} after {prev}: batch sizes must strictly increase")
+        if self.short_tokens >= self.long_tokens:
+            raise FieldError("long_tokens", f"{self.long_tokens}: must exceed short_tokens ({self.short_tokens})")
 
 
 def filler_tokens_per_word(tokenizer: Any, default: int = 2) -> int:
@@ -220,12 +219,33 @@ async def _batch_wall(
     return wall, [r.prompt_tokens for r in results]
 
 
+@dataclass
+class _Walls:
+    """The fastest short and long wall measured at one batch so far, and the prompt tokens seen. Interference only
+    slows a wall down, so each wall's minimum is its best reading; their difference is the step time."""
+
+    short: float = math.inf
+    long: float = math.inf
+    prompt_tokens: List[int] = field(default_factory=list)
+
+    def step(self, spec: ProfileSpec) -> float:
+        """Seconds per decode step: (fastest long − fastest short) / (long − short tokens); NaN before a pair."""
+        if math.isinf(self.short) or math.isinf(self.long):
+            return math.nan
+        return (self.long - self.short) / (spec.long_tokens - spec.short_tokens)
+
+
 async def _step_time(
-    port: EnginePort, spec: ProfileSpec, batch: int, prefix: str = "", watch: Optional[_LoadWatch] = None
+    port: EnginePort,
+    spec: ProfileSpec,
+    batch: int,
+    prefix: str = "",
+    watch: Optional[_LoadWatch] = None,
+    walls: Optional[_Walls] = None,
 ) -> Tuple[float, float]:
-    """(seconds per decode step, mean prompt tokens) at ``batch``, by the short/long difference: the fastest
-    possible repeat (:func:`possible_step`), else the fastest one."""
-    steps, ptoks = [], []
+    """(seconds per decode step, mean prompt tokens) at ``batch``: ``spec.repeats`` short/long pairs measured and
+    added to ``walls`` (the batch's earlier walls, if any), then :meth:`_Walls.step`."""
+    walls = walls if walls is not None else _Walls()
     for _ in range(spec.repeats):
         nonce = uuid.uuid4().hex[:6]
         short, pt = await _batch_wall(
@@ -234,10 +254,10 @@ async def _step_time(
         long, _ = await _batch_wall(
             port, [_prompt(nonce + "l", i, prefix=prefix) for i in range(batch)], spec.long_tokens, watch
         )
-        steps.append((long - short) / (spec.long_tokens - spec.short_tokens))
-        ptoks.extend(pt)
-    good = [s for s in steps if possible_step(s)] or steps
-    return float(np.min(good)), float(np.mean(ptoks)) if ptoks else 0.0
+        walls.short, walls.long = min(walls.short, short), min(walls.long, long)
+        walls.prompt_tokens.extend(pt)
+    ptoks = walls.prompt_tokens
+    return walls.step(spec), float(np.mean(ptoks)) if ptoks else 0.0
 
 
 def possible_step(t: float) -> bool:
@@ -246,12 +266,12 @@ def possible_step(t: float) -> bool:
 
 
 async def _possible_step_time(
-    port: EnginePort, spec: ProfileSpec, batch: int, watch: _LoadWatch
+    port: EnginePort, spec: ProfileSpec, batch: int, watch: _LoadWatch, walls: _Walls
 ) -> Tuple[Optional[float], float]:
-    """:func:`_step_time` at ``batch``, measured again (up to ``BAD_TIME_RETRIES`` times) while the step time is
-    impossible; (None, tokens) if it stays so."""
+    """:func:`_step_time` at ``batch``, measured again (up to ``BAD_TIME_RETRIES`` times, every wall kept in
+    ``walls``) while the step time is impossible; (None, tokens) if it stays so."""
     for _ in range(1 + BAD_TIME_RETRIES):
-        t, p = await _step_time(port, spec, batch, watch=watch)
+        t, p = await _step_time(port, spec, batch, watch=watch, walls=walls)
         if possible_step(t):
             return t, p
         logger.info("spex: profile B=%d: impossible step time %.3g s, measuring again", batch, t)
@@ -264,8 +284,7 @@ async def measure_profile(
     """Measure a :class:`Profile` on a live engine (nothing else should be running on it; see the module
     docstring for what marks it as measured under load)."""
     spec = spec or ProfileSpec()
-    if spec.long_tokens <= spec.short_tokens:
-        raise ValueError("long_tokens must exceed short_tokens")
+    spec.check_order()
     total = len(spec.batch_sizes) + bool(spec.ctx_prefix_words) + bool(spec.prefill_words)
     bar = _bar(total, progress)
     t_start = time.perf_counter()
@@ -279,9 +298,10 @@ async def measure_profile(
     ptok: List[float] = []
     remeasured: List[int] = []
     impossible: List[int] = []  # batches whose step time stayed impossible: left out of the curve
+    walls: Dict[int, _Walls] = {}  # every wall measured per batch (a re-measurement adds to them)
     while todo:
         b = todo.pop(0)
-        t, p = await _possible_step_time(port, spec, b, watch)
+        t, p = await _possible_step_time(port, spec, b, watch, walls.setdefault(b, _Walls()))
         if t is None:
             impossible.append(b)
         else:
@@ -293,9 +313,9 @@ async def measure_profile(
         for j in out_of_order(times, spec.remeasure_dip):  # slower than a bigger batch: disturbed, once more
             if sizes[j] not in remeasured:
                 remeasured.append(sizes[j])
-                t, _ = await _step_time(port, spec, sizes[j], watch=watch)
+                t, _ = await _step_time(port, spec, sizes[j], watch=watch, walls=walls[sizes[j]])
                 if possible_step(t):
-                    times[j] = min(times[j], t)  # interference only slows a step down
+                    times[j] = t  # from the fastest of every short and long wall at that batch
         nb = None if todo else next_batch(sizes, times, limit, spec.flat_gain)
         if nb is not None and nb not in sizes + impossible:
             todo.append(nb)
@@ -366,21 +386,6 @@ def _bar(total: int, enabled: bool):
     return tqdm(total=total, desc="spex roofline profile", disable=not enabled, leave=True)
 
 
-def profile_key(server_args: Dict[str, Any], device: Optional[str] = None) -> Dict[str, Any]:
-    """Cache key from SGLang's server args (``/get_server_info`` or ``tokenizer_manager.server_args``)."""
-    flags = {k: server_args.get(k) for k in KEY_FLAGS}
-    cap = server_args.get(QUEUE_CAP_FLAG)
-    if cap and int(cap) < ProfileSpec.max_batch:  # a cap the sweep cannot reach changes nothing measured
-        flags[QUEUE_CAP_FLAG] = cap
-    return {"model": str(server_args.get("model_path")), "hardware": device or device_name(), "flags": flags}
-
-
-def server_args_dict(server_args) -> Dict[str, Any]:
-    if isinstance(server_args, dict):
-        return server_args
-    return {k: getattr(server_args, k, None) for k in ("model_path", QUEUE_CAP_FLAG) + KEY_FLAGS}
-
-
 async def ensure_profile(
     port: EnginePort,
     key: Dict[str, Any],
@@ -388,17 +393,22 @@ async def ensure_profile(
     force: bool = False,
     max_age_s: Optional[float] = None,
     progress: bool = True,
+    save: bool = True,
 ) -> Profile:
-    """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache unless measured under
-    load)."""
+    """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache when ``save`` and not
+    measured under load)."""
     if not force:
         prof = cache.load(key, max_age_s=max_age_s)
         if prof is not None:
             return prof
     prof = await measure_profile(port, key, spec, progress)
-    if cache.save(prof) is None:
+    if save and cache.save(prof) is None:
         logger.warning("spex: roofline profile measured under load (%s): used now, not cached", prof.load_why)
     return prof
+
+
+class ProfileBusy(RuntimeError):
+    """A measurement runs already, and one with other settings cannot join it (:meth:`ProfileManager.get`)."""
 
 
 class ProfileManager:
@@ -406,7 +416,9 @@ class ProfileManager:
     drift.
 
     ``SpexWiring.engine_primary`` calls :meth:`observe` with the decode step times the scheduler measured (its
-    batch-stats rows' ``step_s``, at ``batch_size × dp_size``); the budget reads :attr:`k_total`.
+    batch-stats rows' ``step_s``, at ``batch_size × dp_size``); the budget reads :attr:`k_total`. The cache under
+    ``key`` gets only profiles measured with the manager's own ``spec`` (what a later start with that key measures);
+    one measured with another spec (``POST /spex/profile`` settings) serves this manager only.
     """
 
     def __init__(
@@ -422,11 +434,14 @@ class ProfileManager:
         self.threshold, self.cooldown_s, self.on_update = threshold, cooldown_s, on_update
         self.profile: Optional[Profile] = cache.load(key)
         self.monitor: Optional[DriftMonitor] = DriftMonitor(self.profile.predict, threshold) if self.profile else None
-        self._task: Optional[asyncio.Task] = None
+        self._own_spec = spec or ProfileSpec()
+        self._task: Optional[asyncio.Task] = None  # the last re-profile
+        self._running: Optional[asyncio.Future] = None  # the outcome of the last measurement (joined by ``get``)
         self._lock = asyncio.Lock()
         self._last_measure = 0.0
         self.reprofiles = 0
         self.due = False  # drift seen: re-profile when the engine is next idle
+        self.last_error: Optional[str] = None  # why the last measurement failed (None once one succeeded)
 
     @property
     def k_total(self) -> Optional[int]:
@@ -436,21 +451,50 @@ class ProfileManager:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    async def get(self, force: bool = False, progress: bool = True, spec: Optional[ProfileSpec] = None) -> Profile:
-        """The profile (measured now if none, stale or ``force``). ``spec``: measure with it instead of ``self.spec``,
-        which becomes it once that measurement succeeded (a failed one leaves the spec in use)."""
+    @property
+    def measuring(self) -> bool:
+        """A measurement runs now, or a started re-profile is yet to run."""
+        return self.busy or (self._task is not None and not self._task.done())
+
+    async def get(
+        self, force: bool = False, progress: bool = True, spec: Optional[ProfileSpec] = None, join: bool = False
+    ) -> Profile:
+        """The profile (measured now if none, stale or ``force``). ``spec``: measure with it now instead of
+        ``self.spec``, which becomes it once that measurement succeeded (a failed one leaves the spec in use).
+        ``join``: while a measurement runs, answer with its outcome (profile or error) instead of measuring again
+        after it; with a ``spec`` raise :class:`ProfileBusy` instead (the running one has other settings)."""
+        if join and self.measuring:
+            if spec is not None:
+                raise ProfileBusy("a profile measurement is running")
+            running = self._task if self._task is not None and not self._task.done() else self._running
+            return await asyncio.shield(running)
         async with self._lock:
             if self.profile is None or force or spec is not None or self.profile.is_stale():
-                use = spec if spec is not None else self.spec
-                self.profile = await ensure_profile(self.port, self.key, use, force=force, progress=progress)
-                self.spec = use
-                self._last_measure = time.monotonic()
-                if "requests in flight" in self.profile.load_why:  # measure again once the engine is idle
-                    self.due = True
-                self.monitor = DriftMonitor(self.profile.predict, self.threshold)
-                if self.on_update:
-                    self.on_update(self.profile)
+                self._running = asyncio.get_running_loop().create_future()
+                try:
+                    await self._measure(spec if spec is not None else self.spec, force or spec is not None, progress)
+                except BaseException as e:
+                    _fail(self._running, e)
+                    raise
+                self._running.set_result(self.profile)
             return self.profile
+
+    async def _measure(self, use: Optional[ProfileSpec], force: bool, progress: bool) -> None:
+        """:func:`ensure_profile` with ``use`` (cached only when it is the manager's own spec), kept as the profile in
+        use (and ``use`` as the spec) once it succeeded; a failure is kept in :attr:`last_error`."""
+        save = (use or ProfileSpec()) == self._own_spec
+        try:
+            self.profile = await ensure_profile(self.port, self.key, use, force=force, progress=progress, save=save)
+        except Exception as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            raise
+        self.spec, self.last_error = use, None
+        self._last_measure = time.monotonic()
+        if "requests in flight" in self.profile.load_why:  # measure again once the engine is idle
+            self.due = True
+        self.monitor = DriftMonitor(self.profile.predict, self.threshold)
+        if self.on_update:
+            self.on_update(self.profile)
 
     def observe(self, batch: int, step_time: float) -> bool:
         """Feed one observed step time; on drift (past the cooldown) a re-profile becomes *due*. It runs when the
@@ -459,7 +503,7 @@ class ProfileManager:
         due."""
         if self.monitor is None or not self.monitor.observe(batch, step_time):
             return False
-        if self.due or self.busy or (self._task and not self._task.done()):
+        if self.due or self.measuring:
             return False
         if time.monotonic() - self._last_measure < self.cooldown_s and self._last_measure:
             return False
@@ -468,22 +512,39 @@ class ProfileManager:
         return True
 
     def status(self) -> Dict[str, Any]:
-        """Whether a measurement runs now, whether a re-profile is due, how many ran, the knee's budget, and whether
-        the profile in use was measured under load (so not cached; None: no profile yet)."""
-        measuring = self.busy or (self._task is not None and not self._task.done())
+        """Whether a measurement runs now, whether a re-profile is due, how many ran, the knee's budget, whether
+        the profile in use was measured under load (so not cached; None: no profile yet), and why the last
+        measurement failed (None: it did not)."""
         return {
-            "measuring": measuring,
+            "measuring": self.measuring,
             "reprofile_due": self.due,
             "reprofiles": self.reprofiles,
             "k_total": self.k_total,
             "measured_under_load": self.profile.measured_under_load if self.profile else None,
+            "last_error": self.last_error,
         }
 
     def reprofile_if_due(self) -> bool:
         """Start a due re-profile in the background; call it when the engine is idle. True if one started."""
-        if not self.due or self.busy or (self._task and not self._task.done()):
+        if not self.due or self.measuring:
             return False
         self.due = False
         self.reprofiles += 1
         self._task = asyncio.ensure_future(self.get(force=True, progress=False))
+        self._task.add_done_callback(_log_reprofile_failure)
         return True
+
+
+def _fail(outcome: asyncio.Future, error: BaseException) -> None:
+    """Hand a failed measurement's error to the calls that joined it (a cancellation as a RuntimeError); marked as
+    retrieved, so none joining is no error."""
+    if not isinstance(error, Exception):
+        error = RuntimeError(f"the profile measurement was stopped ({type(error).__name__})")
+    outcome.set_exception(error)
+    outcome.exception()
+
+
+def _log_reprofile_failure(task: asyncio.Future) -> None:
+    """Log a background re-profile that failed (``status()["last_error"]`` keeps why); the profile in use stays."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("spex: background re-profile failed; keeping the profile in use", exc_info=task.exception())

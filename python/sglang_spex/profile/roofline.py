@@ -190,7 +190,7 @@ def worst_dip(step_time: Sequence[float]) -> float:
 
 def monotone_envelope(step_time: Sequence[float]) -> List[float]:
     """Each point lowered to the fastest later (bigger batch) point: the non-decreasing curve below the data,
-    read as interference slowing the points above it (as the sweep's fastest-repeat rule reads it)."""
+    read as interference slowing the points above it (their long walls)."""
     out, low = [], float("inf")
     for t in reversed(step_time):
         low = min(low, t)

@@ -3,11 +3,14 @@
 - ``GET /spex/profile``: the current (or cached) profile, 404 if none yet.
 - ``POST /spex/profile``: measure now; body (optional) :class:`~sglang_spex.srt.http_api.ProfileBody`:
   ``batch_sizes``, ``short_tokens``, ``long_tokens``, ``ctx_prefix_words``, ``ctx_batch``, ``prefill_words``,
-  ``repeats`` (a new measure spec when any is given; given ``batch_sizes`` are measured exactly, without the
-  sweep's extension), ``force`` (default true). Bounded by the engine (``ProfileSpec.check``): batch sizes by the
-  sweep's ceiling (512, ``--max-running-requests`` and ``--max-queued-requests``), tokens and words by the model's
-  context, at most 16 sizes and 8 repeats; past a bound a 400 names the field and nothing changes. A measurement
-  that fails keeps the spec in use.
+  ``repeats`` (a new measure spec when any is given, measured whatever ``force`` says; given ``batch_sizes``, strictly
+  increasing, are measured exactly, without the sweep's extension), ``force`` (default true). Bounded by the engine
+  (``ProfileSpec.check``): batch sizes by the sweep's ceiling (512, ``--max-running-requests`` and
+  ``--max-queued-requests``), tokens and words by the model's context, at most 16 sizes and 8 repeats; past a bound a
+  400 names the field and nothing changes. A measurement that fails keeps the spec in use. A profile measured with
+  such settings serves this server but is not cached (later starts read only the default sweep's). One measurement
+  at a time: while one runs (another POST's, the auto profile's or a re-profile), a POST without settings joins it
+  and answers with its outcome, and one with settings gets 409 (field ``profile``) with ``Retry-After``.
 - With ``--tot-speculation --tot-k-total auto`` a background thread waits until the server is healthy, then
   loads the cached profile or measures one as a task on the server's event loop, so the first search finds the
   roofline knee ready.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 from dataclasses import replace
@@ -26,12 +30,13 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from sglang_spex.profile.measure import ProfileSpec, filler_tokens_per_word, sweep_limit
+from sglang_spex.profile.measure import ProfileBusy, ProfileSpec, ProfileStopped, filler_tokens_per_word, sweep_limit
 from sglang_spex.srt.http_api import ProfileBody, error_response, json_body
 from sglang_spex.srt.http_state import SpexHttpState, http_state
 from sglang_spex.tot.validation import FieldError
 
 logger = logging.getLogger(__name__)
+BUSY_RETRY_S = 30  # ``Retry-After`` of a POST refused while a measurement runs (no profile's duration known yet)
 
 
 async def get_profile(request: Request) -> Response:
@@ -58,7 +63,12 @@ async def post_profile(request: Request, body: ProfileBody) -> Response:
         except FieldError as e:
             return error_response(e.field, e.reason)
     try:  # a new spec is measured now and kept only once that measurement succeeded
-        prof = await mgr.get(force=body.force, spec=spec)
+        prof = await mgr.get(force=body.force, spec=spec, join=True)
+    except ProfileBusy as e:
+        resp = error_response("profile", f"{e}: retry with these settings once it ended", status_code=409)
+        last = mgr.profile.duration_s if mgr.profile is not None else 0.0
+        resp.headers["Retry-After"] = str(max(1, math.ceil(last)) if last > 0 else BUSY_RETRY_S)
+        return resp
     except Exception as e:  # report, never take the server down; the spec in use stays what it was
         logger.exception("spex: profile failed")
         return error_response("profile", f"measurement failed: {e}", status_code=500)
@@ -89,10 +99,13 @@ def _auto_profile_when_ready(state: SpexHttpState, poll_s: float = 1.0, timeout_
 def _measure_on(loop: asyncio.AbstractEventLoop, state: SpexHttpState) -> None:
     try:
         prof = asyncio.run_coroutine_threadsafe(state.profile.get(force=False), loop).result()
-    except (asyncio.CancelledError, concurrent.futures.CancelledError, RuntimeError):  # the server is stopping
+    except (asyncio.CancelledError, concurrent.futures.CancelledError, ProfileStopped):  # the server is stopping
         logger.info("spex: auto profile stopped with the server")
     except Exception:
-        logger.exception("spex: auto profile failed")
+        if loop.is_closed():  # (run_coroutine_threadsafe's RuntimeError on a loop already gone)
+            logger.info("spex: auto profile stopped with the server")
+        else:
+            logger.exception("spex: auto profile failed")
     else:
         logger.info("spex: auto profile: %s", prof.summary())
 
