@@ -132,19 +132,34 @@ def filler_tokens_per_word(tokenizer: Any, default: int = 2) -> int:
         return default
 
 
-class _LoadWatch:
-    """Counts the engine's other requests in flight at each check (the profile's own and health checks aside)."""
+class ProfileYielded(RuntimeError):
+    """A sweep that yields to traffic (a background re-profile) saw other requests in flight: it stopped, its batch
+    aborted, and the profile in use stays."""
 
-    def __init__(self, port: EnginePort):
+
+class _LoadWatch:
+    """Counts the engine's other requests in flight at each check (the profile's own and health checks aside);
+    ``yields``: the first one seen stops the sweep (:class:`ProfileYielded`), between batches or, where the port
+    lists its requests, during one (its requests are then aborted)."""
+
+    def __init__(self, port: EnginePort, yields: bool = False):
         self.port = port
+        self.yields = yields
         self.checks = 0
         self.most: Optional[int] = None  # most other requests seen in flight at one check (None: the port can't tell)
+        self.seen = 0  # other requests seen by a yielding sweep
 
     async def check(self) -> None:
         n = await _others_in_flight(self.port)
         self.checks += 1
         if n is not None:
             self.most = max(self.most or 0, n)
+            self.seen = self.seen or (n if self.yields else 0)
+        self.raise_if_yielded()
+
+    def raise_if_yielded(self) -> None:
+        if self.seen:
+            raise ProfileYielded(f"{self.seen} other request(s) in flight: the sweep yields to them")
 
 
 async def _others_in_flight(port: EnginePort) -> Optional[int]:
@@ -182,10 +197,15 @@ class ProfileStopped(RuntimeError):
     """The server began to shut down during a measurement: the sweep stops (SGLang waits for no request of ours)."""
 
 
-async def _abort_on_stop(port: EnginePort, prefix: str) -> None:
-    """Abort a batch's requests once the server is shutting down: SGLang's SIGTERM drain waits for every request,
-    and a sweep at batch 512 would hold it for minutes."""
+async def _abort_on_stop(port: EnginePort, prefix: str, watch: Optional[_LoadWatch] = None) -> None:
+    """Abort a batch's requests once the server is shutting down (SGLang's SIGTERM drain waits for every request,
+    and a sweep at batch 512 would hold it for minutes), or once another request arrives at a sweep that yields
+    (``watch.yields``; seen where the port lists its requests: the in-process port)."""
+    listed = watch is not None and watch.yields and callable(getattr(port, "rids", None))
     while not port.stopping():
+        if listed and (await _others_in_flight(port)):
+            watch.seen = 1  # type: ignore[union-attr]
+            break
         await asyncio.sleep(STOP_POLL_S)
     await port.abort(prefix)
 
@@ -202,7 +222,7 @@ async def _batch_wall(
     ]
     if port.stopping():
         raise ProfileStopped("the server is shutting down")
-    guard = asyncio.ensure_future(_abort_on_stop(port, f"{PROFILE_RID_PREFIX}{tag}:"))
+    guard = asyncio.ensure_future(_abort_on_stop(port, f"{PROFILE_RID_PREFIX}{tag}:", watch))
     t0 = time.perf_counter()
     try:
         results = await asyncio.gather(*(port.generate(r) for r in reqs))
@@ -211,6 +231,8 @@ async def _batch_wall(
     wall = time.perf_counter() - t0
     if port.stopping():
         raise ProfileStopped("the server is shutting down")
+    if watch is not None:
+        watch.raise_if_yielded()
     bad = [r for r in results if r.completion_tokens and r.completion_tokens != new_tokens]
     if bad:
         raise RuntimeError(f"profile request stopped early ({bad[0].completion_tokens} != {new_tokens} tokens)")
@@ -279,16 +301,17 @@ async def _possible_step_time(
 
 
 async def measure_profile(
-    port: EnginePort, key: Dict[str, Any], spec: Optional[ProfileSpec] = None, progress: bool = True
+    port: EnginePort, key: Dict[str, Any], spec: Optional[ProfileSpec] = None, progress: bool = True, yields=False
 ) -> Profile:
     """Measure a :class:`Profile` on a live engine (nothing else should be running on it; see the module
-    docstring for what marks it as measured under load)."""
+    docstring for what marks it as measured under load). ``yields``: stop at the first other request seen
+    (:class:`ProfileYielded`) instead of measuring under load."""
     spec = spec or ProfileSpec()
     spec.check_order()
     total = len(spec.batch_sizes) + bool(spec.ctx_prefix_words) + bool(spec.prefill_words)
     bar = _bar(total, progress)
     t_start = time.perf_counter()
-    watch = _LoadWatch(port)
+    watch = _LoadWatch(port, yields)
     await _batch_wall(port, [_prompt("warm", 0)], 2, watch)  # first request pays one-off costs
     limit = sweep_limit(spec, key)
     todo: List[int] = [int(b) for b in spec.within(limit).batch_sizes]
@@ -394,14 +417,15 @@ async def ensure_profile(
     max_age_s: Optional[float] = None,
     progress: bool = True,
     save: bool = True,
+    yields: bool = False,
 ) -> Profile:
     """The cached profile for ``key`` if fresh, else a new measurement (saved to the cache when ``save`` and not
-    measured under load)."""
+    measured under load; ``yields``: see :func:`measure_profile`)."""
     if not force:
         prof = cache.load(key, max_age_s=max_age_s)
         if prof is not None:
             return prof
-    prof = await measure_profile(port, key, spec, progress)
+    prof = await measure_profile(port, key, spec, progress, yields)
     if save and cache.save(prof) is None:
         logger.warning("spex: roofline profile measured under load (%s): used now, not cached", prof.load_why)
     return prof
@@ -457,12 +481,18 @@ class ProfileManager:
         return self.busy or (self._task is not None and not self._task.done())
 
     async def get(
-        self, force: bool = False, progress: bool = True, spec: Optional[ProfileSpec] = None, join: bool = False
+        self,
+        force: bool = False,
+        progress: bool = True,
+        spec: Optional[ProfileSpec] = None,
+        join: bool = False,
+        yields: bool = False,
     ) -> Profile:
         """The profile (measured now if none, stale or ``force``). ``spec``: measure with it now instead of
         ``self.spec``, which becomes it once that measurement succeeded (a failed one leaves the spec in use).
         ``join``: while a measurement runs, answer with its outcome (profile or error) instead of measuring again
-        after it; with a ``spec`` raise :class:`ProfileBusy` instead (the running one has other settings)."""
+        after it; with a ``spec`` raise :class:`ProfileBusy` instead (the running one has other settings).
+        ``yields``: the sweep stops at the first other request (:class:`ProfileYielded`; a re-profile stays due)."""
         if join and self.measuring:
             if spec is not None:
                 raise ProfileBusy("a profile measurement is running")
@@ -472,19 +502,25 @@ class ProfileManager:
             if self.profile is None or force or spec is not None or self.profile.is_stale():
                 self._running = asyncio.get_running_loop().create_future()
                 try:
-                    await self._measure(spec if spec is not None else self.spec, force or spec is not None, progress)
+                    use = spec if spec is not None else self.spec
+                    await self._measure(use, force or spec is not None, progress, yields)
                 except BaseException as e:
                     _fail(self._running, e)
                     raise
                 self._running.set_result(self.profile)
             return self.profile
 
-    async def _measure(self, use: Optional[ProfileSpec], force: bool, progress: bool) -> None:
+    async def _measure(self, use: Optional[ProfileSpec], force: bool, progress: bool, yields: bool) -> None:
         """:func:`ensure_profile` with ``use`` (cached only when it is the manager's own spec), kept as the profile in
         use (and ``use`` as the spec) once it succeeded; a failure is kept in :attr:`last_error`."""
         save = (use or ProfileSpec()) == self._own_spec
         try:
-            self.profile = await ensure_profile(self.port, self.key, use, force=force, progress=progress, save=save)
+            self.profile = await ensure_profile(
+                self.port, self.key, use, force=force, progress=progress, save=save, yields=yields
+            )
+        except ProfileYielded:
+            self.due = True  # measured at the next quiet spell instead
+            raise
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"
             raise
@@ -525,12 +561,13 @@ class ProfileManager:
         }
 
     def reprofile_if_due(self) -> bool:
-        """Start a due re-profile in the background; call it when the engine is idle. True if one started."""
+        """Start a due re-profile in the background; call it when the engine is idle. True if one started. Its
+        sweep yields to traffic: the first other request stops it (its batch aborted) and it stays due."""
         if not self.due or self.measuring:
             return False
         self.due = False
         self.reprofiles += 1
-        self._task = asyncio.ensure_future(self.get(force=True, progress=False))
+        self._task = asyncio.ensure_future(self.get(force=True, progress=False, yields=True))
         self._task.add_done_callback(_log_reprofile_failure)
         return True
 
@@ -546,5 +583,7 @@ def _fail(outcome: asyncio.Future, error: BaseException) -> None:
 
 def _log_reprofile_failure(task: asyncio.Future) -> None:
     """Log a background re-profile that failed (``status()["last_error"]`` keeps why); the profile in use stays."""
-    if not task.cancelled() and task.exception() is not None:
+    if not task.cancelled() and isinstance(task.exception(), ProfileYielded):
+        logger.info("spex: background re-profile stopped (%s); it stays due", task.exception())
+    elif not task.cancelled() and task.exception() is not None:
         logger.error("spex: background re-profile failed; keeping the profile in use", exc_info=task.exception())
