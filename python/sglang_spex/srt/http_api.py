@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.requests import ClientDisconnect
 
 from sglang_spex.config import DEFAULT_MAX_BODY_BYTES
-from sglang_spex.tot.validation import MAX_JSON_DEPTH, FieldError
+from sglang_spex.tot.validation import MAX_JSON_DEPTH, SEARCH_ID_PATTERN, FieldError
 
 STATE_ATTR = "spex"  # the plugin's HTTP-side state lives on ``app.state.spex`` (``srt/http_state.py``)
 # the answer to a request whose client went away before its body was read (nginx's "client closed request"; no
@@ -253,7 +253,7 @@ class SearchBody(Body):
     question: str = Field(min_length=1)
     reference: Optional[str] = None
     stream: bool = False
-    search_id: Optional[str] = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    search_id: Optional[str] = Field(default=None, pattern=SEARCH_ID_PATTERN)
 
     @field_validator("question")
     @classmethod

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 import time
 import uuid
 from dataclasses import asdict
@@ -46,7 +45,7 @@ from sglang_spex.tot.tree import (
     Tree,
     node_seed,
 )
-from sglang_spex.tot.validation import SearchSpecError
+from sglang_spex.tot.validation import check_search_id
 
 logger = logging.getLogger(__name__)
 
@@ -57,17 +56,7 @@ RETOKENIZE_MARGIN = 8  # tokens a path's text may gain when re-tokenized whole (
 # that never arrives leaves the protection to its lease (prefix_protection: ttl_s without the search's requests).
 RELEASE_TIMEOUT_S = 3.0
 STOP_PATTERN_BUDGET = "answer_pattern_budget"  # stop_reason: the answer pattern used its time on this search
-# A search id, as the server takes one in ``POST /tot/search`` (``srt/http_api.SearchBody.search_id`` spells out
-# the same rule): no ``:``, which would break the rids built from it (``tot/engine.node_rid``), and ASCII only.
-SEARCH_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 ProgressFn = Callable[[Dict[str, Any]], None]
-
-
-def check_search_id(search_id: Any) -> str:
-    """``search_id`` if it matches ``SEARCH_ID_PATTERN``, else :class:`SearchSpecError` naming ``search_id``."""
-    if not isinstance(search_id, str) or re.fullmatch(SEARCH_ID_PATTERN, search_id) is None:
-        raise SearchSpecError("search_id", f"must be 1-64 letters, digits, '_' or '-' (got {search_id!r:.80})")
-    return search_id
 
 
 class SearchContext:

@@ -21,13 +21,13 @@ from typing import Any, Awaitable, Callable, Iterable, List, Optional, Sequence,
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.speculation.settings import resolve
-from sglang_spex.tot.context import ProgressFn, SearchContext, check_search_id
+from sglang_spex.tot.context import ProgressFn, SearchContext
 from sglang_spex.tot.engine import EnginePort
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.limits import SearchLimits
 from sglang_spex.tot.result import SearchResult, judge
 from sglang_spex.tot.search_spec import SearchSpec
-from sglang_spex.tot.validation import SearchSpecError, check, check_int
+from sglang_spex.tot.validation import SearchSpecError, check, check_int, check_search_id
 
 __all__ = [
     "ClientLimits",

@@ -7,6 +7,7 @@ without importing the spec that holds it, and any other input check can raise a 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from typing import Any, Dict, Type, TypeVar
 
@@ -27,6 +28,18 @@ class FieldError(ValueError):
 
 class SearchSpecError(FieldError):
     """A search spec field is invalid."""
+
+
+# A search id, as the server (``srt/http_api.SearchBody.search_id``) and the client (``tot/context``) take one: no
+# ``:``, which would break the rids built from it (``tot/engine.node_rid``), and ASCII only.
+SEARCH_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+def check_search_id(search_id: Any) -> str:
+    """``search_id`` if it matches ``SEARCH_ID_PATTERN``, else :class:`SearchSpecError` naming ``search_id``."""
+    if not isinstance(search_id, str) or re.fullmatch(SEARCH_ID_PATTERN, search_id) is None:
+        raise SearchSpecError("search_id", f"must be 1-64 letters, digits, '_' or '-' (got {search_id!r:.80})")
+    return search_id
 
 
 def is_http_url(value: Any) -> bool:
