@@ -139,7 +139,7 @@ def test_json_body_answers_the_error_shape(app_client):
     assert r.json()["error"]["field"] == "k_total" and r.json()["error"]["reason"]
     r = app_client.post("/budget", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["field"] == "body"
-    assert r.json()["error"]["reason"].startswith("must be valid JSON, nested less deeply, numbers in range (")
+    assert r.json()["error"]["reason"].startswith("invalid JSON: Expecting property name")  # the reason that applies
     r = app_client.post(
         "/budget", content=b'{"k": 1' + b"0" * 5000 + b"}", headers={"content-type": "application/json"}
     )

@@ -161,8 +161,12 @@ def decode_json(data: bytes, optional: bool = False) -> Any:
         value = json.loads(data, object_pairs_hook=_unique_keys)
     except DuplicateKey as e:
         raise BodyError(e.key[:100], "given twice in one JSON object (which one counts is ambiguous)") from None
-    except (ValueError, RecursionError) as e:  # (a JSON integer past Python's digit limit is a ValueError too)
-        raise BodyError("body", f"must be valid JSON, nested less deeply, numbers in range ({e})"[:300]) from None
+    except json.JSONDecodeError as e:
+        raise BodyError("body", f"invalid JSON: {e}"[:300]) from None
+    except RecursionError:
+        raise BodyError("body", f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
+    except ValueError as e:  # a JSON integer past Python's digit limit
+        raise BodyError("body", f"a number out of range: {e}"[:300]) from None
     if not _plain(data):
         _check_decoded(value)
     return value
