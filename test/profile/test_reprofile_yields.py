@@ -99,3 +99,17 @@ def test_a_request_arriving_during_a_batch_aborts_it(monkeypatch):
     port = asyncio.run(go(True))
     assert len(port.aborted) == 1 and port.aborted[0].startswith(measure.PROFILE_RID_PREFIX)
     asyncio.run(go(False))
+
+
+def test_a_post_that_joined_a_yielding_reprofile_gets_the_profile_in_use(clock):
+    """The diff review: a ``POST /spex/profile`` joining a background re-profile got its ``ProfileYielded`` (a 500)."""
+
+    async def go():
+        mgr = ProfileManager(_engine(clock, from_wall=3), KEY, spec=SPEC)
+        mgr.profile, mgr.due = IN_USE, True
+        assert mgr.reprofile_if_due()
+        joined = await mgr.get(join=True)  # as the route's POST without settings
+        return mgr, joined
+
+    mgr, joined = asyncio.run(go())
+    assert joined is IN_USE and mgr.due

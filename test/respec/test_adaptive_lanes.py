@@ -108,7 +108,11 @@ def test_eagle_candidate_steps_cover_both_lanes(tmp_path, monkeypatch):
     assert json.loads(open(path).read())["1"]["candidate_steps"] == [0, 1, 3, 5]
 
 
-def test_a_batch_samples_when_sglang_says_it_is_not_all_greedy():
-    assert sw.samples(SimpleNamespace(sampling_info=SimpleNamespace(is_all_greedy=False)))
-    assert not sw.samples(SimpleNamespace(sampling_info=SimpleNamespace(is_all_greedy=True)))
-    assert not sw.samples(SimpleNamespace(sampling_info=None))
+def test_a_batch_samples_when_one_of_its_requests_does():
+    def batch(*top_ks):
+        reqs = [SimpleNamespace(sampling_params=SimpleNamespace(top_k=k)) for k in top_ks]
+        return SimpleNamespace(reqs=reqs, sampling_info=SimpleNamespace(is_all_greedy=False))
+
+    assert sw.samples(batch(1, 1 << 30)) and sw.samples(batch(40))
+    # the sampling request left: SGLang's merged is_all_greedy still says False (filter_batch never recomputes it)
+    assert not sw.samples(batch(1, 1)) and not sw.samples(batch())

@@ -277,3 +277,55 @@ async def test_a_router_listing_no_workers_fails_in_one_line():
     with pytest.raises(EngineLost, match="lists no workers"):
         await run_search(SearchSpec(), "What is 2 + 3?", port)
     await port.close()
+
+
+# ---- diff review: a cancel frees the request's connection at once -------------------------------------------
+
+
+class PoolTransport(httpx.AsyncBaseTransport):
+    """A pool of ``size`` connections, one held while a request is handled (as httpcore holds it until read)."""
+
+    def __init__(self, handler, size: int) -> None:
+        self.handler, self.sem = handler, asyncio.Semaphore(size)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.wait_for(self.sem.acquire(), 1.0)  # httpx's pool timeout, shortened
+        try:
+            resp = await self.handler(request)
+            await resp.aread()
+            return resp
+        finally:
+            self.sem.release()
+
+
+async def test_a_cancel_frees_its_connection_so_a_full_pools_aborts_go_out():
+    """With every pool connection held by a request, cancelling them all must still abort them all. The first version
+    of the abort loops kept a cancelled request's POST open, so every abort waited for the pool and failed."""
+    router = RouterModel(generate_s=5.0)
+    port = HttpPort(ROUTER, client=httpx.AsyncClient(transport=PoolTransport(router.handler, size=2)))
+    await port.targets()
+    reqs = [_req(path=f"r.{i}") for i in range(2)]
+    tasks = [asyncio.create_task(port.generate(r)) for r in reqs]
+    await asyncio.sleep(0.2)  # both run on the worker; the pool is full
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert [await router.outcome_of(r.rid) for r in reqs] == ["aborted", "aborted"]
+    await port.close()
+
+
+async def test_a_request_cancelled_while_it_waits_for_a_connection_is_never_sent():
+    router = RouterModel(generate_s=0.4)
+    port = HttpPort(ROUTER, client=httpx.AsyncClient(transport=PoolTransport(router.handler, size=1)))
+    await port.targets()
+    first, second = _req(path="r.0"), _req(path="r.1")
+    running = asyncio.create_task(port.generate(first))  # holds the one connection
+    await asyncio.sleep(0.05)
+    waiting = asyncio.create_task(port.generate(second))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    await asyncio.gather(running, waiting, return_exceptions=True)
+    await asyncio.sleep(0.3)
+    sent = [json.loads(r.content)["rid"] for r in router.seen if r.url.path == "/generate"]
+    assert sent == [first.rid]  # the first version sent it once a connection freed, and it ran to the end
+    await port.close()

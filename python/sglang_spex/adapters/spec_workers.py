@@ -94,10 +94,10 @@ def needs_plain_steps(batch: Any) -> bool:
 
 
 def samples(batch: Any) -> bool:
-    """True when a request of the batch samples (T > 0): SGLang's ``is_all_greedy`` is False (it counts a request
-    as greedy when its top-k is 1, as temperature 0 sets it)."""
-    info = getattr(batch, "sampling_info", None)
-    return info is not None and not info.is_all_greedy
+    """True when a request of the batch samples (T > 0), by SGLang's own rule (``SamplingBatchInfo``: greedy is
+    top-k <= 1, as temperature 0 sets it) read from the requests: the batch's ``is_all_greedy`` is not recomputed when
+    requests leave it, so it stays False after a sampling request finished."""
+    return any(req.sampling_params.top_k > 1 for req in batch.reqs)
 
 
 def rids(batch: Any) -> List[str]:

@@ -203,8 +203,9 @@ async def _abort_on_stop(port: EnginePort, prefix: str, watch: Optional[_LoadWat
     (``watch.yields``; seen where the port lists its requests: the in-process port)."""
     listed = watch is not None and watch.yields and callable(getattr(port, "rids", None))
     while not port.stopping():
-        if listed and (await _others_in_flight(port)):
-            watch.seen = 1  # type: ignore[union-attr]
+        others = await _others_in_flight(port) if listed else 0
+        if others:
+            watch.seen = others  # type: ignore[union-attr]
             break
         await asyncio.sleep(STOP_POLL_S)
     await port.abort(prefix)
@@ -497,7 +498,10 @@ class ProfileManager:
             if spec is not None:
                 raise ProfileBusy("a profile measurement is running")
             running = self._task if self._task is not None and not self._task.done() else self._running
-            return await asyncio.shield(running)
+            try:
+                return await asyncio.shield(running)
+            except ProfileYielded:  # a re-profile that gave way to traffic: answered as if none had run
+                pass
         async with self._lock:
             if self.profile is None or force or spec is not None or self.profile.is_stale():
                 self._running = asyncio.get_running_loop().create_future()
@@ -548,9 +552,9 @@ class ProfileManager:
         return True
 
     def status(self) -> Dict[str, Any]:
-        """Whether a measurement runs now, whether a re-profile is due, how many ran, the knee's budget, whether
-        the profile in use was measured under load (so not cached; None: no profile yet), and why the last
-        measurement failed (None: it did not)."""
+        """Whether a measurement runs now, whether a re-profile is due, how many started (one that yielded to
+        traffic counts), the knee's budget, whether the profile in use was measured under load (so not cached;
+        None: no profile yet), and why the last measurement failed (None: it did not)."""
         return {
             "measuring": self.measuring,
             "reprofile_due": self.due,

@@ -86,7 +86,10 @@ def load_profile_and_plan(cfg: RespecConfig, model_path: str = "", sampled: bool
     (:func:`find_profile`), or (None, None) in force modes / without a profile."""
     if cfg.force is not None:
         return None, None
-    path = find_profile(cfg, model_path, sampled)
+    return _profile_and_plan(cfg, find_profile(cfg, model_path, sampled))
+
+
+def _profile_and_plan(cfg: RespecConfig, path: Optional[Path]) -> tuple:
     if path is None or not path.exists():
         logger.warning("respec: no profile (%s); speculating always", cfg.profile)
         return None, None
@@ -131,9 +134,9 @@ def load_lanes(cfg: RespecConfig, model_path: str = "") -> Dict[bool, tuple]:
     if cfg.force is not None:
         return {False: (None, None)}
     paths = {sampled: find_profile(cfg, model_path, sampled) for sampled in (False, True)}
-    lanes = {False: load_profile_and_plan(cfg, model_path)}
+    lanes = {False: _profile_and_plan(cfg, paths[False])}
     if paths[True] != paths[False]:
-        lanes[True] = load_profile_and_plan(cfg, model_path, sampled=True)
+        lanes[True] = _profile_and_plan(cfg, paths[True])
     return lanes
 
 

@@ -23,10 +23,10 @@ raises :class:`WorkerBusy` at once and the search goes on. Sending a refused pri
 
 A request whose caller stops waiting (a cancel, or the client's timeout) is aborted: closing its connection stops
 it on a plain server, not behind a router. An abort can also reach the worker before the ``/generate`` it is for
-(which takes the router's hop), and SGLang ignores an abort for a rid it does not know yet: so behind a router, and
-for an explicit :meth:`HttpPort.abort` anywhere, the abort is sent again after each of ``ABORT_WAITS_S`` but the
-last while the request's POST has not returned (a cancelled request's POST is kept open until then, at most until
-the last; a timed-out one's is gone: sent again every time).
+(which takes the router's hop), and SGLang ignores an abort for a rid it does not know yet: so behind a router
+the abort of a cancelled or timed-out request is sent again after each of ``ABORT_WAITS_S`` but the last (its POST
+is closed at once, freeing its connection, so whether it reached the worker is unknown), and an explicit
+:meth:`HttpPort.abort` of a request still awaited is sent again the same way, anywhere, while its POST is open.
 
 :meth:`HttpPort.capacity` asks the server (a router's first healthy worker) once for the model's context length
 and longest prompt, :meth:`HttpPort.count_tokens` counts a prompt's tokens (``/tokenize``): the client-side runner
@@ -62,8 +62,8 @@ BUSY_STATUS = 503  # without the router's header: a live worker shedding load (i
 ROUTER_ERROR_HEADER = "x-smg-error-code"  # sglang-router's own errors, e.g. 500 call_upstream_request_error
 ERROR_BODY_CHARS = 500  # of an error answer's body kept in the error (SGLang's reason)
 CLOSE_WAIT_S = 10.0  # how long close() waits for the abort loops to end (then they are cancelled)
-# An abort is sent again after each of these waits but the last while its request's POST has not returned (at
-# 0.1, 0.5 and 2 s); a cancelled request's POST still open after the last is closed (at 5 s).
+# An abort is sent again after each of these waits but the last (at 0.1, 0.5 and 2 s): for a request nobody awaits
+# any more every time (behind a router), for one still awaited while its POST is open; the last bounds that watch.
 ABORT_WAITS_S = (0.1, 0.4, 1.5, 3.0)
 
 
@@ -187,10 +187,10 @@ class HttpPort(EnginePort):
         post = asyncio.ensure_future(self.client.post(self.base_url + "/generate", json=body, headers=headers))
         self._posts[rid] = post
         try:
-            return await asyncio.shield(post)  # a cancel leaves the POST to the abort loop
+            return await post  # a cancel cancels the POST too: its connection (or its wait for one) ends at once
         except asyncio.CancelledError:
             # the rid stays in flight until its abort loop ends, so a prefix abort of its search still finds it
-            self._start_abort(rid, post, dropped=True)
+            self._start_abort(rid, None, dropped=True)
             raise
         except httpx.TimeoutException:  # the request may still run (behind a router it does)
             self._start_abort(rid, None, dropped=True)
@@ -317,9 +317,9 @@ class HttpPort(EnginePort):
     def _start_abort(self, rid: str, post: Optional["asyncio.Future[httpx.Response]"], dropped: bool) -> None:
         """Run :meth:`_abort_loop` for ``rid`` in the background, one loop per rid (``close()`` ends it)."""
         running = self._aborting.get(rid)
-        if running is not None:  # an explicit abort's loop: it watches the same POST; the drop waits for its end
+        if running is not None:  # an explicit abort's loop (it watched the POST): the drop's own loop follows it
             if dropped:
-                running.add_done_callback(lambda _: self._drop(rid, post))
+                running.add_done_callback(lambda _: self._start_abort(rid, None, dropped=True))
             return
         task = asyncio.ensure_future(self._abort_loop(rid, post, dropped))
         self._aborting[rid] = task
@@ -338,7 +338,7 @@ class HttpPort(EnginePort):
         ``dropped`` (nobody awaits the request any more): one abort on a plain server (the closed connection stops
         the request too), and :meth:`_drop` at the end. Failures are logged, never raised."""
         try:
-            if dropped:
+            if dropped and not self.client.is_closed:
                 await self._abort_rids([rid])
                 if self._targets == [self.base_url]:
                     return
@@ -352,14 +352,10 @@ class HttpPort(EnginePort):
             logger.exception("aborting %s failed", rid)
         finally:
             if dropped:
-                self._drop(rid, post)
+                self._drop(rid)
 
-    def _drop(self, rid: str, post: Optional["asyncio.Future[httpx.Response]"]) -> None:
-        """The abort loop of a request nobody awaits is over: its POST is closed (its outcome read, so an error
-        it ended with is not logged as never retrieved), and it leaves ``inflight``."""
-        if post is not None:
-            post.cancel()
-            post.add_done_callback(lambda f: f.cancelled() or f.exception())
+    def _drop(self, rid: str) -> None:
+        """The abort loop of a request nobody awaits is over: it leaves ``inflight``."""
         self.inflight.discard(rid)
 
     async def _abort_rids(self, rids: List[str]) -> None:
