@@ -113,8 +113,9 @@ def test_a_bad_tree_view_wait_is_a_400_in_the_plugins_shape(spex_server, wait):
 
 def test_stats_report_the_profiler_state(spex_server):
     prof = requests.get(spex_server.url + "/spex/stats", timeout=30).json()["profile"]
-    assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total", "measured_under_load"}
+    assert set(prof) == {"measuring", "reprofile_due", "reprofiles", "k_total", "measured_under_load", "last_error"}
     assert prof["measuring"] is False and prof["reprofile_due"] is False and prof["reprofiles"] == 0
+    assert prof["last_error"] is None
 
 
 def test_stats_report_what_speculation_saved_and_auto_offs_verdict(spex_server):
