@@ -16,13 +16,12 @@ import re
 import shutil
 import sys
 import textwrap
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
 from sglang_spex.demo import search_spec
-from sglang_spex.serve import ServerProcess
+from sglang_spex.serve import start_for_one_run
 from sglang_spex.tot.http_port import NotASpexServer, check_search_answer
 from sglang_spex.tot.search import check_text
 from sglang_spex.tot.search_spec import SearchSpec, SearchSpecError
@@ -302,10 +301,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     srv = None
     if args.url is None:
-        t0 = time.monotonic()
-        print("starting the default server (SmolLM2-135M, --tot-speculation) ...", file=sys.stderr, flush=True)
-        srv = ServerProcess(["--tot-speculation"]).start()
-        print(f"server ready in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        srv = start_for_one_run()  # the default model (SmolLM2-135M); progress on stderr
     url = (args.url or srv.url).rstrip("/")
     try:
         result = run_search(url, body, headers)

@@ -26,7 +26,7 @@ import httpx
 
 from sglang_spex.config import cache_dir
 from sglang_spex.flags import count_flag
-from sglang_spex.serve import ServerProcess
+from sglang_spex.serve import start_for_one_run
 from sglang_spex.tot.http_port import NotASpexServer, check_search_answer
 from sglang_spex.tot.tasks import Question, get_task
 from sglang_spex.tot.validation import SearchSpecError
@@ -221,10 +221,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--out", type=Path, default=cache_dir("demo"), help="where demo.json and demo.png go")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    srv = None if args.url else ServerProcess(["--tot-speculation"]).start()
+    srv = None if args.url else start_for_one_run(out=sys.stdout)
     url = args.url or srv.url
     try:
-        ready = f"using {url}" if args.url else f"server ready in {time.monotonic() - t0:.0f}s at {url}"
+        ready = f"using {url}" if args.url else f"server at {url} ready in {time.monotonic() - t0:.0f}s"
         print(f"{ready}; searching {args.n} questions ...", flush=True)
         summary = story(
             url, n=args.n, seed=args.seed, width=args.width, repeats=args.repeats, concurrency=args.concurrency

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO
 
 import httpx
 
@@ -31,6 +31,7 @@ _BIND_ERROR = "error while attempting to bind on address"  # uvicorn's log line 
 PORT_TAKEN = "HTTP port already in use"  # the launcher's error when the port is taken before any model loads
 QUIET_STOP_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+PROFILE_WAIT_S = 1800.0  # the longest a one-run server's first roofline sweep may take (the auto profile's own bound)
 STOP_WAIT_S = 30.0  # after SIGTERM, how long a child has to exit before it gets SIGKILL
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded here, not in the forked child
@@ -235,3 +236,45 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_for_profile(url: str, timeout_s: float = PROFILE_WAIT_S) -> Dict[str, Any]:
+    """The roofline profile of the ``--tot-speculation`` server at ``url``, loaded from the cache or measured now
+    (``POST /spex/profile`` with ``force`` false joins the startup sweep when it runs). Raises on a refusal."""
+    r = httpx.post(f"{url}/spex/profile", json={"force": False}, timeout=timeout_s)
+    r.raise_for_status()
+    return r.json()
+
+
+def start_for_one_run(
+    args: Sequence[str] = (), env: Optional[dict] = None, out: Optional[TextIO] = None
+) -> ServerProcess:
+    """Start a ``--tot-speculation`` server (``args`` added) for one run (the CLI without ``--url``, the demo) and
+    wait for its roofline profile before any search: measured on an idle engine it is cached, so the next run
+    loads it; measured under the run's own searches it would slow them, not be cached, and run again next time.
+    Progress lines go to ``out`` (default stderr)."""
+    out = out or sys.stderr
+    t0 = time.monotonic()
+    print("starting the server (--tot-speculation) ...", file=out, flush=True)
+    srv = ServerProcess(["--tot-speculation", *args], env=env).start()
+    print(
+        f"server ready in {time.monotonic() - t0:.0f}s; roofline profile: loading it, or measuring it once for this "
+        "model and host (then cached) ...",
+        file=out,
+        flush=True,
+    )
+    t1 = time.monotonic()
+    try:
+        prof = wait_for_profile(srv.url)
+    except httpx.HTTPError as e:  # the searches still run, with k_total's default until a profile exists
+        print(f"roofline profile failed ({e}); searches use the default k_total", file=out, flush=True)
+    except BaseException:  # an interrupt: the server runs in its own session and would outlive the caller
+        srv.stop()
+        raise
+    else:
+        print(
+            f"roofline profile ready in {time.monotonic() - t1:.0f}s: k_total {prof.get('k_total')}",
+            file=out,
+            flush=True,
+        )
+    return srv

@@ -67,7 +67,7 @@ def test_search_spec_is_valid_for_every_preset():
 def test_counts_below_one_exit_2_before_any_server_starts(args, capsys, monkeypatch):
     import sglang_spex.demo as demo
 
-    monkeypatch.setattr(demo, "ServerProcess", None)  # starting a server would raise TypeError, not exit 2
+    monkeypatch.setattr(demo, "start_for_one_run", None)  # starting a server would raise TypeError, not exit 2
     with pytest.raises(SystemExit) as e:
         demo.main(args)
     assert e.value.code == 2 and "expected an integer >= 1" in capsys.readouterr().err
