@@ -4,7 +4,8 @@ fixture that installs its :class:`Clock` is in ``conftest.py``)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Dict, Iterable, List, Tuple
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from sglang_spex.profile.measure import PROFILE_RID_PREFIX
 from sglang_spex.tot.engine import EnginePort, GenResult
@@ -60,3 +61,30 @@ class Engine(EnginePort):
 
     async def abort(self, rid_or_prefix):
         pass
+
+
+class HeldPort(EnginePort):
+    """Requests run until aborted (in real time). The server starts stopping ``stop_after_s`` after creation (None:
+    never); another request shows up in :meth:`rids` once ``arrive`` is set."""
+
+    def __init__(self, stop_after_s: Optional[float] = None):
+        self.stop_after_s, self.t0 = stop_after_s, time.monotonic()
+        self.aborted: List[str] = []
+        self.submitted = 0
+        self.arrive = asyncio.Event()
+        self._abort = asyncio.Event()
+
+    def stopping(self) -> bool:
+        return self.stop_after_s is not None and time.monotonic() - self.t0 > self.stop_after_s
+
+    def rids(self, prefix: str) -> List[str]:
+        return ["search-req"] if self.arrive.is_set() else []
+
+    async def generate(self, req) -> GenResult:
+        self.submitted += 1
+        await self._abort.wait()
+        return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
+
+    async def abort(self, rid_or_prefix: str) -> None:
+        self.aborted.append(rid_or_prefix)
+        self._abort.set()

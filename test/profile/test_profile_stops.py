@@ -7,37 +7,16 @@ import asyncio
 import time
 
 import pytest
+from fake_engine import HeldPort
 
 from sglang_spex.profile import measure
-from sglang_spex.tot.engine import EnginePort, GenResult
-
-
-class ShuttingDownPort(EnginePort):
-    """Requests run until aborted; the server starts shutting down ``after_s`` into the first batch."""
-
-    def __init__(self, after_s: float):
-        self.after_s, self.t0 = after_s, time.monotonic()
-        self.aborted, self.submitted = [], 0
-        self._abort = asyncio.Event()
-
-    def stopping(self) -> bool:
-        return time.monotonic() - self.t0 > self.after_s
-
-    async def generate(self, req):
-        self.submitted += 1
-        await self._abort.wait()
-        return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
-
-    async def abort(self, rid_or_prefix: str) -> None:
-        self.aborted.append(rid_or_prefix)
-        self._abort.set()
 
 
 def test_a_batch_in_flight_is_aborted_and_the_sweep_stops(monkeypatch):
     monkeypatch.setattr(measure, "STOP_POLL_S", 0.05)
 
     async def main():
-        port = ShuttingDownPort(after_s=0.2)
+        port = HeldPort(stop_after_s=0.2)  # the server starts shutting down 0.2 s into the first batch
         t0 = time.monotonic()
         with pytest.raises(measure.ProfileStopped):
             await measure.measure_profile(port, {"flags": {}}, measure.ProfileSpec(batch_sizes=(1, 2)), progress=False)
@@ -50,7 +29,7 @@ def test_a_batch_in_flight_is_aborted_and_the_sweep_stops(monkeypatch):
 
 def test_no_batch_starts_once_the_server_is_stopping():
     async def main():
-        port = ShuttingDownPort(after_s=-1.0)
+        port = HeldPort(stop_after_s=-1.0)
         with pytest.raises(measure.ProfileStopped):
             await measure._batch_wall(port, ["a", "b"], 4)
         return port

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import List
 
 import pytest
-from fake_engine import Engine
+from fake_engine import Engine, HeldPort
 
 from sglang_spex.profile import cache, measure
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.measure import ProfileManager, ProfileSpec, ProfileYielded, measure_profile
-from sglang_spex.tot.engine import GenResult
 
 KEY = {"model": "m", "hardware": "h", "flags": {}}
 SPEC = ProfileSpec(
@@ -55,34 +53,11 @@ def test_a_reprofile_that_yields_keeps_the_profile_and_stays_due(clock, caplog):
     assert any("stays due" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
 
 
-class _Blocking:
-    """A port whose requests run until aborted; another request shows up in its list once ``arrive`` is set."""
-
-    def __init__(self):
-        self.arrive = asyncio.Event()
-        self.aborted: List[str] = []
-        self._done = asyncio.Event()
-
-    def stopping(self) -> bool:
-        return False
-
-    def rids(self, prefix: str) -> List[str]:
-        return ["search-req"] if self.arrive.is_set() else []
-
-    async def generate(self, req) -> GenResult:
-        await self._done.wait()
-        return GenResult(rid=req.rid, text="", output_ids=[], finish_reason="abort")
-
-    async def abort(self, prefix: str) -> None:
-        self.aborted.append(prefix)
-        self._done.set()
-
-
 def test_a_request_arriving_during_a_batch_aborts_it(monkeypatch):
     monkeypatch.setattr(measure, "STOP_POLL_S", 0.01)
 
-    async def go(yields: bool) -> _Blocking:
-        port = _Blocking()
+    async def go(yields: bool) -> HeldPort:
+        port = HeldPort()
         watch = measure._LoadWatch(port, yields)
         batch = asyncio.ensure_future(measure._batch_wall(port, ["a", "b"], 32, watch))
         await asyncio.sleep(0.05)
