@@ -11,7 +11,8 @@ from fake_engine import Engine
 
 from sglang_spex.profile import cache
 from sglang_spex.profile.cache import Profile
-from sglang_spex.profile.measure import ProfileManager, ProfileSpec, ensure_profile
+from sglang_spex.profile.manager import ProfileManager
+from sglang_spex.profile.measure import ProfileSpec, ensure_profile
 from sglang_spex.profile.roofline import monotone_envelope, out_of_order, worst_dip
 
 KEY = {"model": "m", "hardware": "h", "flags": {}}

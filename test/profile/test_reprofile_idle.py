@@ -1,15 +1,13 @@
-"""A drifted roofline profile is re-measured only when the engine is idle, never under live searches (no server)."""
+"""A drifted roofline profile is re-measured only once the engine is quiet, never under live searches or other\nrequests (no server)."""
 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.profile import measure
+from sglang_spex.profile import manager, measure
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.drift import DriftMonitor
-from sglang_spex.srt import spex_wiring
 from sglang_spex.srt.spex_wiring import SpexWiring
 
 PROFILE = Profile.from_points({"model": "m"}, [1, 2, 4, 8], [0.010, 0.011, 0.012, 0.014], context_len=10)
@@ -21,7 +19,7 @@ def drifted_manager(monkeypatch, calls):
         return PROFILE
 
     monkeypatch.setattr(measure, "ensure_profile", fake_ensure)
-    mgr = measure.ProfileManager(port=None, key={"model": "never-cached-test-model"})
+    mgr = manager.ProfileManager(port=None, key={"model": "never-cached-test-model"})
     mgr.profile, mgr.monitor = PROFILE, DriftMonitor(PROFILE.predict, 0.2)
     became = [mgr.observe(4, PROFILE.predict(4) * 1.5) for _ in range(10)]
     assert became.count(True) == 1 and mgr.due
@@ -43,40 +41,60 @@ def test_drift_makes_a_reprofile_due_but_starts_nothing(monkeypatch):
     asyncio.run(go())
 
 
-def finished_search(inflight):
-    async def stats():
-        return {"inflight": inflight}
+class CountingPort:
+    """Answers ``stats()`` with ``inflight`` requests (the in-process port's count)."""
 
-    return SimpleNamespace(
-        extra_result=lambda: {}, num_requests=1, tokens_generated=1, dp_rank=None, port=SimpleNamespace(stats=stats)
-    )
+    def __init__(self):
+        self.inflight = 0
+
+    async def stats(self):
+        return {"inflight": self.inflight}
 
 
-def test_the_last_search_ending_on_an_idle_engine_starts_it(monkeypatch):
+def test_a_due_reprofile_starts_once_the_engine_is_quiet(monkeypatch):
+    """Not while a search is live (between its requests nothing may be in flight), not while other requests are in
+    flight (plain ``/generate`` traffic, client-side searches): only after ``QUIET_S`` of neither."""
+    monkeypatch.setattr(manager, "QUIET_POLL_S", 0.01)
+    monkeypatch.setattr(manager, "QUIET_S", 0.1)
+    calls, port, live = [], CountingPort(), [object()]
+
+    async def go():
+        mgr = drifted_manager(monkeypatch, calls)
+        mgr.port, mgr.in_use = port, lambda: bool(live)
+        await asyncio.sleep(0.3)
+        assert mgr.due and not calls  # a live search
+        live.clear()
+        port.inflight = 3
+        await asyncio.sleep(0.3)
+        assert mgr.due and not calls  # requests in flight
+        port.inflight = 0
+        await asyncio.sleep(0.06)
+        port.inflight = 1  # a request before the quiet spell was long enough
+        await asyncio.sleep(0.03)
+        port.inflight = 0
+        await asyncio.sleep(0.06)
+        assert mgr.due and not calls  # the spell started again
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if calls:
+                break
+        await mgr._task
+        assert not mgr.due and calls == [True] and mgr.reprofiles == 1
+
+    asyncio.run(go())
+
+
+def test_live_searches_keep_the_engine_from_being_quiet(monkeypatch):
+    """``SpexWiring`` tells the profile manager about its live searches before the first profile is measured."""
     calls = []
 
     async def go():
         mgr = drifted_manager(monkeypatch, calls)
         wiring = SpexWiring(SpexConfig(enabled=True, k_total=None), lambda: mgr)
-        other = object()
-        wiring.budget.contexts[other] = None
-        monkeypatch.setattr(spex_wiring, "QUIET_S", 0.05)
-        quiet = 0.2
-        await wiring._on_finish(finished_search(0))  # another search is still live
-        await asyncio.sleep(quiet)
-        assert mgr.due and not calls
-        wiring.budget.contexts.pop(other, None)
-        await wiring._on_finish(finished_search(3))  # no search, but requests in flight (plain /generate traffic)
-        await asyncio.sleep(quiet)
-        assert mgr.due and not calls
-        await wiring._on_finish(finished_search(0))
-        wiring._finished_at = None  # what make_context does: a search started within the quiet period
-        await asyncio.sleep(quiet)
-        assert mgr.due and not calls
-        await wiring._on_finish(finished_search(0))  # quiet at last
-        await asyncio.sleep(quiet)
-        await mgr._task
-        assert not mgr.due and calls == [True]
+        await wiring._resolve_k_total()
+        assert wiring.budget.k_total == PROFILE.k_total and not mgr.in_use()
+        wiring.budget.contexts[object()] = None
+        assert mgr.in_use()
 
     asyncio.run(go())
 
@@ -92,7 +110,7 @@ def test_a_new_spec_is_kept_only_once_its_measurement_succeeded(monkeypatch):
         return PROFILE
 
     monkeypatch.setattr(measure, "ensure_profile", fake_ensure)
-    mgr = measure.ProfileManager(port=None, key={"model": "never-cached-test-model"})
+    mgr = manager.ProfileManager(port=None, key={"model": "never-cached-test-model"})
     old, bad, good = mgr.spec, measure.ProfileSpec(repeats=3), measure.ProfileSpec(repeats=1)
 
     async def go():

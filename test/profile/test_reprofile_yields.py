@@ -11,9 +11,10 @@ import logging
 import pytest
 from fake_engine import Engine, HeldPort
 
-from sglang_spex.profile import cache, measure
+from sglang_spex.profile import cache, manager, measure
 from sglang_spex.profile.cache import Profile
-from sglang_spex.profile.measure import ProfileManager, ProfileSpec, ProfileYielded, measure_profile
+from sglang_spex.profile.manager import ProfileManager
+from sglang_spex.profile.measure import ProfileSpec, ProfileYielded, measure_profile
 
 KEY = {"model": "m", "hardware": "h", "flags": {}}
 SPEC = ProfileSpec(
@@ -46,7 +47,7 @@ def test_a_reprofile_that_yields_keeps_the_profile_and_stays_due(clock, caplog):
         await asyncio.sleep(0)
         return mgr
 
-    with caplog.at_level(logging.INFO, logger=measure.__name__):
+    with caplog.at_level(logging.INFO, logger=manager.__name__):
         mgr = asyncio.run(go())
     assert mgr.profile is IN_USE and mgr.due and mgr.last_error is None and not mgr.measuring
     assert cache.load(KEY) is None  # nothing measured under the traffic is cached

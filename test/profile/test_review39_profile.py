@@ -16,10 +16,11 @@ import pytest
 from fake_engine import Engine
 from fastapi import FastAPI
 
-from sglang_spex.profile import cache, measure, routes
+from sglang_spex.profile import cache, manager, measure, routes
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.drift import DriftMonitor
-from sglang_spex.profile.measure import ProfileManager, ProfileSpec, ensure_profile, measure_profile
+from sglang_spex.profile.manager import ProfileManager
+from sglang_spex.profile.measure import ProfileSpec, ensure_profile, measure_profile
 from sglang_spex.tot.validation import FieldError
 
 KEY = {"model": "m", "hardware": "h", "flags": {}}
@@ -268,7 +269,7 @@ def test_a_failed_reprofile_is_logged_and_in_the_status(monkeypatch, caplog):
     async def go():
         mgr = ProfileManager(port=None, key={"model": "never-cached-test-model"})
         mgr.profile, mgr.monitor, mgr.due = prof, DriftMonitor(prof.predict, 0.2), True
-        with caplog.at_level(logging.ERROR, logger=measure.logger.name):
+        with caplog.at_level(logging.ERROR, logger=manager.logger.name):
             assert mgr.reprofile_if_due()
             await asyncio.wait([mgr._task])
             await asyncio.sleep(0)  # the done callback
@@ -277,7 +278,7 @@ def test_a_failed_reprofile_is_logged_and_in_the_status(monkeypatch, caplog):
     mgr = asyncio.run(go())
     status = mgr.status()
     assert not status["measuring"] and "stopped early" in status["last_error"] and status["k_total"] == 8
-    assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records if r.name == measure.logger.name)
+    assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records if r.name == manager.logger.name)
 
 
 # --- findings 8, 10: the cache files -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ A profile is measured for an idle engine. Other requests in flight when any of t
 ends (the port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve
 that still falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark
 it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
-(:class:`ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: every
+(:class:`~sglang_spex.profile.manager.ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: every
 short wall was slowed more than the long ones) that stays so after ``BAD_TIME_RETRIES`` re-measurements also keeps
 the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. A re-measurement adds
 its walls to the batch's earlier ones. The knee is fitted to the curve's monotone envelope (a bigger batch never
@@ -37,13 +37,12 @@ import time
 import uuid
 import zlib
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from sglang_spex.profile import cache
 from sglang_spex.profile.cache import Profile
-from sglang_spex.profile.drift import DriftMonitor
 from sglang_spex.profile.roofline import (
     find_knee,
     k_total_from_knee,
@@ -150,7 +149,7 @@ class _LoadWatch:
         self.seen = 0  # other requests seen by a yielding sweep
 
     async def check(self) -> None:
-        n = await _others_in_flight(self.port)
+        n = await others_in_flight(self.port)
         self.checks += 1
         if n is not None:
             self.most = max(self.most or 0, n)
@@ -162,7 +161,7 @@ class _LoadWatch:
             raise ProfileYielded(f"{self.seen} other request(s) in flight: the sweep yields to them")
 
 
-async def _others_in_flight(port: EnginePort) -> Optional[int]:
+async def others_in_flight(port: EnginePort) -> Optional[int]:
     """Requests in flight on the engine besides the profiler's own (call between its batches), None if unknown."""
     rids = getattr(port, "rids", None)
     if callable(rids):  # the in-process port sees every request SGLang's TokenizerManager tracks
@@ -203,7 +202,7 @@ async def _abort_on_stop(port: EnginePort, prefix: str, watch: Optional[_LoadWat
     (``watch.yields``; seen where the port lists its requests: the in-process port)."""
     listed = watch is not None and watch.yields and callable(getattr(port, "rids", None))
     while not port.stopping():
-        others = await _others_in_flight(port) if listed else 0
+        others = await others_in_flight(port) if listed else 0
         if others:
             watch.seen = others  # type: ignore[union-attr]
             break
@@ -430,164 +429,3 @@ async def ensure_profile(
     if save and cache.save(prof) is None:
         logger.warning("spex: roofline profile measured under load (%s): used now, not cached", prof.load_why)
     return prof
-
-
-class ProfileBusy(RuntimeError):
-    """A measurement runs already, and one with other settings cannot join it (:meth:`ProfileManager.get`)."""
-
-
-class ProfileManager:
-    """Holds a server's current profile; re-measures in the background, once the engine is idle, when observations
-    drift.
-
-    ``SpexWiring.engine_primary`` calls :meth:`observe` with the decode step times the scheduler measured (its
-    batch-stats rows' ``step_s``, at ``batch_size × dp_size``); the budget reads :attr:`k_total`. The cache under
-    ``key`` gets only profiles measured with the manager's own ``spec`` (what a later start with that key measures);
-    one measured with another spec (``POST /spex/profile`` settings) serves this manager only.
-    """
-
-    def __init__(
-        self,
-        port: EnginePort,
-        key: Dict[str, Any],
-        spec: Optional[ProfileSpec] = None,
-        threshold: float = 0.2,
-        cooldown_s: float = 300.0,
-        on_update: Optional[Callable[[Profile], None]] = None,
-    ):
-        self.port, self.key, self.spec = port, key, spec
-        self.threshold, self.cooldown_s, self.on_update = threshold, cooldown_s, on_update
-        self.profile: Optional[Profile] = cache.load(key)
-        self.monitor: Optional[DriftMonitor] = DriftMonitor(self.profile.predict, threshold) if self.profile else None
-        self._own_spec = spec or ProfileSpec()
-        self._task: Optional[asyncio.Task] = None  # the last re-profile
-        self._running: Optional[asyncio.Future] = None  # the outcome of the last measurement (joined by ``get``)
-        self._lock = asyncio.Lock()
-        self._last_measure = 0.0
-        self.reprofiles = 0
-        self.due = False  # drift seen: re-profile when the engine is next idle
-        self.last_error: Optional[str] = None  # why the last measurement failed (None once one succeeded)
-
-    @property
-    def k_total(self) -> Optional[int]:
-        return self.profile.k_total if self.profile else None
-
-    @property
-    def busy(self) -> bool:
-        return self._lock.locked()
-
-    @property
-    def measuring(self) -> bool:
-        """A measurement runs now, or a started re-profile is yet to run."""
-        return self.busy or (self._task is not None and not self._task.done())
-
-    async def get(
-        self,
-        force: bool = False,
-        progress: bool = True,
-        spec: Optional[ProfileSpec] = None,
-        join: bool = False,
-        yields: bool = False,
-    ) -> Profile:
-        """The profile (measured now if none, stale or ``force``). ``spec``: measure with it now instead of
-        ``self.spec``, which becomes it once that measurement succeeded (a failed one leaves the spec in use).
-        ``join``: while a measurement runs, answer with its outcome (profile or error) instead of measuring again
-        after it; with a ``spec`` raise :class:`ProfileBusy` instead (the running one has other settings).
-        ``yields``: the sweep stops at the first other request (:class:`ProfileYielded`; a re-profile stays due)."""
-        if join and self.measuring:
-            if spec is not None:
-                raise ProfileBusy("a profile measurement is running")
-            running = self._task if self._task is not None and not self._task.done() else self._running
-            try:
-                return await asyncio.shield(running)
-            except ProfileYielded:  # a re-profile that gave way to traffic: answered as if none had run
-                pass
-        async with self._lock:
-            if self.profile is None or force or spec is not None or self.profile.is_stale():
-                self._running = asyncio.get_running_loop().create_future()
-                try:
-                    use = spec if spec is not None else self.spec
-                    await self._measure(use, force or spec is not None, progress, yields)
-                except BaseException as e:
-                    _fail(self._running, e)
-                    raise
-                self._running.set_result(self.profile)
-            return self.profile
-
-    async def _measure(self, use: Optional[ProfileSpec], force: bool, progress: bool, yields: bool) -> None:
-        """:func:`ensure_profile` with ``use`` (cached only when it is the manager's own spec), kept as the profile in
-        use (and ``use`` as the spec) once it succeeded; a failure is kept in :attr:`last_error`."""
-        save = (use or ProfileSpec()) == self._own_spec
-        try:
-            self.profile = await ensure_profile(
-                self.port, self.key, use, force=force, progress=progress, save=save, yields=yields
-            )
-        except ProfileYielded:
-            self.due = True  # measured at the next quiet spell instead
-            raise
-        except Exception as e:
-            self.last_error = f"{type(e).__name__}: {e}"
-            raise
-        self.spec, self.last_error = use, None
-        self._last_measure = time.monotonic()
-        if "requests in flight" in self.profile.load_why:  # measure again once the engine is idle
-            self.due = True
-        self.monitor = DriftMonitor(self.profile.predict, self.threshold)
-        if self.on_update:
-            self.on_update(self.profile)
-
-    def observe(self, batch: int, step_time: float) -> bool:
-        """Feed one observed step time; on drift (past the cooldown) a re-profile becomes *due*. It runs when the
-        engine is next idle (:meth:`reprofile_if_due`), never under live traffic: its sweep fills the batch up to
-        the knee, which would stall live requests for minutes and change their batch shapes. True when one became
-        due."""
-        if self.monitor is None or not self.monitor.observe(batch, step_time):
-            return False
-        if self.due or self.measuring:
-            return False
-        if time.monotonic() - self._last_measure < self.cooldown_s and self._last_measure:
-            return False
-        self.monitor.reset()
-        self.due = True
-        return True
-
-    def status(self) -> Dict[str, Any]:
-        """Whether a measurement runs now, whether a re-profile is due, how many started (one that yielded to
-        traffic counts), the knee's budget, whether the profile in use was measured under load (so not cached;
-        None: no profile yet), and why the last measurement failed (None: it did not)."""
-        return {
-            "measuring": self.measuring,
-            "reprofile_due": self.due,
-            "reprofiles": self.reprofiles,
-            "k_total": self.k_total,
-            "measured_under_load": self.profile.measured_under_load if self.profile else None,
-            "last_error": self.last_error,
-        }
-
-    def reprofile_if_due(self) -> bool:
-        """Start a due re-profile in the background; call it when the engine is idle. True if one started. Its
-        sweep yields to traffic: the first other request stops it (its batch aborted) and it stays due."""
-        if not self.due or self.measuring:
-            return False
-        self.due = False
-        self.reprofiles += 1
-        self._task = asyncio.ensure_future(self.get(force=True, progress=False, yields=True))
-        self._task.add_done_callback(_log_reprofile_failure)
-        return True
-
-
-def _fail(outcome: asyncio.Future, error: BaseException) -> None:
-    """Hand a failed measurement's error to the calls that joined it (a cancellation as a RuntimeError); marked as
-    retrieved, so none joining is no error."""
-    if not isinstance(error, Exception):
-        error = RuntimeError(f"the profile measurement was stopped ({type(error).__name__})")
-    outcome.set_exception(error)
-    outcome.exception()
-
-
-def _log_reprofile_failure(task: asyncio.Future) -> None:
-    """Log a background re-profile that failed (``status()["last_error"]`` keeps why); the profile in use stays."""
-    if not task.cancelled() and isinstance(task.exception(), ProfileYielded):
-        logger.info("spex: background re-profile stopped (%s); it stays due", task.exception())
-    elif not task.cancelled() and task.exception() is not None:
-        logger.error("spex: background re-profile failed; keeping the profile in use", exc_info=task.exception())

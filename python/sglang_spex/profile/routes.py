@@ -30,7 +30,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from sglang_spex.profile.measure import ProfileBusy, ProfileSpec, ProfileStopped, filler_tokens_per_word, sweep_limit
+from sglang_spex.profile.manager import ProfileBusy
+from sglang_spex.profile.measure import ProfileSpec, ProfileStopped, filler_tokens_per_word, sweep_limit
 from sglang_spex.srt.http_api import ProfileBody, error_response, json_body
 from sglang_spex.srt.http_state import SpexHttpState, http_state
 from sglang_spex.tot.validation import FieldError

@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 from fastapi import FastAPI, Request
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.profile.measure import ProfileManager, profile_key, server_args_dict
+from sglang_spex.profile.manager import ProfileManager
+from sglang_spex.profile.measure import profile_key, server_args_dict
 from sglang_spex.srt.engine_port import TokenizerManagerPort
 from sglang_spex.srt.http_api import STATE_ATTR
 from sglang_spex.srt.search_service import SearchService

@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sglang_spex.config import SpexConfig
-from sglang_spex.profile.measure import ProfileManager
+from sglang_spex.profile.manager import ProfileManager
 from sglang_spex.speculation.settings import check_without_speculation
 from sglang_spex.srt.engine_port import TokenizerManagerPort
 from sglang_spex.srt.http_api import STATE_ATTR, BodyError, SearchBody, error_response, json_body

@@ -3,10 +3,9 @@ each rank's live primary load (the batch-stats ring its scheduler writes, hook H
 sizes (S_w, KV bytes per token, from SGLang's model config), and ``--tot-k-total auto`` resolved from the roofline
 profile: once the knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the
 scheduler-side speculative admission cap (the ``budget`` control op). Under auto, decode step times go to the
-profile's drift monitor (a re-profile moves the knee); a re-profile the drift made due starts only once the engine stayed
-quiet for ``QUIET_S`` after the last live search ended, with no request in flight (its sweep would stall live
-requests); a numeric k_total never reads
-the profile, so it never re-profiles.
+profile's drift monitor (a re-profile moves the knee); a due re-profile starts only once the engine has been quiet
+(:class:`~sglang_spex.profile.manager.ProfileManager`: no request in flight and, through its ``in_use``, no live
+search); a numeric k_total never reads the profile, so it never re-profiles.
 Used by :mod:`sglang_spex.srt.search_service`.
 """
 
@@ -14,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile.cache import Profile
-from sglang_spex.profile.measure import ProfileManager
+from sglang_spex.profile.manager import ProfileManager
 from sglang_spex.speculation.budget import ModelBytes, model_bytes
 from sglang_spex.speculation.runner import SpexContext, context_factory, make_budget
 from sglang_spex.srt import control, metrics
@@ -29,7 +27,6 @@ from sglang_spex.srt.dp_ranks import per_rank
 logger = logging.getLogger(__name__)
 
 DECODE_MODE = 2  # batch-stats rows of decode steps hold the whole running batch
-QUIET_S = 10.0  # a due re-profile waits this long after the last search ended with nothing else starting
 
 
 class SpexWiring:
@@ -49,11 +46,9 @@ class SpexWiring:
         self.k_total_task: Optional[asyncio.Task] = None
         self._tm: Any = None  # SGLang's TokenizerManager (from the first search's port)
         self.scheduler_cap: Optional[int] = None  # the cap last sent to the scheduler under auto
-        self._finished_at: Optional[float] = None  # when the last live search ended (None: one started since)
 
     def make_context(self, *args: Any, **kwargs: Any) -> SpexContext:
         """The service's ``context_factory`` (args as ``SearchContext``'s: spec, question, port, ...)."""
-        self._finished_at = None  # a search started: the engine is not quiet
         if self._tm is None:
             self._attach(args[2] if len(args) > 2 else kwargs.get("port"))
         if self._k_total_pending:
@@ -72,6 +67,7 @@ class SpexWiring:
     async def _resolve_k_total(self) -> None:
         try:
             manager = self._profile()
+            manager.in_use = lambda: bool(self.budget.contexts)  # live searches: not quiet between their requests
             profile = await manager.get()
             manager.on_update = self._on_profile  # a re-profile (drift) moves the knee: follow it
             await self._set_k_total(profile)
@@ -100,23 +96,6 @@ class SpexWiring:
 
     async def _on_finish(self, ctx: SpexContext) -> None:
         metrics.record_search(ctx.extra_result(), ctx.num_requests, ctx.tokens_generated, dp_rank=ctx.dp_rank)
-        if self.cfg.k_total is None and not self.budget.contexts:
-            self._finished_at = finished = time.monotonic()
-            asyncio.get_running_loop().call_later(
-                QUIET_S, lambda: asyncio.ensure_future(self._reprofile(ctx, finished))
-            )
-
-    async def _reprofile(self, ctx: SpexContext, finished: float) -> None:
-        """A re-profile the drift made due starts once the engine stayed quiet for ``QUIET_S`` after the last search
-        ended: no search since, none live, no request in flight (a client running searches one after another
-        leaves only short gaps between them)."""
-        if self._finished_at != finished or self.budget.contexts:
-            return
-        try:
-            if (await ctx.port.stats()).get("inflight", 1) == 0:
-                self._profile().reprofile_if_due()
-        except Exception:
-            logger.debug("spex: starting a due re-profile failed", exc_info=True)
 
     def _reader(self, rank: Optional[int]) -> StatsReader:
         reader = self._readers.get(rank)
