@@ -12,7 +12,7 @@ check; unknown fields are rejected with a :class:`ConfigError` naming them where
 The launcher writes the config as JSON to ``SGLANG_SPEX_CONFIG`` (:func:`export`); SGLang's subprocesses inherit
 the environment and read it with :func:`load`, which parses it once per process and caches it (keyed by the
 variable's text, so a test that changes the variable gets the new value; :func:`reset` clears the cache).
-:data:`ENV_VARS` names every environment variable the package reads.
+:data:`ENV_VARS` names the package's own environment variables (SGLang's and the system's aside).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import (
 
 from sglang_spex.tot.limits import parse_reward_hosts, valid_host_entry
 
-# ---------------------------------------------------------------- environment variables (all the package reads)
+# ---------------------------------------------------------------- environment variables (the package's own)
 ENV_VAR = "SGLANG_SPEX_CONFIG"
 CACHE_ENV_VAR = "SPEX_CACHE_DIR"
 FORCE_CPU_ENV_VAR = "SPEX_FORCE_CPU"

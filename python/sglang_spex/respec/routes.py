@@ -3,7 +3,8 @@
 - ``POST /respec/rollouts`` ``{"rollouts": [{"prompt_ids", "response_ids", "reward", "target_logprobs"?,
   "target_top_logprobs"?}], "more"?: bool}`` (the last two from the served target, see ``buffer.py``; with top-k on
   every rollout of an update the KD target comes from them): 200 ``{"accepted", "buffer_size", "version",
-  "update_due"}``; a bad payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged. One post is
+  "update_due", "training"}`` (``training``: false while the learner skips updates, so the client may stop sending
+  log-probs and policy pushes); a bad payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged. One post is
   one RL step; a step too large for one body (``learner.max_post_bytes``, 413 past it) goes in parts, each but the
   last with ``"more": true`` (``ServerClient.post_rollouts`` cuts them). The same rollouts may come as one binary
   body, ``Content-Type: application/octet-stream`` (a safetensors file, ``rollout_wire.py``; ``more`` in its
@@ -28,7 +29,8 @@
 Inside the SGLang server these are installed by :func:`install_from_env` when the config (``SGLANG_SPEX_CONFIG``)
 holds a learner spec (the launcher's ``--respec-learner SPEC [--respec-update-interval N --respec-kd V
 --respec-learner-mode M]``: ``drafter`` (checkpoint dir), ``target`` (HF model dir of the served model),
-optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, response_ids]), ``server_url``).
+optional ``learner`` (LearnerConfig fields), ``probe`` (list of [prompt_ids, response_ids]), ``server_url``,
+``replica_urls``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Never slower (the speculative gate, measured here every step, not only by the cl
   whichever is smaller. Once the primary work alone reaches the knee the room is 0: running speculative
   requests are retracted and none is admitted (auto-off); it opens again as soon as the primary load drops
   or the live curve stops saying compute-bound. A speculative request its search marks *sure*
-  (``custom_params["spex_sure"]``: its expected use measured at ≥ 0.9) takes no room below the knee, only
+  (``custom_params["spex_sure"]``: its expected use measured at ≥ ``--tot-sure-use``, default 0.9, per search
+  ``speculation.sure_use``) takes no room below the knee, only
   budget: a hit is work the search does anyway, sooner and batched (what the knee guards against is waste);
   unsure requests are retracted first.
 - *Spec prefill never delays a primary decode step.* SGLang runs a prefill batch *instead of* the decode
