@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -96,3 +97,41 @@ def test_ctrl_c_during_the_first_sweep_stops_the_server(tiny_model, tmp_path):
         srv.stop()
     saved = list((tmp_path / "profiles").glob("*.json")) if (tmp_path / "profiles").exists() else []
     assert saved == [], "the server finished its sweep before it stopped"
+
+
+def test_a_first_profile_measured_under_load_is_measured_again_once_the_server_is_quiet(tiny_model, tmp_path):
+    """Plain ``/generate`` traffic during the first sweep: that profile serves the run, uncached; once the server has
+    been quiet for ``QUIET_S`` a re-profile runs on its own (no server-side search needed) and is cached."""
+    srv = ServerProcess(
+        [*TINY, tiny_model, "--tot-speculation", "--tot-k-total", "auto", "--max-running-requests", "8"],
+        env={"SPEX_CACHE_DIR": str(tmp_path)},  # a fresh profile cache: the first sweep starts at once
+    ).start()
+    stop = threading.Event()
+
+    def traffic():
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 64, "ignore_eos": True, "temperature": 0}}
+        while not stop.is_set():
+            requests.post(srv.url + "/generate", json=body, timeout=120).raise_for_status()
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+
+    def profile_status():
+        return requests.get(srv.url + "/spex/stats", timeout=30).json()["profile"]
+
+    try:
+        deadline = time.monotonic() + 240
+        while (first := profile_status())["k_total"] is None:  # the first sweep, under the traffic
+            assert time.monotonic() < deadline, "the first profile never came"
+            time.sleep(0.5)
+        stop.set()
+        sender.join(timeout=120)
+        assert first["measured_under_load"] is True and first["reprofile_due"], first
+        while (prof := profile_status())["measured_under_load"] or prof["measuring"]:  # quiet from here on
+            assert time.monotonic() < deadline, f"no quiet re-profile: {prof}"
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        srv.stop()
+    assert prof["reprofiles"] >= 1 and not prof["reprofile_due"] and prof["k_total"] is not None, prof
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1  # the quiet one is cached
