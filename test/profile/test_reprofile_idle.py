@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from sglang_spex.config import SpexConfig
 from sglang_spex.profile import manager, measure
@@ -24,6 +25,17 @@ def drifted_manager(monkeypatch, calls):
     became = [mgr.observe(4, PROFILE.predict(4) * 1.5) for _ in range(10)]
     assert became.count(True) == 1 and mgr.due
     return mgr
+
+
+def test_drift_within_the_cooldown_after_a_measurement_makes_nothing_due(monkeypatch):
+    """A re-profile measured ``cooldown_s`` ago or less is not made due again by drift; past it, drift counts."""
+    now = [1000.0]
+    monkeypatch.setattr(manager, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    mgr = manager.ProfileManager(port=None, key={"model": "never-cached-test-model"}, cooldown_s=300.0)
+    mgr.profile, mgr.monitor, mgr._last_measure = PROFILE, DriftMonitor(PROFILE.predict, 0.2), 900.0
+    assert not any(mgr.observe(4, PROFILE.predict(4) * 1.5) for _ in range(10)) and not mgr.due
+    now[0] = 1201.0  # 301 s after the measurement
+    assert any(mgr.observe(4, PROFILE.predict(4) * 1.5) for _ in range(10)) and mgr.due
 
 
 def test_drift_makes_a_reprofile_due_but_starts_nothing(monkeypatch):
