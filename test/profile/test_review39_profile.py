@@ -36,9 +36,11 @@ SMALL = {"short_tokens": 2, "long_tokens": 6, "ctx_prefix_words": 0, "prefill_wo
 
 
 @pytest.mark.parametrize("factor", [1.8, 2.5])
-def test_one_slowed_short_wall_moves_neither_the_step_time_nor_the_knee(clock, factor):
-    # only the first repeat's short wall at B=16 is slowed: (long - short) read too fast, the knee went to 16
-    engine = Engine(clock, step=STEP, slow=lambda b, tokens, n: factor if (b, tokens, n) == (16, 2, 1) else 1.0)
+@pytest.mark.parametrize("wall", [(16, 2, 1), (16, 2, 2), (16, 6, 2)], ids=["short-first", "short-last", "long-last"])
+def test_one_slowed_wall_moves_neither_the_step_time_nor_the_knee(clock, factor, wall):
+    # one repeat's wall at B=16 is slowed (a slowed short wall read (long - short) too fast, the knee went to 16):
+    # each wall's fastest repeat counts, whichever repeat was slowed
+    engine = Engine(clock, step=STEP, slow=lambda b, tokens, n: factor if (b, tokens, n) == wall else 1.0)
     prof = asyncio.run(ensure_profile(engine, KEY, SPEC, progress=False))
     assert prof.step_times == pytest.approx(TRUE_TIMES)
     assert prof.k_total == 5 and not prof.measured_under_load

@@ -143,7 +143,10 @@ def test_json_body_answers_the_error_shape(app_client):
     r = app_client.post(
         "/budget", content=b'{"k": 1' + b"0" * 5000 + b"}", headers={"content-type": "application/json"}
     )
-    assert r.status_code == 400 and "digits" in r.json()["error"]["reason"]  # says why, not just "not JSON"
+    reason = r.json()["error"]["reason"]
+    assert r.status_code == 400 and reason.startswith("a number out of range:") and "digits" in reason  # says why
+    r = app_client.post("/budget", content=b"[" * 100000 + b"]" * 100000, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["reason"] == "JSON nested too deeply (at most 64 levels)"
     r = app_client.post("/budget")  # an empty body is not a budget
     assert r.status_code == 400 and r.json()["error"]["field"] == "body"
     assert app_client.post("/budget", json={"k": 4}).json() == {"ok": True, "k": 4}
