@@ -6,7 +6,9 @@ overlap, on CPU too. ``spex_server`` runs in the default mode;
 ``spex_server_in_mode`` runs a test once per mode (its default-mode instance is the same server).
 
 Every test whose fixtures (directly or through other fixtures) start a server is marked ``server``
-automatically, so ``pytest -m "not server"`` starts none.
+automatically, so ``pytest -m "not server"`` starts none. A module that names a server starter without starting one
+(``Cluster`` planned, or its ``start`` faked) says so with ``STARTS_NO_SERVER = True``; its tests then count only the
+shared server fixtures.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def _uses_server(item: pytest.Item) -> bool:
     names = set(getattr(item, "fixturenames", ()))  # the whole fixture closure, not only direct arguments
     if names & SERVER_FIXTURES:
         return True
+    if getattr(getattr(item, "module", None), "STARTS_NO_SERVER", False):  # its Cluster is planned or faked only
+        return False
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
     funcs = [getattr(item, "function", None)] + [d.func for ds in defs.values() for d in ds]
     return any(_starts_server(f) for f in funcs if f is not None)

@@ -20,6 +20,7 @@ from sglang_spex.scale.cluster import Cluster, gpu_slices, ranks_per_server, ser
 from sglang_spex.scale.router import check_router, parse_workers, server_url
 from sglang_spex.serve import ServerProcess, popen_child
 
+STARTS_NO_SERVER = True  # Cluster is planned, its start faked, or its servers are shell children (conftest)
 GPUS = [str(i) for i in range(8)]
 
 

@@ -17,6 +17,7 @@ from sglang_spex.scale import router as router_mod
 from sglang_spex.scale.cluster import Cluster, ranks_per_server
 from sglang_spex.serve import STOP_SIGNALS, free_port
 
+STARTS_NO_SERVER = True  # Cluster is planned, its start faked, or its servers are shell children (conftest)
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch_cluster.py"
 NOT_INSTALLED = "sglang-router is not installed"
 
