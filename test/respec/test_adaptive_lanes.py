@@ -60,6 +60,18 @@ def test_a_step_refits_the_lane_that_decided_it():
     assert rt.lanes[False].plan.choose(4) is None and rt.info()["reprofile"]["reprofiles"] == 1
 
 
+def test_a_step_read_after_another_lane_decided_refits_the_lane_handed_to_record():
+    """Under overlap a step is read one or two decisions later: a greedy step read after a sampled decision must
+    refit the greedy lane, not the lane that decided last."""
+    rt = _runtime(RespecConfig(enabled=True, hysteresis="0,0,1", server_key=KEY, algorithm="NGRAM", drift=0.2))
+    greedy, sampled = rt.lanes[False], rt.lanes[True]
+    assert rt.decide(4, sampled=False) == KEY and rt.decide(4, sampled=True) is None and rt.lane is sampled
+    for _ in range(200):  # the greedy lane's drafts are never accepted (its profile says 2 tokens a step)
+        rt.record(KEY, 4, 0.012, 1.0, greedy)
+    assert greedy.reprofiler.reprofiles == 1 and greedy.plan.choose(4) is None
+    assert sampled.reprofiler.reprofiles == 0 and sampled.reprofiler.drift() == {}  # it observed none of them
+
+
 def test_the_step_clock_hands_each_step_to_the_lane_that_decided_it(monkeypatch):
     rt = _runtime()
     seen = []

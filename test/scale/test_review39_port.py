@@ -143,6 +143,68 @@ async def test_a_late_abort_cannot_stop_a_new_request_with_the_same_rid(monkeypa
     await port.close()
 
 
+class DeafWorker:
+    """A router in front of W0, whose ``/generate`` runs until W0 hears an abort (else ``generate_s``, then ends);
+    W0 hears only the ``hears``-th abort. Logs each abort and each returned ``/generate`` in order."""
+
+    def __init__(self, hears: int, generate_s: float) -> None:
+        self.hears, self.generate_s = hears, generate_s
+        self.stop = asyncio.Event()
+        self.log: List[str] = []
+
+    async def handler(self, request: httpx.Request) -> httpx.Response:
+        if str(request.url) == ROUTER + "/workers":
+            return httpx.Response(200, json={"workers": [{"url": W0, "is_healthy": True}]})
+        if str(request.url) == ROUTER + "/generate":
+            try:
+                await asyncio.wait_for(self.stop.wait(), self.generate_s)
+                body = ABORTED
+            except asyncio.TimeoutError:
+                body = OK
+            self.log.append("generate")
+            return httpx.Response(200, json=body)
+        if str(request.url) == W0 + "/abort_request":
+            self.log.append("abort")
+            if self.log.count("abort") >= self.hears:
+                self.stop.set()
+            return httpx.Response(200, json={})
+        return httpx.Response(404)
+
+    def port(self) -> HttpPort:
+        return HttpPort(ROUTER, client=httpx.AsyncClient(transport=httpx.MockTransport(self.handler)))
+
+
+async def test_a_cancelled_request_behind_a_router_is_aborted_once_per_abort_wait(monkeypatch):
+    """Its POST is gone, so whether it reached the worker is unknown: the abort is sent at once and after each of
+    ``ABORT_WAITS_S`` but the last, ``len(ABORT_WAITS_S)`` times in all."""
+    monkeypatch.setattr(http_port, "ABORT_WAITS_S", (0.01, 0.01, 0.01, 0.01))
+    worker = DeafWorker(hears=99, generate_s=30.0)
+    port = worker.port()
+    await port.targets()
+    task = asyncio.create_task(port.generate(_req()))
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await port.close()  # waits for the abort loop
+    assert worker.log == ["abort"] * len(http_port.ABORT_WAITS_S)
+
+
+async def test_an_explicit_abort_is_sent_again_until_the_last_wait_and_never_after_its_post_returned(monkeypatch):
+    """A worker that hears only the last scheduled abort still ends the request aborted; then no abort follows."""
+    monkeypatch.setattr(http_port, "ABORT_WAITS_S", (0.01, 0.01, 0.01, 0.05))
+    worker = DeafWorker(hears=len(http_port.ABORT_WAITS_S), generate_s=1.0)
+    port = worker.port()
+    await port.targets()
+    req = _req()
+    task = asyncio.create_task(port.generate(req))
+    await asyncio.sleep(0.005)
+    await port.abort(req.rid)
+    res = await asyncio.wait_for(task, 5.0)
+    await port.close()
+    assert res.aborted and worker.log == ["abort"] * len(http_port.ABORT_WAITS_S) + ["generate"]
+
+
 async def test_close_ends_the_abort_loops_it_does_not_wait_out(monkeypatch):
     monkeypatch.setattr(http_port, "CLOSE_WAIT_S", 0.2)
     router = RouterModel(generate_s=30.0)
@@ -189,7 +251,7 @@ async def test_a_timed_out_generate_is_aborted_not_lost(monkeypatch):
 
 # ---- finding 3: the search id, checked client-side by the server's rule -----------------------------------
 
-BAD_IDS = ["a:b", "søk", "", "x" * 65, "bad\nid", "with space", 5]
+BAD_IDS = ["a:b", "søk", "", "x" * 65, "bad\nid", "bad\n", "\nbad", "with space", 5]
 GOOD_IDS = ["s1", "A-b_9", "x" * 64]
 
 
@@ -229,10 +291,12 @@ async def test_run_search_refuses_a_bad_search_id_before_any_request(sid):
 # ---- findings 4 and 5: the router's worker list -----------------------------------------------------------
 
 
-async def test_a_failed_workers_lookup_is_asked_again_and_only_a_404_means_a_plain_server(monkeypatch):
-    """Old: one 503 from ``GET /workers`` made the router a plain server for good (aborts and control to it)."""
+@pytest.mark.parametrize("first", [503, 401, 429])
+async def test_a_failed_workers_lookup_is_asked_again_and_only_a_404_means_a_plain_server(monkeypatch, first):
+    """Old: one 503 from ``GET /workers`` made the router a plain server for good (aborts and control to it). Any
+    error answer but a 404 (a 401 from a router whose ``/workers`` needs a key, a 429) is asked again too."""
     monkeypatch.setattr(http_port, "WORKERS_TTL_S", 0.0)
-    answers = [503, 200]
+    answers = [first, 200]
     seen: List[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
