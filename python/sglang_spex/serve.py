@@ -31,7 +31,7 @@ _BIND_ERROR = "error while attempting to bind on address"  # uvicorn's log line 
 PORT_TAKEN = "HTTP port already in use"  # the launcher's error when the port is taken before any model loads
 QUIET_STOP_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
-PROFILE_WAIT_S = 1800.0  # the longest a one-run server's first roofline sweep may take (the auto profile's own bound)
+PROFILE_WAIT_S = 1800.0  # the longest a one-run server's first roofline sweep is waited for
 STOP_WAIT_S = 30.0  # after SIGTERM, how long a child has to exit before it gets SIGKILL
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded here, not in the forked child
@@ -257,6 +257,9 @@ def start_for_one_run(
     t0 = time.monotonic()
     print("starting the server (--tot-speculation) ...", file=out, flush=True)
     srv = ServerProcess(["--tot-speculation", *args], env=env).start()
+    if _k_total_given(args):  # a numeric --tot-k-total: no profile is read, none is waited for
+        print(f"server ready in {time.monotonic() - t0:.0f}s", file=out, flush=True)
+        return srv
     print(
         f"server ready in {time.monotonic() - t0:.0f}s; roofline profile: loading it, or measuring it once for this "
         "model and host (then cached) ...",
@@ -267,7 +270,7 @@ def start_for_one_run(
     try:
         prof = wait_for_profile(srv.url)
     except httpx.HTTPError as e:  # the searches still run, with k_total's default until a profile exists
-        print(f"roofline profile failed ({e}); searches use the default k_total", file=out, flush=True)
+        print(f"roofline profile failed ({e}); the first search measures it under its own load", file=out, flush=True)
     except BaseException:  # an interrupt: the server runs in its own session and would outlive the caller
         srv.stop()
         raise
@@ -278,3 +281,14 @@ def start_for_one_run(
             flush=True,
         )
     return srv
+
+
+def _k_total_given(args: Sequence[str]) -> bool:
+    """``args`` set ``--tot-k-total`` to a number (auto, the default, reads the roofline profile)."""
+    for i, a in enumerate(args):
+        value = a.split("=", 1)[1] if a.startswith("--tot-k-total=") else None
+        if a == "--tot-k-total" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None:
+            return value != "auto"
+    return False

@@ -9,7 +9,7 @@ from sglang_spex.config import SpexConfig
 from sglang_spex.profile import manager, measure
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.drift import DriftMonitor
-from sglang_spex.srt.spex_wiring import SpexWiring
+from sglang_spex.srt.http_state import SpexHttpState
 
 PROFILE = Profile.from_points({"model": "m"}, [1, 2, 4, 8], [0.010, 0.011, 0.012, 0.014], context_len=10)
 
@@ -96,19 +96,80 @@ def test_a_due_reprofile_starts_once_the_engine_is_quiet(monkeypatch):
     asyncio.run(go())
 
 
-def test_live_searches_keep_the_engine_from_being_quiet(monkeypatch):
-    """``SpexWiring`` tells the profile manager about its live searches before the first profile is measured."""
+def test_server_side_searches_keep_the_engine_from_being_quiet_in_every_mode():
+    """The HTTP state wires ``in_use`` when it makes the manager, with or without ``--tot-speculation`` and whatever
+    ``--tot-k-total`` says (a ``POST /spex/profile`` under traffic makes a re-profile due in any mode)."""
+    tm = SimpleNamespace(server_args={"model_path": "never-cached-test-model"}, rid_to_state={})
+    for cfg in (SpexConfig(), SpexConfig(enabled=True, k_total=8), SpexConfig(enabled=True, k_total=None)):
+        state = SpexHttpState(cfg, lambda: SimpleNamespace(tokenizer_manager=tm))
+        counts = {"running": 0, "queued": 0}
+        state.searches.counts = lambda: counts
+        mgr = state.profile
+        assert not mgr.in_use()
+        counts["queued"] = 1
+        assert mgr.in_use()
+
+
+def test_a_clean_measurement_answers_a_due_reprofile(monkeypatch):
+    """A ``POST /spex/profile`` that measures a clean profile while a re-profile is due clears it (else the watch
+    would sweep again for nothing)."""
     calls = []
 
     async def go():
         mgr = drifted_manager(monkeypatch, calls)
-        wiring = SpexWiring(SpexConfig(enabled=True, k_total=None), lambda: mgr)
-        await wiring._resolve_k_total()
-        assert wiring.budget.k_total == PROFILE.k_total and not mgr.in_use()
-        wiring.budget.contexts[object()] = None
-        assert mgr.in_use()
+        await mgr.get(force=True)
+        await asyncio.sleep(0)
+        return mgr
 
-    asyncio.run(go())
+    mgr = asyncio.run(go())
+    assert calls == [True] and not mgr.due and mgr.status()["reprofile_due"] is False
+
+
+def test_each_yield_doubles_the_quiet_spell_and_a_completed_measurement_resets_it(monkeypatch):
+    calls, outcomes = [], [measure.ProfileYielded("1 other request(s) in flight"), None]
+
+    async def ensure(port, key, spec=None, force=False, progress=True, **kw):
+        calls.append(force)
+        if outcomes and outcomes[0] is not None:
+            raise outcomes.pop(0)
+        return PROFILE
+
+    async def go():
+        mgr = drifted_manager(monkeypatch, [])
+        monkeypatch.setattr(measure, "ensure_profile", ensure)
+        assert mgr.quiet_needed_s() == manager.QUIET_S
+        assert mgr.reprofile_if_due()
+        try:
+            await mgr._task
+        except measure.ProfileYielded:
+            pass
+        assert mgr.due and mgr.quiet_needed_s() == 2 * manager.QUIET_S
+        assert mgr._quiet_watch is not None and not mgr._quiet_watch.done()  # armed again: it restarts later
+        mgr._yields = 30
+        assert mgr.quiet_needed_s() == manager.QUIET_MAX_S
+        outcomes.pop(0)
+        assert mgr.reprofile_if_due()
+        await mgr._task
+        return mgr
+
+    mgr = asyncio.run(go())
+    assert not mgr.due and mgr.quiet_needed_s() == manager.QUIET_S
+
+
+def test_the_watch_ends_when_the_server_stops(monkeypatch):
+    monkeypatch.setattr(manager, "QUIET_POLL_S", 0.01)
+    monkeypatch.setattr(manager, "QUIET_S", 0.02)
+    port = CountingPort()
+    port.stopping = lambda: True
+
+    async def go():
+        mgr = drifted_manager(monkeypatch, [])
+        mgr.port = port
+        await asyncio.wait_for(mgr._quiet_watch, 1.0)  # ended on its own
+        return mgr
+
+    mgr = asyncio.run(go())
+    assert mgr.due and mgr.reprofiles == 0  # nothing started during the shutdown
 
 
 def test_a_new_spec_is_kept_only_once_its_measurement_succeeded(monkeypatch):

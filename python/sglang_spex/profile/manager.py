@@ -1,8 +1,10 @@
 """The server's roofline profile over time (:class:`ProfileManager`): one measurement at a time, later callers joining
-it; a re-profile becomes *due* when a profile was measured under load, a re-profile yielded to traffic, or step times
-drifted, and starts on its own once the engine has been quiet for ``QUIET_S`` (no request in flight, no live search,
-polled every ``QUIET_POLL_S``): its sweep never runs under live traffic, and it yields to the first request that
-arrives (:class:`~sglang_spex.profile.measure.ProfileYielded`; it stays due).
+it; a re-profile becomes *due* when a profile was measured with other requests in flight, a re-profile yielded to
+traffic, or step times drifted, and starts on its own once the engine has been quiet for ``QUIET_S`` (no request in
+flight, no live search, polled every ``QUIET_POLL_S``; the spell doubles with each yield, up to ``QUIET_MAX_S``): its
+sweep never runs under live traffic, and it yields to the first request that arrives
+(:class:`~sglang_spex.profile.measure.ProfileYielded`; it stays due). A measurement that completes clean answers a
+due re-profile.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from typing import Any, Callable, Dict, Optional
 from sglang_spex.profile import cache, measure
 from sglang_spex.profile.cache import Profile
 from sglang_spex.profile.drift import DriftMonitor
-from sglang_spex.profile.measure import ProfileSpec, ProfileYielded, others_in_flight
+from sglang_spex.profile.measure import ProfileSpec, ProfileStopped, ProfileYielded, others_in_flight
 from sglang_spex.tot.engine import EnginePort
 
 logger = logging.getLogger(__name__)
 
-QUIET_S = 10.0  # a due re-profile starts once the engine has been quiet this long
-QUIET_POLL_S = 1.0  # how often the quiet watch looks (a request between two looks is met by the sweep's yield)
+QUIET_S = 10.0  # a due re-profile starts once the engine has been quiet this long (doubled per yield)
+QUIET_MAX_S = 600.0  # the longest quiet spell a due re-profile waits for, however often it yielded
+QUIET_POLL_S = 1.0  # how often the quiet watch looks (a request that starts and ends between two looks is not seen)
 
 
 class ProfileBusy(RuntimeError):
@@ -61,6 +64,7 @@ class ProfileManager:
         self.reprofiles = 0
         self.due = False  # re-profile when the engine is next quiet (:meth:`_mark_due`)
         self.in_use: Callable[[], bool] = lambda: False
+        self._yields = 0  # re-profiles that yielded since the last measurement that completed
         self._quiet_watch: Optional[asyncio.Task] = None
         self.last_error: Optional[str] = None  # why the last measurement failed (None once one succeeded)
 
@@ -119,13 +123,15 @@ class ProfileManager:
                 self.port, self.key, use, force=force, progress=progress, save=save, yields=yields
             )
         except ProfileYielded:
-            self._mark_due()  # measured at the next quiet spell instead
+            self._yields += 1  # each yield doubles the quiet spell the next start waits for
+            self._mark_due()  # measured at a later quiet spell instead
             raise
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"
             raise
         self.spec, self.last_error = use, None
         self._last_measure = time.monotonic()
+        self.due, self._yields = False, 0  # a clean measurement answers a due re-profile
         if "requests in flight" in self.profile.load_why:  # measure again once the engine is quiet
             self._mark_due()
         self.monitor = DriftMonitor(self.profile.predict, self.threshold)
@@ -156,22 +162,32 @@ class ProfileManager:
         except RuntimeError:  # no running loop: the caller starts it (:meth:`reprofile_if_due`)
             self._quiet_watch = None
 
+    def quiet_needed_s(self) -> float:
+        """How long the engine must stay quiet before a due re-profile starts: ``QUIET_S``, doubled for each
+        re-profile that yielded to traffic since the last one completed, at most ``QUIET_MAX_S``."""
+        return min(QUIET_S * 2 ** min(self._yields, 16), QUIET_MAX_S)
+
     async def _start_when_quiet(self) -> None:
         """While a re-profile is due, start it once the engine has had no request in flight (the profile's own and
-        health checks aside; unknown counts as busy) and nothing ``in_use`` for ``QUIET_S``."""
+        health checks aside; unknown counts as busy) and nothing ``in_use`` for :meth:`quiet_needed_s`. Ends when
+        the server is stopping."""
         quiet_since: Optional[float] = None
         while self.due:
             await asyncio.sleep(QUIET_POLL_S)
+            stopping = getattr(self.port, "stopping", None)
+            if callable(stopping) and stopping():
+                return
             try:
                 busy = self.measuring or self.in_use() or (await others_in_flight(self.port)) != 0
             except Exception:  # a port that fails to answer: not known to be quiet
+                logger.debug("spex: quiet watch could not read the engine's load", exc_info=True)
                 busy = True
             now = time.monotonic()
             if busy:
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = now
-            elif now - quiet_since >= QUIET_S and self.reprofile_if_due():
+            elif now - quiet_since >= self.quiet_needed_s() and self.reprofile_if_due():
                 return
 
     def status(self) -> Dict[str, Any]:
@@ -213,5 +229,7 @@ def _log_reprofile_failure(task: asyncio.Future) -> None:
     """Log a background re-profile that failed (``status()["last_error"]`` keeps why); the profile in use stays."""
     if not task.cancelled() and isinstance(task.exception(), ProfileYielded):
         logger.info("spex: background re-profile stopped (%s); it stays due", task.exception())
+    elif not task.cancelled() and isinstance(task.exception(), ProfileStopped):
+        logger.info("spex: background re-profile stopped with the server")
     elif not task.cancelled() and task.exception() is not None:
         logger.error("spex: background re-profile failed; keeping the profile in use", exc_info=task.exception())

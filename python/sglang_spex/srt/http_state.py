@@ -47,10 +47,12 @@ class SpexHttpState:
 
     @property
     def profile(self) -> ProfileManager:
-        """The server's roofline :class:`ProfileManager` (loads a cached profile when it is made)."""
+        """The server's roofline :class:`ProfileManager` (loads a cached profile when it is made); a due re-profile
+        also waits for the server-side searches to end (``in_use``: running or queued, in every mode)."""
         if self._profile is None:
             key = profile_key(server_args_dict(self.tokenizer_manager.server_args))
             self._profile = ProfileManager(self.port, key)
+            self._profile.in_use = lambda: any(self.searches.counts().values())
         return self._profile
 
 

@@ -4,8 +4,8 @@ sizes (S_w, KV bytes per token, from SGLang's model config), and ``--tot-k-total
 profile: once the knee is known (and again after each re-profile) it becomes both the HTTP-side budget and the
 scheduler-side speculative admission cap (the ``budget`` control op). Under auto, decode step times go to the
 profile's drift monitor (a re-profile moves the knee); a due re-profile starts only once the engine has been quiet
-(:class:`~sglang_spex.profile.manager.ProfileManager`: no request in flight and, through its ``in_use``, no live
-search); a numeric k_total never reads the profile, so it never re-profiles.
+(:class:`~sglang_spex.profile.manager.ProfileManager`: no request in flight and no live search); a numeric k_total
+never reads the profile.
 Used by :mod:`sglang_spex.srt.search_service`.
 """
 
@@ -67,7 +67,6 @@ class SpexWiring:
     async def _resolve_k_total(self) -> None:
         try:
             manager = self._profile()
-            manager.in_use = lambda: bool(self.budget.contexts)  # live searches: not quiet between their requests
             profile = await manager.get()
             manager.on_update = self._on_profile  # a re-profile (drift) moves the knee: follow it
             await self._set_k_total(profile)
