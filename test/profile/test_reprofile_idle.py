@@ -1,4 +1,5 @@
-"""A drifted roofline profile is re-measured only once the engine is quiet, never under live searches or other\nrequests (no server)."""
+"""A drifted roofline profile is re-measured only once the engine is quiet, never under live searches or other
+requests (no server)."""
 
 from __future__ import annotations
 

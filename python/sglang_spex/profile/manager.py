@@ -115,8 +115,9 @@ class ProfileManager:
             return self.profile
 
     async def _measure(self, use: Optional[ProfileSpec], force: bool, progress: bool, yields: bool) -> None:
-        """:func:`~sglang_spex.profile.measure.ensure_profile` with ``use`` (cached only when it is the manager's own spec), kept as the profile in
-        use (and ``use`` as the spec) once it succeeded; a failure is kept in :attr:`last_error`."""
+        """:func:`~sglang_spex.profile.measure.ensure_profile` with ``use`` (cached only when it is the manager's own
+        spec), kept as the profile in use (and ``use`` as the spec) once it succeeded; a failure is kept in
+        :attr:`last_error`."""
         save = (use or ProfileSpec()) == self._own_spec
         try:
             self.profile = await measure.ensure_profile(

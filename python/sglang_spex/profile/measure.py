@@ -14,15 +14,15 @@ would queue the extra requests, and the wall time would measure queueing, not a 
 the KV pool's room SGLang queues the extra requests too, so throughput flattens there and the sweep stops.
 Two extra probes: a long shared prefix at a fixed batch (context slope) and one long prompt (prefill rate).
 
-A profile is measured for an idle engine. Other requests in flight when any of the sweep's batches starts or
-ends (the port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve
-that still falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark
-it ``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
-(:class:`~sglang_spex.profile.manager.ProfileManager`) when requests were in flight. An impossible step time (not finite and positive: every
-short wall was slowed more than the long ones) that stays so after ``BAD_TIME_RETRIES`` re-measurements also keeps
-the profile out of the cache (it makes no re-profile due); that batch is left out of the curve. A re-measurement adds
-its walls to the batch's earlier ones. The knee is fitted to the curve's monotone envelope (a bigger batch never
-decodes a step faster); the points keep what was measured.
+A profile is measured for an idle engine. Other requests in flight when any of the sweep's batches starts or ends (the
+port's ``rids``, else its ``stats()["inflight"]``; SGLang's health checks aside), or a step-time curve that still
+falls by more than ``max_dip`` with the batch after its out-of-order points were measured again, mark it
+``meta["load"]["under_load"]``: it serves this run but never enters the cache, and a re-profile becomes due
+(:class:`~sglang_spex.profile.manager.ProfileManager`) when requests were in flight. An impossible step time (not
+finite and positive: every short wall was slowed more than the long ones) that stays so after ``BAD_TIME_RETRIES``
+re-measurements also keeps the profile out of the cache (it makes no re-profile due); that batch is left out of the
+curve. A re-measurement adds its walls to the batch's earlier ones. The knee is fitted to the curve's monotone
+envelope (a bigger batch never decodes a step faster); the points keep what was measured.
 
 The same code runs in the server process (:class:`~sglang_spex.srt.engine_port.TokenizerManagerPort`,
 for ``POST /spex/profile`` and ``--tot-k-total auto``) and from a client (:class:`~sglang_spex.tot.http_port.HttpPort`).

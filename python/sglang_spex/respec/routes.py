@@ -4,14 +4,14 @@
   "target_top_logprobs"?}], "more"?: bool}`` (the last two from the served target, see ``buffer.py``; with top-k on
   every rollout of an update the KD target comes from them): 200 ``{"accepted", "buffer_size", "version",
   "update_due", "training"}`` (``training``: false while the learner skips updates, so the client may stop sending
-  log-probs and policy pushes); a bad payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged. One post is
-  one RL step; a step too large for one body (``learner.max_post_bytes``, 413 past it) goes in parts, each but the
-  last with ``"more": true`` (``ServerClient.post_rollouts`` cuts them). The same rollouts may come as one binary
-  body, ``Content-Type: application/octet-stream`` (a safetensors file, ``rollout_wire.py``; ``more`` in its
-  metadata), which decodes in milliseconds where JSON's nested lists take a large step's fraction of a second.
-  The body is decoded and validated in the shared threadpool; in sync mode the answer comes after the update the
-  post made due, which runs on the learner's own worker thread and is awaited without holding a threadpool thread
-  (however many posts wait for updates, other routes' ``run_in_threadpool`` calls keep their threads).
+  log-probs and policy pushes); a bad payload → 400 ``{"error": {"field", "reason"}}`` and the buffer is unchanged.
+  One post is one RL step; a step too large for one body (``learner.max_post_bytes``, 413 past it) goes in parts, each
+  but the last with ``"more": true`` (``ServerClient.post_rollouts`` cuts them). The same rollouts may come as one
+  binary body, ``Content-Type: application/octet-stream`` (a safetensors file, ``rollout_wire.py``; ``more`` in its
+  metadata), which decodes in milliseconds where JSON's nested lists take a large step's fraction of a second. The
+  body is decoded and validated in the shared threadpool; in sync mode the answer comes after the update the post made
+  due, which runs on the learner's own worker thread and is awaited without holding a threadpool thread (however many
+  posts wait for updates, other routes' ``run_in_threadpool`` calls keep their threads).
 - ``POST /respec/policy`` ``{"version": int, "serialized_named_tensors": [b64]}`` (the payload of
   ``HotSwapClient``): new policy weights for the learner's target copy, so KD follows the moving policy;
   400 on a bad payload (no tensors, a tensor that is not float16/bfloat16/float32/float64, or one that does not fit
