@@ -18,6 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO
 
 import httpx
 
+from sglang_spex.flags import parse_args
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -256,8 +258,9 @@ def start_for_one_run(
     out = out or sys.stderr
     t0 = time.monotonic()
     print("starting the server (--tot-speculation) ...", file=out, flush=True)
+    numeric_k_total = parse_args(["--tot-speculation", *args])[0].spex.k_total is not None  # then no profile is read
     srv = ServerProcess(["--tot-speculation", *args], env=env).start()
-    if _k_total_given(args):  # a numeric --tot-k-total: no profile is read, none is waited for
+    if numeric_k_total:
         print(f"server ready in {time.monotonic() - t0:.0f}s", file=out, flush=True)
         return srv
     print(
@@ -281,14 +284,3 @@ def start_for_one_run(
             flush=True,
         )
     return srv
-
-
-def _k_total_given(args: Sequence[str]) -> bool:
-    """``args`` set ``--tot-k-total`` to a number (auto, the default, reads the roofline profile)."""
-    for i, a in enumerate(args):
-        value = a.split("=", 1)[1] if a.startswith("--tot-k-total=") else None
-        if a == "--tot-k-total" and i + 1 < len(args):
-            value = args[i + 1]
-        if value is not None:
-            return value != "auto"
-    return False

@@ -87,6 +87,17 @@ def _req(search: str = "s1", path: str = "r.0") -> GenRequest:
     return GenRequest(prompt="q", rid=node_rid(search, path), search_id=search, node_path=path, max_new_tokens=9)
 
 
+async def _cancel_in_flight(port: HttpPort, req) -> None:
+    """Start ``req`` once the worker list is known (as in a running search) and cancel it 5 ms later, while it is
+    still on its way through the router."""
+    await port.targets()
+    task = asyncio.create_task(port.generate(req))
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 # ---- finding 1: an abort that beats its /generate through the router --------------------------------------
 
 
@@ -94,13 +105,8 @@ async def test_a_cancel_during_the_router_hop_still_aborts_the_request():
     """Old: the one abort reached the worker before the request (ignored), and the request ran to the end."""
     router = RouterModel()
     port = router.port()
-    await port.targets()  # the worker list is known, as in a running search
     req = _req()
-    task = asyncio.create_task(port.generate(req))
-    await asyncio.sleep(0.005)  # the request is still on its way through the router
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await _cancel_in_flight(port, req)
     assert await router.outcome_of(req.rid) == "aborted"
     assert router.ignored  # the first abort did come too early
     await port.close()
@@ -180,12 +186,7 @@ async def test_a_cancelled_request_behind_a_router_is_aborted_once_per_abort_wai
     monkeypatch.setattr(http_port, "ABORT_WAITS_S", (0.01, 0.01, 0.01, 0.01))
     worker = DeafWorker(hears=99, generate_s=30.0)
     port = worker.port()
-    await port.targets()
-    task = asyncio.create_task(port.generate(_req()))
-    await asyncio.sleep(0.005)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await _cancel_in_flight(port, _req())
     await port.close()  # waits for the abort loop
     assert worker.log == ["abort"] * len(http_port.ABORT_WAITS_S)
 
@@ -209,12 +210,7 @@ async def test_close_ends_the_abort_loops_it_does_not_wait_out(monkeypatch):
     monkeypatch.setattr(http_port, "CLOSE_WAIT_S", 0.2)
     router = RouterModel(generate_s=30.0)
     port = router.port()
-    await port.targets()
-    task = asyncio.create_task(port.generate(_req()))
-    await asyncio.sleep(0.005)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await _cancel_in_flight(port, _req())
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await port.close()
