@@ -127,11 +127,13 @@ def test_a_first_profile_measured_under_load_is_measured_again_once_the_server_i
         stop.set()
         sender.join(timeout=120)
         assert first["measured_under_load"] is True and first["reprofile_due"], first
-        while (prof := profile_status())["measured_under_load"] or prof["measuring"]:  # quiet from here on
-            assert time.monotonic() < deadline, f"no quiet re-profile: {prof}"
+        while (prof := profile_status())["reprofiles"] < 1 or prof["measuring"] or prof["reprofile_due"]:
+            assert time.monotonic() < deadline, f"no quiet re-profile: {prof}"  # quiet from here on
             time.sleep(1.0)
+        load = requests.get(srv.url + "/spex/profile", timeout=30).json()["meta"]["load"]
     finally:
         stop.set()
         srv.stop()
-    assert prof["reprofiles"] >= 1 and not prof["reprofile_due"] and prof["k_total"] is not None, prof
-    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1  # the quiet one is cached
+    assert prof["k_total"] is not None and load["others_in_flight"] == 0, load  # measured on the quiet engine
+    # cached, unless the tiny model's few-ms steps read as a disturbed curve (``max_dip``), which no quiet can help
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == (0 if load["why"] else 1), load
