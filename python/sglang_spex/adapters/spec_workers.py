@@ -232,12 +232,11 @@ def plain_decode_forward(worker: Any, batch: Any, last_tokens: torch.Tensor, cap
         return worker.target_worker.forward_batch_generation(batch, capture_hidden_mode=capture)
 
 
-def ngram_feed_corpus(worker: Any, batch: Any) -> None:
-    """Feed the n-gram corpus with the batch's tokens after a step ReSpec ran, as NGRAM's verify does.
-
-    Under overlap SGLang splices the previous step's accepted tokens in from ``batch.spec_info`` (one host copy,
-    as ``NGRAMWorker._prepare_draft_tokens`` makes); without overlap ``req.output_ids`` is complete.
-    """
+def ngram_stage_corpus(worker: Any, batch: Any) -> None:
+    """Stage the previous step's accepted tokens for :func:`ngram_feed_corpus`, as ``NGRAMWorker._prepare_draft_tokens``
+    does: under overlap SGLang splices them in from ``batch.spec_info`` (one host copy); without overlap
+    ``req.output_ids`` is complete. Call it *before* launching the step's forward, as SGLang does: on a GPU the host
+    copy after the launch would wait for that forward and take away the scheduler's overlap."""
     bs = len(batch.reqs)
     if overlap_enabled(worker) and not batch.grammar_needs_sync():
         info = batch.spec_info
@@ -245,6 +244,11 @@ def ngram_feed_corpus(worker: Any, batch: Any) -> None:
         worker.prev_accept_lens = info.accept_lens.cpu().tolist()
     else:
         worker.prev_token_ids, worker.prev_accept_lens = [], [0] * bs
+
+
+def ngram_feed_corpus(worker: Any, batch: Any) -> None:
+    """Feed the n-gram corpus with the batch's tokens after a step ReSpec ran, as NGRAM's verify does (the tokens
+    :func:`ngram_stage_corpus` staged)."""
     worker._update_ngram_corpus(batch)
 
 

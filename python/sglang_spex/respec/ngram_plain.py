@@ -37,6 +37,7 @@ def plain_decode_step(worker: Any, batch: Any, on_publish: Optional[Callable] = 
     n = sw.ngram_width(worker)
     bs = len(batch.reqs)
     committed = batch.seq_lens  # KV written for positions < committed; the last committed token sits at committed
+    sw.ngram_stage_corpus(worker, batch)  # its host copy before the launch (on a GPU, after it would wait for it)
     target = sw.plain_decode_forward(worker, batch, sw.ngram_last_tokens(batch, n))
     device = committed.device
     accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
