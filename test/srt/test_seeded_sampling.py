@@ -114,3 +114,23 @@ def test_h2c_restores_the_seeds_when_sampling_raises(flashinfer):
 def test_which_seeded_batches_sglang_refuses(backend, kw, reason):
     assert unusable_seed_reason(batch(**kw), backend) == reason
     assert unusable_seed_reason(batch(seeded=False, **kw), backend) is None
+
+
+@pytest.mark.parametrize("device, pinned", [("cpu", False), ("cuda", True), ("cuda:1", True)])
+def test_h2_copies_the_seeds_as_sglang_copies_its_sampling_tensors(monkeypatch, device, pinned):
+    """H2's seed tensor goes to a CUDA device from pinned memory without blocking, as SGLang's own sampling tensors
+    do (``SamplingBatchInfo.from_schedule_batch``): a blocking copy would wait for the forward in flight. On CPU
+    neither applies. (No CUDA here: the host tensor and its copy are recorded, not made.)"""
+    made, copied = [], []
+
+    class Host:
+        def to(self, dev, non_blocking=False):
+            copied.append((dev, non_blocking))
+            return "on device"
+
+    monkeypatch.setattr(seeded_sampling.torch, "tensor", lambda values, **kw: made.append((values, kw)) or Host())
+    reqs = [SimpleNamespace(sampling_params=SimpleNamespace(sampling_seed=s)) for s in (5, 9)]
+    result = SimpleNamespace(sampling_seed=None)
+    seeded_sampling.h2_seeded_sampling(result, None, SimpleNamespace(reqs=reqs, device=device))
+    assert made == [([5, 9], {"dtype": torch.int64, "pin_memory": pinned})]
+    assert copied == [(device, pinned)] and result.sampling_seed == "on device"

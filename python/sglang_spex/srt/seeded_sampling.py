@@ -34,6 +34,14 @@ def _random_seeds(n: int, device: Any) -> torch.Tensor:
     return torch.randint(0, 2**62, (n,), dtype=torch.int64, device=device)
 
 
+def seeds_on_device(values: list, device: Any) -> torch.Tensor:
+    """The seeds as an int64 tensor on ``device``, copied as SGLang copies its sampling tensors: from pinned host
+    memory without blocking on a CUDA device (a blocking copy on the scheduler's stream waits for the forward in
+    flight and takes away the overlap scheduler's overlap)."""
+    cuda = torch.device(device).type == "cuda"
+    return torch.tensor(values, dtype=torch.int64, pin_memory=cuda).to(device, non_blocking=cuda)
+
+
 def h2_seeded_sampling(result, cls, batch, *args, **kwargs):
     """H2 (AFTER ``SamplingBatchInfo.from_schedule_batch``): a seeded batch when any request has a seed; rows
     without one get a fresh random seed."""
@@ -45,7 +53,7 @@ def h2_seeded_sampling(result, cls, batch, *args, **kwargs):
             return result
         fill = _random_seeds(len(seeds), "cpu").tolist()
         values = [s if s is not None else f for s, f in zip(seeds, fill)]
-        result.sampling_seed = torch.tensor(values, dtype=torch.int64).to(batch.device)
+        result.sampling_seed = seeds_on_device(values, batch.device)
     except Exception:
         logger.exception("spex: H2 seeded sampling failed; falling back to unseeded sampling")
     return result
