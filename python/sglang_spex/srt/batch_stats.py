@@ -21,7 +21,10 @@ struct has no room for (primary/speculative split, budget, protected KV, cancel 
 
 The writer lives in the scheduler's plugin state (``scheduling.state_of(scheduler).stats``). Under overlap
 scheduling a row describes the batch chosen at the scheduling point; ``step_s`` is the time between two
-scheduling points, i.e. the loop period that overlap shortens.
+scheduling points, i.e. the loop period that overlap shortens. On CPU a batch's forward ends before the loop goes on,
+so that period is the row's own step. On a GPU SGLang's overlap loop launches batch k and then waits for batch k-1,
+so when the device is the bottleneck the period is mostly batch k-1's device time: the row, and the live curve and
+prefill price fed from it, are charged one step late there (not corrected yet: never measured on a GPU).
 """
 
 from __future__ import annotations
