@@ -168,6 +168,21 @@ def test_tree_sampling_subtracts_given_draft_probs():
         assert a.tolist() == b.tolist()
 
 
+def test_tree_sampling_with_draft_probs_matches_at_the_depth_limit_too():
+    """Given draft probabilities, a request that accepts every level draws its bonus token from the target alone
+    (nothing drafted below the depth limit): op = reference on cases that reach it."""
+    depth, at_limit = 3, 0
+    for seed in range(40):
+        case = _random_case(100 + seed, 16, 4, 6, depth, peaked=6.0)
+        draft = torch.rand(case["target"].shape, generator=torch.Generator().manual_seed(seed)) * 0.5
+        got = _run_op(case, draft=draft.clone())
+        ref = _reference(case, draft=draft.clone())
+        for a, b in zip(got[:3], ref[:3]):
+            assert a.tolist() == b.tolist(), seed
+        at_limit += int((got[2] == depth - 1).sum())
+    assert at_limit > 0  # the cases reach the depth limit
+
+
 def test_one_hot_target_equals_greedy_verify():
     """top_k = 1 (greedy rows in a sampling batch): the sampling verify commits exactly what greedy verify does."""
     case = _random_case(6, 16, 7, 13, 5)

@@ -142,3 +142,8 @@ def test_measure_profile_extends_its_sweep_on_a_port(monkeypatch):
     prof = asyncio.run(measure_profile(RooflinePort(clock, knee=40), {"model": "m", "hardware": "h"}, spec, False))
     assert prof.batch_sizes[:3] == [1, 4, 16] and max(prof.batch_sizes) > 40
     assert prof.fit.bounded and prof.fit.knee == pytest.approx(40, rel=0.1)
+
+
+def test_throughput_gain_is_per_doubling_whatever_the_sweeps_last_step():
+    """21 % more throughput over a 4x step is 10 % per doubling (a user's sweep (8, 32) is judged as (8, 16, 32))."""
+    assert throughput_gain([8, 32], [0.1, 0.1 * 4 / 1.21]) == pytest.approx(1.1)

@@ -11,7 +11,7 @@ import pytest
 from sglang_spex.profile import cache
 from sglang_spex.profile.cache import PLAIN, Point, Profile
 from sglang_spex.profile.drift import DriftMonitor
-from sglang_spex.profile.roofline import find_knee, k_total_from_knee
+from sglang_spex.profile.roofline import find_knee, fit_segments, k_total_from_knee
 
 B = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], dtype=float)
 
@@ -112,3 +112,23 @@ def test_format_1_roofline_profile_is_read_and_stale(tmp_path):
     assert prof.step_times == list(old["step_times"]) and prof.key == key and prof.meta["spec"] == {"repeats": 2}
     assert cache.load(key, tmp_path) is None  # another file format: re-measure
     assert cache.latest_profile(tmp_path).step_times == prof.step_times
+
+
+@pytest.mark.parametrize("noise", [0.005, 0.01, 0.02])
+def test_timing_noise_alone_buys_no_breakpoint(noise):
+    """A straight CPU line with a ±noise zig-zag stays one line: a break that cuts the residual by less than 30 %
+    is not kept (without that guard the zig-zag reads as a break near B = 32)."""
+    b = np.array([1, 2, 4, 8, 16, 32, 64], dtype=float)
+    t = (0.050 + 0.0042 * b) * (1 + noise * (-1.0) ** np.arange(b.size))
+    a, b1, b2, k, _ = fit_segments(b, t)
+    assert k == 64.0 and b1 == b2 and b1 == pytest.approx(0.0042, rel=0.02)
+
+
+def test_a_slope_clipped_to_zero_leaves_the_weighted_mean_as_intercept():
+    """Step times that fall a little with the batch (a disturbed flat curve) fit a slope of 0; the intercept is
+    then re-centred to their relative-error-weighted mean, not left where the negative slope put it."""
+    b = np.array([1, 2, 4, 8, 16], dtype=float)
+    t = np.array([0.0105, 0.0103, 0.0101, 0.0099, 0.0097])
+    a, b1, b2, _, _ = fit_segments(b, t)
+    w2 = 1 / t**2
+    assert b1 == b2 == 0.0 and a == pytest.approx(float(np.sum(w2 * t) / np.sum(w2)), rel=1e-9)

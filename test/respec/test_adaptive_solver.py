@@ -143,3 +143,11 @@ def test_auto_takes_a_greedy_profile_before_one_at_t1(tmp_path, monkeypatch):
         (tmp_path / name).write_text("{}")
     found = adaptive.find_profile(RespecConfig(enabled=True, profile="auto"), "/m/SmolLM2")
     assert found == tmp_path / "SmolLM2__b-drafter__cpu.json"
+
+
+def test_the_best_case_counts_at_most_n_tokens_per_step():
+    """A chain of s drafts verifies at most n tokens per step, not s + 1: NGRAM s4t1n4 at 4.5 plain steps' cost
+    gains at best 4 / 4.5 (the bound that tells the learner no drafter could pay)."""
+    slow = {b: (4.5 * (0.050 + 0.004 * b), 2.2) for b in (1, 4, 16, 32)}
+    speedup, key, _ = best_case_speedup(_profile({PLAIN: PLAIN_CURVE, "NGRAM:s4t1n4": slow}), max_batch=32)
+    assert key == "NGRAM:s4t1n4" and speedup == pytest.approx(4 / 4.5)

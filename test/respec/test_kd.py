@@ -39,6 +39,8 @@ def test_linear_weight_is_the_default_and_proportional_to_reward():
     assert torch.allclose(reward_weights([0.0, 0.0, 0.0, 4.0]), torch.tensor([0.0, 0.0, 0.0, 2.0]))  # 4 → clip 2
     assert torch.allclose(reward_weights([0.0, 0.0, 0.0, 4.0], w_max=8.0), torch.tensor([0.0, 0.0, 0.0, 4.0]))
     assert torch.allclose(reward_weights([2.0, -1.0, 0.0]), torch.tensor([2.0, 0.0, 0.0]))  # negative → 0
+    # a negative reward counts as 0 in the mean too (mean .5, not 1/6): weights stay proportional below the clip
+    assert torch.allclose(reward_weights([1.0, 0.5, -1.0]), torch.tensor([2.0, 1.0, 0.0]))
     assert torch.equal(reward_weights([0.0, 0.0]), torch.zeros(2))  # no positive reward: no weight (update skipped)
     # zscore differs on the same rewards: (1, .25) are one std above / below → (2, 0)
     assert torch.allclose(reward_weights([1.0, 0.25], mode="zscore"), torch.tensor([2.0, 0.0]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sglang_spex.speculation.bfs_early import (
     predicted_levels,
     predicted_widths,
@@ -85,3 +87,15 @@ def test_a_deeper_chance_is_its_parents_chance_times_its_own():
     got = use_chances(policy, [r0, r1], below, 8, levels=2, worlds=1)
     # depth 2 in world 0: r.0.0 and 7 pending nodes at the mean share 8: width 1; r.0.0 is in the tree with 5/5
     assert got == {"r.0": width_chances(5), "r.1": width_chances(3), "r.0.0": [1.0]}
+
+
+def test_a_grandchilds_chance_is_scaled_by_its_parents_own_chance():
+    """Two levels ahead: a speculative child at width index 2 (chance 0.6 of being wanted) scales its own
+    children's chances by 0.6 (index 0, where the parent's chance is 1, cannot show it)."""
+    policy = Rebase(RebaseParams(width=8, softmax_temperature=1.0))
+    r0, r1 = level(0.9, 0.5)
+    below = {"r.0": [Node(path="r.0.2", parent=r0, status=DONE, reward=0.8)]}
+    got = use_chances(policy, [r0, r1], below, 8, levels=2, worlds=1)
+    assert got["r.0"] == width_chances(5)
+    parent = width_chances(5)[2]
+    assert parent < 1 and got["r.0.2"] == pytest.approx([parent * c for c in width_chances(len(got["r.0.2"]))])

@@ -17,9 +17,10 @@ r = (1e-6, −1, −1, −1) gives (1, 0, 0, 0), r = (1e-7, −1, −1, −1) gi
 ``mode="zscore"``: w_b = clip(1 + (r_b − mean(r)) / std(r), 0, w_max) (population std; std ≤ eps → w = 1).
 ``mode="max"``: w_b = clip(r_b / max_b |r_b|, 0, w_max). ``mode="none"``: w_b = 1 (unweighted KD).
 
-N is the number of trained tokens in the batch (a constant: it keeps the loss scale independent of length and
-does not change the relative weighting). Only q (the current drafter) carries gradient.
-With several draft steps the per-step KD terms are summed with the TTT decay 0.8^i.
+N is the number of trained tokens in the batch (not a function of the weights: it keeps the loss scale independent
+of length and does not change the relative weighting). Only q (the current drafter) carries gradient.
+With several draft steps the per-step KD terms are summed with the TTT decay 0.8^i, each over its own N (step i
+scores the positions that have a target i tokens ahead).
 """
 
 from __future__ import annotations
