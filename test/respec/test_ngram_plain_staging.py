@@ -1,4 +1,5 @@
-"""ReSpec's NGRAM plain step copies the previous step's accepted tokens to the host *before* it launches the forward.
+"""ReSpec's NGRAM plain step on a GPU: it copies the previous step's accepted tokens to the host *before* it launches
+the forward, and it says once that its target runs without CUDA graphs.
 
 SGLang's NGRAM worker stages them before its verify forward (``_prepare_draft_tokens``): on a GPU under the overlap
 scheduler a host copy after the launch waits for that forward, and the scheduler loses its overlap. On CPU the forward
@@ -14,7 +15,7 @@ from typing import List
 import torch
 
 from sglang_spex.adapters import spec_workers as sw
-from sglang_spex.respec.ngram_plain import plain_decode_step
+from sglang_spex.respec.ngram_plain import note_eager_off_steps, plain_decode_step
 
 N = 3  # the worker's draft_token_num: accepted tokens per request, flat
 
@@ -75,3 +76,15 @@ def test_without_overlap_nothing_is_copied_and_the_corpus_reads_output_ids(monke
     monkeypatch.setattr(sw, "ngram_result", lambda *a: None)
     plain_decode_step(worker, batch)
     assert fed == [([], [0, 0])] and "host copy" not in log
+
+
+def test_an_off_step_on_a_graph_replaying_target_warns_once(caplog):
+    """A target with CUDA graphs (a GPU) runs ReSpec's NGRAM off steps eagerly: said once per worker, at the first
+    off step; a target without graphs (CPU) says nothing."""
+    gpu = SimpleNamespace(
+        target_worker=SimpleNamespace(model_runner=SimpleNamespace(decode_cuda_graph_runner=object()))
+    )
+    cpu = SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(decode_cuda_graph_runner=None)))
+    with caplog.at_level("WARNING", logger="sglang_spex.respec.ngram_plain"):
+        assert [note_eager_off_steps(gpu), note_eager_off_steps(gpu), note_eager_off_steps(cpu)] == [True, False, False]
+    assert sum("without CUDA graphs" in r.getMessage() for r in caplog.records) == 1

@@ -32,6 +32,7 @@ from sglang_spex.adapters.scheduler import hook_args
 
 RUNTIME_ATTR = "respec_runtime"  # the ReSpec runtime, on the spec worker SGLang's scheduler drives
 LEDGER_ATTR = "respec_plain_ledger"  # set on the EAGLE draft worker while a plain step runs (R4 -> R5)
+EAGER_NOTED_ATTR = "respec_eager_off_noted"  # on the NGRAM worker once R1 has looked at its target's graphs
 DRAFT_STATE_FIELDS = ("topk_p", "topk_index", "hidden_states", "draft_probs")  # per-request rows of EagleDraftInput
 
 

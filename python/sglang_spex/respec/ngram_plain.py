@@ -51,6 +51,23 @@ def plain_decode_step(worker: Any, batch: Any, on_publish: Optional[Callable] = 
     return sw.ngram_result(worker, target, accept_tokens, accept_lens, new_seq_lens)
 
 
+def note_eager_off_steps(worker: Any) -> bool:
+    """Once per worker, at its first off step: warn when its target replays CUDA graphs. SGLang captures an NGRAM
+    target's graphs in ``TARGET_VERIFY`` mode only (one row per draft token) and refuses them for a one-token step,
+    so ReSpec's off step runs the target eagerly, while the plan prices "plain" from a plain server's graph-replayed
+    steps. Returns True when it warned."""
+    if sw.attached(worker, sw.EAGER_NOTED_ATTR):
+        return False
+    sw.attach(worker, sw.EAGER_NOTED_ATTR, True)
+    if not sw.target_uses_graphs(worker):
+        return False
+    logger.warning(
+        "respec: NGRAM off steps run the target without CUDA graphs (SGLang captured them for verify only), but the"
+        " plan prices plain steps with graphs: it may turn speculation off where it would still gain"
+    )
+    return True
+
+
 def h_ngram_forward(original, worker, batch, *args, **kwargs):
     """AROUND NGRAMWorker.forward_batch_generation: a plain decode step when the FSM says "no speculation"."""
     state, rt = UNDECIDED, None
@@ -64,6 +81,7 @@ def h_ngram_forward(original, worker, batch, *args, **kwargs):
         logger.exception("respec: FSM failed; speculating")
         state = UNDECIDED
     if state is None:
+        note_eager_off_steps(worker)
         on_publish = sw.hook_arg(original, "on_publish", worker, batch, *args, **kwargs)
         result = plain_decode_step(worker, batch, on_publish)
     else:
