@@ -23,6 +23,7 @@ import types
 from typing import Iterator, List, Set
 
 import pytest
+import warm_launchers
 from server_modes import DEFAULT_MODE, MODES, TINY, spex_args, start_server
 
 from sglang_spex import serve
@@ -100,6 +101,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="test_spec_distribution: also EAGLE3 chain and STANDALONE tree (the suite runs NGRAM and EAGLE3 tree)",
     )
+    parser.addoption(
+        "--cold-launchers",
+        action="store_true",
+        help="start every test server with a fresh launcher process (default: a spare that imported SGLang already)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
@@ -117,6 +123,25 @@ def _temp_files_in_pytest_basetemp(tmp_path_factory) -> Iterator[None]:
     tempfile.tempdir = str(tmp_path_factory.mktemp("tmp"))
     yield
     tempfile.tempdir = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_launchers(request) -> Iterator[None]:
+    """Server starts take a spare launcher that imported SGLang in the background (``warm_launchers.py``), when
+    the run has server tests and ``--cold-launchers`` is not given."""
+    session = request.session
+    wanted = any(item.get_closest_marker("server") for item in session.items)
+    if not wanted or request.config.getoption("--cold-launchers") or not warm_launchers.usable():
+        yield
+        return
+    pool = warm_launchers.WarmLaunchers()
+    with pytest.MonkeyPatch.context() as mp:
+        pool.install(mp)
+        pool.refill()
+        try:
+            yield
+        finally:
+            pool.close()
 
 
 @pytest.fixture(scope="session")
