@@ -125,6 +125,15 @@ def _temp_files_in_pytest_basetemp(tmp_path_factory) -> Iterator[None]:
     tempfile.tempdir = before
 
 
+WARM_LAUNCHERS = pytest.StashKey[warm_launchers.WarmLaunchers]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    pool = config.stash.get(WARM_LAUNCHERS, None)
+    if pool is not None:
+        terminalreporter.write_line(f"test servers: {pool.taken} started by a spare launcher, {pool.cold} cold")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _warm_launchers(request) -> Iterator[None]:
     """Server starts take a spare launcher that imported SGLang in the background (``warm_launchers.py``), when
@@ -135,6 +144,7 @@ def _warm_launchers(request) -> Iterator[None]:
         yield
         return
     pool = warm_launchers.WarmLaunchers()
+    request.config.stash[WARM_LAUNCHERS] = pool
     with pytest.MonkeyPatch.context() as mp:
         pool.install(mp)
         pool.refill()

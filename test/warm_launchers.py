@@ -36,6 +36,12 @@ def _imported_with(env: Dict[str, str]) -> Dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
 
 
+def _discard(spare: subprocess.Popen) -> None:
+    spare.stdin.close()
+    signal_group(spare, signal.SIGKILL)  # it holds nothing but imports
+    spare.wait()
+
+
 class WarmLaunchers:
     """Up to ``size`` spare launchers; :meth:`install` routes ``ServerProcess.spawn`` through them. Two let a spare
     import during a whole server start and its tests, and cover a start retried on a new port."""
@@ -43,11 +49,17 @@ class WarmLaunchers:
     def __init__(self, size: int = 2) -> None:
         self.size = size
         self.spares: List[Tuple[subprocess.Popen, Dict[str, str]]] = []
-        self.taken = 0
+        self.taken = 0  # starts handed to a spare
+        self.cold = 0  # starts that found none with their environment
 
     def refill(self) -> None:
-        """Start spares up to ``size`` (from the main thread, so they die with the suite: ``popen_child``)."""
-        self.spares = [(p, env) for p, env in self.spares if p.poll() is None]
+        """Start spares up to ``size`` (from the main thread, so they die with the suite: ``popen_child``). A spare
+        whose environment is no longer the suite's (a test changed ``os.environ`` since) is stopped first."""
+        now = _imported_with(_server_env())
+        for proc, env in self.spares:
+            if _imported_with(env) != now:
+                _discard(proc)
+        self.spares = [(p, env) for p, env in self.spares if p.poll() is None and _imported_with(env) == now]
         while len(self.spares) < self.size:
             env = _server_env()
             proc = popen_child(
@@ -81,9 +93,7 @@ class WarmLaunchers:
 
     def close(self) -> None:
         for spare, _ in self.spares:
-            spare.stdin.close()
-            signal_group(spare, signal.SIGKILL)  # it holds nothing but imports
-            spare.wait()
+            _discard(spare)
         self.spares = []
 
     def install(self, mp) -> None:
@@ -93,6 +103,7 @@ class WarmLaunchers:
 
         def spawn(srv: ServerProcess) -> None:
             if not self.take(srv):
+                self.cold += 1
                 cold_spawn(srv)
 
         def ready(srv: ServerProcess) -> bool:
