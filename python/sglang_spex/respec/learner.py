@@ -407,7 +407,7 @@ class OnlineLearner:
             record: Any = None
             error: Optional[BaseException] = None
             try:
-                record = self._update_once()
+                record = self._update_once(record_empty=isinstance(job, Future))
             except BaseException as e:  # (``_update_locked`` keeps a training error in its record: not expected)
                 error = e
             following = self._next_job()  # first: a waiter answered sees ``updating`` as it is after its update
@@ -417,14 +417,18 @@ class OnlineLearner:
                 logger.error("respec: an update failed outside its record", exc_info=error)
             job = following
 
-    def _update_once(self) -> UpdateRecord:
+    def _update_once(self, record_empty: bool = True) -> Optional[UpdateRecord]:
         """Drain, train and publish, one update at a time (``_update_lock``): each starts from the drafter and
-        version the one before left."""
+        version the one before left. ``record_empty`` False (an async update): an empty buffer is no attempt and
+        leaves no record (the update before drained these rollouts between their submit's store and its
+        scheduling)."""
         with self._update_lock:
-            return self._update_locked()
+            return self._update_locked(record_empty)
 
-    def _update_locked(self) -> UpdateRecord:
+    def _update_locked(self, record_empty: bool = True) -> Optional[UpdateRecord]:
         rollouts = self.buffer.drain()
+        if not rollouts and not record_empty:
+            return None
         with self._lock:
             self.attempts += 1
             attempt, version, base = self.attempts, self._version, self._drafter
