@@ -11,7 +11,6 @@ die with the suite), so its import does not compete with that server's start.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,14 +20,9 @@ from typing import Callable, Dict, List, Tuple
 
 from sglang_spex import serve
 from sglang_spex.launch_server import has_gpu
-from sglang_spex.serve import QUIET_STOP_ENV, ServerProcess, popen_child, signal_group
+from sglang_spex.serve import ServerProcess, popen_child, server_env, signal_group
 
 SCRIPT = Path(__file__).parent / "warm" / "warm_launcher.py"
-
-
-def _server_env() -> Dict[str, str]:
-    """The environment a ``ServerProcess`` built now without ``env`` gets."""
-    return {**QUIET_STOP_ENV, **os.environ}
 
 
 def _imported_with(env: Dict[str, str]) -> Dict[str, str]:
@@ -55,13 +49,16 @@ class WarmLaunchers:
     def refill(self) -> None:
         """Start spares up to ``size`` (from the main thread, so they die with the suite: ``popen_child``). A spare
         whose environment is no longer the suite's (a test changed ``os.environ`` since) is stopped first."""
-        now = _imported_with(_server_env())
+        now = _imported_with(server_env())
+        kept = []
         for proc, env in self.spares:
             if _imported_with(env) != now:
                 _discard(proc)
-        self.spares = [(p, env) for p, env in self.spares if p.poll() is None and _imported_with(env) == now]
+            elif proc.poll() is None:
+                kept.append((proc, env))
+        self.spares = kept
         while len(self.spares) < self.size:
-            env = _server_env()
+            env = server_env()
             proc = popen_child(
                 [sys.executable, str(SCRIPT)],
                 stdin=subprocess.PIPE,

@@ -263,6 +263,12 @@ def build_sglang_args(cfg: PluginConfig, rest: Sequence[str], gpu: bool) -> List
     return args
 
 
+def set_cpu_env() -> None:
+    """``CPU_ENV`` where the user set nothing (before SGLang or torch is imported: both read it then)."""
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     """Parse our flags, export the config for SGLang's processes, return SGLang's arguments.
 
@@ -293,8 +299,7 @@ def prepare(argv: Sequence[str], gpu: Optional[bool] = None) -> List[str]:
     cfg = dataclasses.replace(cfg, stats_path=cfg.stats_path or default_stats_path())
     export(cfg)
     if not gpu:
-        for key, value in CPU_ENV.items():
-            os.environ.setdefault(key, value)
+        set_cpu_env()
         if not user_binding:  # the user's binding wins; SGLang needs one for > 1 rank on CPU
             binding = cpu_thread_binding(args, sorted(os.sched_getaffinity(0)))
             if binding is not None:

@@ -146,6 +146,11 @@ def start_all(servers: Sequence["ServerProcess"], attempts: int = 3) -> None:
     raise RuntimeError(f"server could not bind its HTTP port; log tail:\n{waiting[0].log_tail()}")
 
 
+def server_env(env: Optional[dict] = None) -> Dict[str, str]:
+    """The environment a ``ServerProcess`` starts its server with: this process's, quiet on stop, ``env`` added."""
+    return {**QUIET_STOP_ENV, **os.environ, **(env or {})}
+
+
 class ServerProcess:
     """``python -m sglang_spex.launch_server ARGS`` in its own process group; a context manager. It listens on
     127.0.0.1 at ``port`` (default: a free one): its ``--host`` / ``--port`` follow ``args``, so they win over any
@@ -162,7 +167,7 @@ class ServerProcess:
         self._base_args = list(args)
         self._fixed_port = port is not None
         self._set_port(port or free_port())
-        self.env = {**QUIET_STOP_ENV, **os.environ, **(env or {})}
+        self.env = server_env(env)
         self.startup_timeout = startup_timeout
         self.log_path = log_path or temp_log("spex-server-")
         self.proc: Optional[subprocess.Popen] = None

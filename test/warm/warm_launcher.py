@@ -18,8 +18,7 @@ from sglang_spex import launch_server
 
 
 def _import_sglang() -> None:
-    for key, value in launch_server.CPU_ENV.items():  # what launch_server.prepare sets before SGLang is imported
-        os.environ.setdefault(key, value)
+    launch_server.set_cpu_env()  # what launch_server.prepare sets before SGLang is imported
     import sglang.srt.entrypoints.http_server  # noqa: F401
     import sglang.srt.server_args  # noqa: F401
     import sglang.srt.utils  # noqa: F401
