@@ -72,42 +72,77 @@ def _deep_nodes_hit_the_cache(result: dict) -> None:
     assert all(n["cached_tokens"] > 0 for n in deep), [(n["path"], n["cached_tokens"]) for n in deep]
 
 
+def _summary(res: dict) -> dict:
+    """What a failed assertion shows of a search's result: its status and its nodes' statuses and tokens."""
+    nodes = [(n["path"], n["status"], n["tokens"]) for n in res["nodes"]]
+    return {"status": res.get("status"), "error": res.get("error"), "nodes": nodes}
+
+
 def test_one_search_runs_on_one_rank(dp_server):
     url = dp_server.url
     seen: Dict[int, int] = {0: 0, 1: 0}
+    errors: List[BaseException] = []
     done = threading.Event()
 
     def sample() -> None:
-        while not done.is_set():
-            for rank, n in _loads(url).items():
-                seen[rank] = max(seen[rank], n)
-            time.sleep(0.02)
+        try:
+            while not done.is_set():
+                for rank, n in _loads(url).items():
+                    seen[rank] = max(seen[rank], n)
+                time.sleep(0.02)
+        except BaseException as e:  # a dead sampler must fail the test, not leave ``seen`` at zero
+            errors.append(e)
 
     seq0 = _ring_seqs(url)
     t = threading.Thread(target=sample)
     t.start()
+    t0 = time.monotonic()
     try:
         r = requests.post(url + "/tot/search", json=_body(0), timeout=600)
     finally:
+        took = time.monotonic() - t0
         done.set()
         t.join()
+    assert not errors, errors
     assert r.status_code == 200 and r.json()["status"] == "done", r.text
+    seq1 = _ring_seqs(url)  # only one rank's ring has the search's steps
+    why = (seen, seq0, seq1, f"{took:.2f}s", _summary(r.json()), dp_server.log_tail(30))
     busy = [rank for rank, n in seen.items() if n > 0]
-    assert len(busy) == 1, seen  # the scheduler of one rank saw every request of the search
+    assert len(busy) == 1, why  # the scheduler of one rank saw every request of the search
+    assert seq1[busy[0]] > seq0[busy[0]] and seq1[1 - busy[0]] == seq0[1 - busy[0]], why
     _deep_nodes_hit_the_cache(r.json())
-    seq1 = _ring_seqs(url)  # only that rank's ring has the search's steps
-    assert seq1[busy[0]] > seq0[busy[0]] and seq1[1 - busy[0]] == seq0[1 - busy[0]], (seq0, seq1)
+
+
+def _wait_running(url: str, sid: str, rank: int) -> None:
+    """Until the search's requests are in its rank's scheduler (so a search submitted next sees it unfinished)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = requests.get(url + f"/tot/search/{sid}", timeout=30).json()
+        assert state["status"] in ("queued", "running"), state  # it must still run: its steps are long
+        if state["status"] == "running" and _loads(url)[rank] > 0:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"search {sid} never reached rank {rank}'s scheduler")
 
 
 def test_concurrent_searches_spread_over_both_ranks(dp_server):
     url = dp_server.url
     seq0 = _ring_seqs(url)
+    ids: List[str] = []
+    streams = []
+    ranks = []
+    for seed in (1, 2):  # the second is submitted while the first runs (its steps are long)
+        body = _body(seed, stream=True)
+        body["spec"]["step"] = {**STEP, "max_tokens": 96}
+        s = requests.post(url + "/tot/search", json=body, stream=True, timeout=600)
+        assert s.status_code == 200, s.text
+        streams.append(s)
+        ids.append(s.headers["X-Search-Id"])
+        ranks.append(requests.get(url + f"/tot/search/{ids[-1]}", timeout=30).json()["dp_rank"])
+        if seed == 1:
+            _wait_running(url, ids[0], ranks[0])
+    assert sorted(ranks) == [0, 1], (ranks, dp_server.log_tail(30))
     with cf.ThreadPoolExecutor(2) as ex:
-        streams = [requests.post(url + "/tot/search", json=_body(s, stream=True), stream=True, timeout=600)
-                   for s in (1, 2)]  # fmt: skip
-        ids = [s.headers["X-Search-Id"] for s in streams]
-        ranks = {requests.get(url + f"/tot/search/{i}", timeout=30).json()["dp_rank"] for i in ids}
-        assert ranks == {0, 1}
         list(ex.map(lambda s: s.content, streams))  # both run to their result
     for i in ids:
         res = requests.get(url + f"/tot/search/{i}", timeout=30).json()["result"]
