@@ -125,6 +125,17 @@ def _temp_files_in_pytest_basetemp(tmp_path_factory) -> Iterator[None]:
     tempfile.tempdir = before
 
 
+@pytest.fixture(autouse=True)
+def _environ_kept() -> Iterator[None]:
+    """What a test sets in ``os.environ`` (e.g. ``launch_server.prepare`` exports the config and the CPU
+    environment) is undone after it, so later tests and the servers they start see the run's own environment."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 WARM_LAUNCHERS = pytest.StashKey[warm_launchers.WarmLaunchers]()
 
 
