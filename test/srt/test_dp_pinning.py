@@ -74,7 +74,7 @@ def _deep_nodes_hit_the_cache(result: dict) -> None:
 
 def _summary(res: dict) -> dict:
     """What a failed assertion shows of a search's result: its status and its nodes' statuses and tokens."""
-    nodes = [(n["path"], n["status"], n["tokens"]) for n in res["nodes"]]
+    nodes = [(n["path"], n["status"], n["tokens"], n["error"]) for n in res["nodes"]]
     return {"status": res.get("status"), "error": res.get("error"), "nodes": nodes}
 
 

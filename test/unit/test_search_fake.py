@@ -101,6 +101,17 @@ async def test_cancel_aborts_by_search_prefix():
     res = await task
     assert res.status == "cancelled" and port.aborted[0] == f"spex:{ctx.search_id}:"
     assert not ctx.inflight
+    assert not res.failures and all(n["error"] is None for n in res.nodes)  # its own cancel is no failure
+
+
+async def test_requests_the_engine_aborted_fail_the_search_and_say_so():
+    port = FakePort()
+    port.aborted.append("spex:")  # e.g. an operator's abort of every request: none of this search's doing
+    res = await run_search(spec_for({"name": "rebase", "width": 2, "max_depth": 2}), "q", port)
+    assert res.status == "failed" and "aborted by the engine" in res.error, res.error
+    steps = res.nodes[1:]
+    assert steps and all(n["status"] == "cancelled" and n["error"] == "aborted by the engine" for n in steps)
+    assert [f["path"] for f in res.failures] == [n["path"] for n in steps]
 
 
 async def test_run_batch_orders_results():

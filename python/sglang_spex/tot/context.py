@@ -55,6 +55,7 @@ RETOKENIZE_MARGIN = 8  # tokens a path's text may gain when re-tokenized whole (
 # or so): past it the wait is dropped, so a hung worker or a dead DP rank cannot hold the search's result. A release
 # that never arrives leaves the protection to its lease (prefix_protection: ttl_s without the search's requests).
 RELEASE_TIMEOUT_S = 3.0
+ENGINE_ABORTED = "aborted by the engine"  # a node's error: its request was aborted, not by this search
 STOP_PATTERN_BUDGET = "answer_pattern_budget"  # stop_reason: the answer pattern used its time on this search
 ProgressFn = Callable[[Dict[str, Any]], None]
 
@@ -180,6 +181,8 @@ class SearchContext:
                 self.stats[node.path].generating = False
         if res.aborted:
             node.status = CANCELLED
+            if not self.should_stop():  # nothing of this search asked for it: the engine (or an operator) did
+                node.error = ENGINE_ABORTED
             self._emit_node(node)
             return
         self.apply_result(node, res)
@@ -353,15 +356,17 @@ class SearchContext:
         return await self.finish(status, error)
 
     def _all_failed(self) -> bool:
+        """No node has a result and one at least failed or was aborted by the engine (a search that stopped
+        itself early is not a failure)."""
         nodes = [n for n in self.tree if n.parent is not None]
         return (
             bool(nodes)
             and all(n.status in (FAILED, CANCELLED) for n in nodes)
-            and any(n.status == FAILED for n in nodes)
+            and any(n.error is not None for n in nodes)
         )
 
     def _first_failure(self) -> str:
-        return next((f"{n.path}: {n.error}" for n in self.tree if n.status == FAILED), "")
+        return next((f"{n.path}: {n.error}" for n in self.tree if n.error is not None), "")
 
     async def finish(self, status: str, error: Optional[str] = None) -> SearchResult:
         """:meth:`result`, its answer judged off the event loop (math-verify may take seconds)."""
@@ -388,7 +393,7 @@ class SearchContext:
             tokens_generated=self.tokens_generated,
             num_requests=self.num_requests,
             wall_time=time.monotonic() - self.started,
-            failures=[{"path": n.path, "error": n.error or ""} for n in self.tree if n.status == FAILED],
+            failures=[{"path": n.path, "error": n.error} for n in self.tree if n.error is not None],
             stop_reason=self.stop_reason,
             error=error,
             speculation=self.extra_result(),
