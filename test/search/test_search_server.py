@@ -3,9 +3,11 @@ loop inside the SGLang server) and client-side (HttpPort), reproducibility, rewa
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 
 import pytest
+import requests
 
 from sglang_spex.tot.http_port import HttpPort
 from sglang_spex.tot.search import run_batch, run_search
@@ -20,6 +22,7 @@ from .helpers import (
     post_search,
     spec,
     tree_signature,
+    wait_until,
 )
 
 pytestmark = pytest.mark.server
@@ -121,3 +124,22 @@ def test_prm_and_logprob_rewards(spex_server):
         assert res["status"] == "done" and not res["failures"], res["failures"]
         rewards = [n["reward"] for n in res["nodes"] if n["path"] != "r"]
         assert all(0.0 <= r <= 1.0 for r in rewards), rewards
+
+
+def test_a_search_whose_requests_the_engine_aborts_is_failed_and_says_so(spex_server):
+    """An operator's ``/abort_request`` (abort_all) ends the search's running steps: not the search's own cancel,
+    so the steps say "aborted by the engine" and the search, with no step's result, is failed (not done)."""
+    url = spex_server.url
+    body = spec({"name": "rebase", "width": 2, "max_depth": 2}, step={"max_tokens": 400, "stop": []})
+    with cf.ThreadPoolExecutor(1) as ex:
+        search = ex.submit(post_search, url, {"spec": body, "question": QUESTION})
+        assert wait_until(lambda: engine_load(url) > 0, timeout=60)
+        while not search.done():  # each depth's steps as they reach the engine
+            requests.post(url + "/abort_request", json={"abort_all": True}, timeout=30)
+            time.sleep(0.1)
+        res = search.result().json()
+    assert res["status"] == "failed" and "aborted by the engine" in res["error"], (res["status"], res["error"])
+    steps = [n for n in res["nodes"] if n["path"] != "r"]
+    assert steps and all(n["status"] == "cancelled" and n["error"] == "aborted by the engine" for n in steps)
+    assert {f["path"] for f in res["failures"]} == {n["path"] for n in steps}
+    assert wait_until(lambda: engine_load(url) == 0, timeout=30)
