@@ -140,6 +140,6 @@ def test_a_search_whose_requests_the_engine_aborts_is_failed_and_says_so(spex_se
         res = search.result().json()
     assert res["status"] == "failed" and "aborted by the engine" in res["error"], (res["status"], res["error"])
     steps = [n for n in res["nodes"] if n["path"] != "r"]
-    assert steps and all(n["status"] == "cancelled" and n["error"] == "aborted by the engine" for n in steps)
+    assert steps and all(n["status"] == "cancelled" and n["error"].startswith("aborted by the engine") for n in steps)
     assert {f["path"] for f in res["failures"]} == {n["path"] for n in steps}
     assert wait_until(lambda: engine_load(url) == 0, timeout=30)

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from sglang_spex.tot.context import SearchContext
+from sglang_spex.tot.engine import GenResult
 from sglang_spex.tot.rewards import VERIFIERS, Reward, register_verifier
 from sglang_spex.tot.search import run_batch, run_search
 from sglang_spex.tot.search_spec import SearchSpec
@@ -112,6 +113,27 @@ async def test_requests_the_engine_aborted_fail_the_search_and_say_so():
     steps = res.nodes[1:]
     assert steps and all(n["status"] == "cancelled" and n["error"] == "aborted by the engine" for n in steps)
     assert [f["path"] for f in res.failures] == [n["path"] for n in steps]
+
+
+async def test_an_abort_says_sglangs_reason():
+    class Updating(FakePort):
+        async def generate(self, req):
+            return GenResult(
+                rid=req.rid, text="", output_ids=[], finish_reason="abort", abort_message="weights updated"
+            )
+
+    res = await run_search(spec_for({"name": "rebase", "width": 2, "max_depth": 2}), "q", Updating())
+    assert res.status == "failed" and {f["error"] for f in res.failures} == {"aborted by the engine: weights updated"}
+
+
+def test_sglangs_abort_message_is_kept():
+    out = {
+        "text": "",
+        "meta_info": {"finish_reason": {"type": "abort", "message": "weights updated", "status_code": 200}},
+    }
+    assert GenResult.from_sglang("x", out).abort_message == "weights updated"
+    done = {"text": "a", "meta_info": {"finish_reason": {"type": "length", "length": 4}}}
+    assert GenResult.from_sglang("x", done).abort_message is None
 
 
 async def test_run_batch_orders_results():

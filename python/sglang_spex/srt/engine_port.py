@@ -39,7 +39,7 @@ class TokenizerManagerPort(EnginePort):
         except ValueError as e:  # SGLang raises on requests aborted before they produced output
             if "abort" not in str(e).lower():
                 raise
-            out = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}
+            out = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": str(e)}}}
         return GenResult.from_sglang(req.rid, out, time.monotonic() - t0)
 
     async def capacity(self) -> Dict[str, Optional[int]]:

@@ -182,7 +182,8 @@ class SearchContext:
         if res.aborted:
             node.status = CANCELLED
             if not self.should_stop():  # nothing of this search asked for it: the engine (or an operator) did
-                node.error = ENGINE_ABORTED
+                said = (res.abort_message or "").strip()
+                node.error = f"{ENGINE_ABORTED}: {said}" if said.lower() not in ("", "aborted") else ENGINE_ABORTED
             self._emit_node(node)
             return
         self.apply_result(node, res)

@@ -101,6 +101,7 @@ class GenResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     latency: float = 0.0
+    abort_message: Optional[str] = None  # what SGLang said when it aborted the request (if anything)
 
     @property
     def aborted(self) -> bool:
@@ -125,6 +126,7 @@ class GenResult:
             completion_tokens=meta.get("completion_tokens", 0),
             cached_tokens=meta.get("cached_tokens", 0) or 0,
             latency=latency,
+            abort_message=(fr.get("message") or None) if kind == "abort" and isinstance(fr, dict) else None,
         )
 
 
