@@ -73,7 +73,7 @@ def _deep_nodes_hit_the_cache(result: dict) -> None:
 
 
 def _summary(res: dict) -> dict:
-    """What a failed assertion shows of a search's result: its status and its nodes' statuses and tokens."""
+    """What a failed assertion shows of a search's result: its status, error and each node's status, tokens, error."""
     nodes = [(n["path"], n["status"], n["tokens"], n["error"]) for n in res["nodes"]]
     return {"status": res.get("status"), "error": res.get("error"), "nodes": nodes}
 
@@ -106,10 +106,13 @@ def test_one_search_runs_on_one_rank(dp_server):
     assert not errors, errors
     assert r.status_code == 200 and r.json()["status"] == "done", r.text
     seq1 = _ring_seqs(url)  # only one rank's ring has the search's steps
-    why = (seen, seq0, seq1, f"{took:.2f}s", _summary(r.json()), dp_server.log_tail(30))
+
+    def why() -> tuple:  # read only when an assertion fails
+        return seen, seq0, seq1, f"{took:.2f}s", _summary(r.json()), dp_server.log_tail(30)
+
     busy = [rank for rank, n in seen.items() if n > 0]
-    assert len(busy) == 1, why  # the scheduler of one rank saw every request of the search
-    assert seq1[busy[0]] > seq0[busy[0]] and seq1[1 - busy[0]] == seq0[1 - busy[0]], why
+    assert len(busy) == 1, why()  # the scheduler of one rank saw every request of the search
+    assert seq1[busy[0]] > seq0[busy[0]] and seq1[1 - busy[0]] == seq0[1 - busy[0]], why()
     _deep_nodes_hit_the_cache(r.json())
 
 

@@ -182,8 +182,7 @@ class SearchContext:
         if res.aborted:
             node.status = CANCELLED
             if not self.should_stop():  # nothing of this search asked for it: the engine (or an operator) did
-                said = (res.abort_message or "").strip()
-                node.error = f"{ENGINE_ABORTED}: {said}" if said.lower() not in ("", "aborted") else ENGINE_ABORTED
+                node.error = f"{ENGINE_ABORTED}: {res.abort_message}" if res.abort_message else ENGINE_ABORTED
             self._emit_node(node)
             return
         self.apply_result(node, res)

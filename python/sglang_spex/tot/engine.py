@@ -101,7 +101,7 @@ class GenResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     latency: float = 0.0
-    abort_message: Optional[str] = None  # what SGLang said when it aborted the request (if anything)
+    abort_message: Optional[str] = None  # SGLang's reason for aborting the request, where it gave one
 
     @property
     def aborted(self) -> bool:
@@ -126,8 +126,14 @@ class GenResult:
             completion_tokens=meta.get("completion_tokens", 0),
             cached_tokens=meta.get("cached_tokens", 0) or 0,
             latency=latency,
-            abort_message=(fr.get("message") or None) if kind == "abort" and isinstance(fr, dict) else None,
+            abort_message=_abort_reason(fr) if kind == "abort" else None,
         )
+
+
+def _abort_reason(finish_reason: Any) -> Optional[str]:
+    """SGLang's reason for an abort; None where it gave none beyond "Aborted"."""
+    said = str(finish_reason.get("message") or "").strip() if isinstance(finish_reason, dict) else ""
+    return said if said.lower() not in ("", "aborted") else None
 
 
 class EngineLost(RuntimeError):
