@@ -25,9 +25,7 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -37,6 +35,7 @@ from overlap import stop_servers_on_sigterm
 
 from sglang_spex.models import prepare_tiny_llama
 from sglang_spex.serve import ServerProcess
+from sglang_spex.tot.callback_server import CallbackRewardServer
 
 QUESTION = "What is 12 + 7?"
 STEP = {"max_tokens": 8, "stop": ["\n\n"], "temperature": 1.0}
@@ -54,35 +53,6 @@ MALFORMED: List[bytes] = [
     json.dumps({"question": "x" * (2 << 20)}).encode(),
 ]
 ACTIONS = {"complete": 0.5, "disconnect": 0.12, "delete": 0.12, "reward_timeout": 0.1, "malformed": 0.16}
-
-
-class SlowReward:
-    """A loopback callback reward that answers after ``delay`` seconds."""
-
-    def __init__(self, delay: float):
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                time.sleep(delay)
-                data = b'{"reward": 0.5}'
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:  # the server gave up on us (reward timeout)
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
 
 
 def rss_by_process(root_pid: int) -> Dict[str, int]:
@@ -222,7 +192,7 @@ async def main_async(args: argparse.Namespace) -> Dict[str, Any]:
     slow = None
     try:  # the server starts inside: an error or Ctrl-C anywhere after it still stops it
         server.start()
-        slow = SlowReward(args.reward_timeout * 2)
+        slow = CallbackRewardServer(lambda _: 0.5, latency_s=args.reward_timeout * 2)  # slower than the timeout
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             await client.post("/tot/search", json={"spec": {"policy": POLICIES[0], "step": STEP}, "question": QUESTION})
             start_pool = await wait_idle(client)

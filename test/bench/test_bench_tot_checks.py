@@ -236,10 +236,10 @@ def test_bench_soak_stops_its_server_when_the_reward_service_fails(monkeypatch):
     monkeypatch.setattr(bench_soak, "ServerProcess", _FakeServer)
     monkeypatch.setattr(bench_soak, "prepare_tiny_llama", lambda: "/nonexistent/tiny")
 
-    def broken(delay):
+    def broken(score, latency_s):
         raise OSError("no port")
 
-    monkeypatch.setattr(bench_soak, "SlowReward", broken)
+    monkeypatch.setattr(bench_soak, "CallbackRewardServer", broken)
     args = SimpleNamespace(reward_timeout=1.0, concurrency=1)
     with pytest.raises(OSError, match="no port"):
         asyncio.run(bench_soak.main_async(args))
