@@ -41,8 +41,8 @@ def test_a_comparison_waits_at_most_wait_s_behind_a_busy_child():
             t.start()
         time.sleep(0.1)
         t0 = time.monotonic()
-        assert checker.equal(r"\frac{1}{2}", "0.5") is None
-        assert time.monotonic() - t0 < 0.9 and checker.busy >= 1
+        assert checker.equal(r"\frac{1}{2}", "0.5") is None  # had it waited for the child, a fresh one says True
+        assert time.monotonic() - t0 < 2.5 and checker.busy >= 1  # not behind all three slow ones (3 s)
         for t in slow:
             t.join()
         assert checker.killed == 1 and checker.busy == 3  # one slow comparison ran; the others gave up waiting
