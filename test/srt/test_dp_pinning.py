@@ -98,7 +98,9 @@ def test_one_search_runs_on_one_rank(dp_server):
     t.start()
     t0 = time.monotonic()
     try:
-        r = requests.post(url + "/tot/search", json=_body(0), timeout=600)
+        body = _body(0)  # steps long enough (seconds in all) for the sampler's polls to land inside the search
+        body["spec"]["step"] = {**STEP, "max_tokens": 96}
+        r = requests.post(url + "/tot/search", json=body, timeout=600)
     finally:
         took = time.monotonic() - t0
         done.set()
