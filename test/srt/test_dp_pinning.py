@@ -1,10 +1,11 @@
 """``--dp-size 2`` on CPU: every request of a search goes to one DP rank (SGLang's ``routed_dp_rank``).
 
-Observed from the schedulers: the per-rank loads SGLang reports (``/v1/loads``) while a search runs alone, the
-radix-cache hits of each node (a child's prompt starts with its parent's, so on the parent's rank it hits), each
-rank's own batch-stats ring (``/spex/stats`` → ``batch_ranks``: rows only on the rank that ran the work), each
-rank's pool report (``/spex/info`` → ``dp_ranks``) after a cancel, a knob reaching every rank, and the per-rank
-``/metrics`` series (``dp_rank`` label).
+Observed from the schedulers: the per-rank loads SGLang reports (``/v1/loads``: a throttled view, published after
+each prefill and every 15th decode step by default, so a poll can miss a running search, but it never shows a
+request on a rank the search did not reach), the radix-cache hits of each node (a child's prompt starts with its
+parent's, so on the parent's rank it hits), each rank's own batch-stats ring (``/spex/stats`` → ``batch_ranks``:
+rows only on the rank that ran the work), each rank's pool report (``/spex/info`` → ``dp_ranks``) after a cancel, a
+knob reaching every rank, and the per-rank ``/metrics`` series (``dp_rank`` label).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
+import uuid
 from typing import Dict, Iterator, List
 
 import pytest
@@ -98,8 +100,8 @@ def test_one_search_runs_on_one_rank(dp_server):
     t.start()
     t0 = time.monotonic()
     try:
-        body = _body(0)  # steps long enough (seconds in all) for the sampler's polls to land inside the search
-        body["spec"]["step"] = {**STEP, "max_tokens": 96}
+        body = _body(0, search_id=uuid.uuid4().hex)
+        body["spec"]["step"] = {**STEP, "max_tokens": 96}  # seconds in all: the sampler polls while it runs
         r = requests.post(url + "/tot/search", json=body, timeout=600)
     finally:
         took = time.monotonic() - t0
@@ -108,26 +110,27 @@ def test_one_search_runs_on_one_rank(dp_server):
     assert not errors, errors
     assert r.status_code == 200 and r.json()["status"] == "done", r.text
     seq1 = _ring_seqs(url)  # only one rank's ring has the search's steps
+    rank = requests.get(url + f"/tot/search/{body['search_id']}", timeout=30).json()["dp_rank"]
 
     def why() -> tuple:  # read only when an assertion fails
-        return seen, seq0, seq1, f"{took:.2f}s", _summary(r.json()), dp_server.log_tail(30)
+        return rank, seen, seq0, seq1, f"{took:.2f}s", _summary(r.json()), dp_server.log_tail(30)
 
-    busy = [rank for rank, n in seen.items() if n > 0]
-    assert len(busy) == 1, why()  # the scheduler of one rank saw every request of the search
-    assert seq1[busy[0]] > seq0[busy[0]] and seq1[1 - busy[0]] == seq0[1 - busy[0]], why()
+    assert rank in (0, 1) and seen[1 - rank] == 0, why()  # SGLang's view: the other rank never held a request of it
+    assert seq1[rank] > seq0[rank] and seq1[1 - rank] == seq0[1 - rank], why()  # every batch of it ran on its rank
     _deep_nodes_hit_the_cache(r.json())
 
 
-def _wait_running(url: str, sid: str, rank: int) -> None:
-    """Until the search's requests are in its rank's scheduler (so a search submitted next sees it unfinished)."""
+def _wait_running(url: str, sid: str) -> None:
+    """Until the search runs with requests in SGLang (a search submitted next sees it unfinished on its rank: the
+    pinning counts those). Not ``/v1/loads``: that view is throttled and can miss a whole search on a busy host."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         state = requests.get(url + f"/tot/search/{sid}", timeout=30).json()
         assert state["status"] in ("queued", "running"), state  # it must still run: its steps are long
-        if state["status"] == "running" and _loads(url)[rank] > 0:
+        if state["status"] == "running" and state["engine_requests"] > 0:
             return
         time.sleep(0.05)
-    raise TimeoutError(f"search {sid} never reached rank {rank}'s scheduler")
+    raise TimeoutError(f"search {sid} never had a request in the engine")
 
 
 def test_concurrent_searches_spread_over_both_ranks(dp_server):
@@ -145,7 +148,7 @@ def test_concurrent_searches_spread_over_both_ranks(dp_server):
         ids.append(s.headers["X-Search-Id"])
         ranks.append(requests.get(url + f"/tot/search/{ids[-1]}", timeout=30).json()["dp_rank"])
         if seed == 1:
-            _wait_running(url, ids[0], ranks[0])
+            _wait_running(url, ids[0])
     assert sorted(ranks) == [0, 1], (ranks, dp_server.log_tail(30))
     with cf.ThreadPoolExecutor(2) as ex:
         list(ex.map(lambda s: s.content, streams))  # both run to their result
@@ -193,10 +196,8 @@ def test_cancel_frees_kv_on_the_rank_holding_the_search(dp_server):
     s = requests.post(url + "/tot/search", json=body, stream=True, timeout=600)
     sid = s.headers["X-Search-Id"]
     rank = requests.get(url + f"/tot/search/{sid}", timeout=30).json()["dp_rank"]
-    deadline = time.monotonic() + 60
-    while _loads(url)[rank] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _loads(url)[rank] > 0 and _loads(url)[1 - rank] == 0
+    _wait_running(url, sid)
+    assert _loads(url)[1 - rank] == 0  # SGLang's view: the other rank holds nothing of it
     r = requests.delete(url + f"/tot/search/{sid}", timeout=120)
     assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
     s.close()
