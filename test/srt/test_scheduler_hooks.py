@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -210,3 +211,41 @@ def test_no_kv_leak_after_1000_cycles(spex_server_in_mode):
     p0, p1 = base["protection"]["counters"], end["protection"]["counters"]
     assert c1.get("cancel_immediate", 0) > c0.get("cancel_immediate", 0)  # running requests were cancelled
     assert p1.get("protected", 0) > p0.get("protected", 0)  # and finished nodes were protected, then released
+
+
+def test_idle_pool_holds_no_kv(spex_server_in_mode):
+    """The pool's ``running`` counts a prefill still in flight. SGLang merges a prefill into its running batch one
+    step later; a snapshot taken in between read 0 running with the prefill's prefix locked, so ``wait_idle``
+    returned mid-request (CI once: a background profile sweep's request held 1 token at a test's baseline). While
+    short requests stream through, no snapshot that shows nothing running or waiting may show KV locked beyond the
+    searches' protection."""
+    url = spex_server_in_mode.url
+    post(url, "/spex/release", {})
+    wait_idle(url)
+    stop = threading.Event()
+
+    def stream(k: int) -> int:
+        n = 0
+        with requests.Session() as s:
+            while not stop.is_set():  # seven prompts over and over: each prefill locks its cached prefix
+                r = s.post(url + "/generate", json=body(words(30, 500 + (n + k) % 7), 4), timeout=60)
+                assert r.status_code == 200, r.text
+                n += 1
+        return n
+
+    snapshots, idle, bad = 0, 0, []
+    with cf.ThreadPoolExecutor(2) as ex:
+        streams = [ex.submit(stream, k) for k in range(2)]
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            s = sched(url)
+            p, snapshots = s["pool"], snapshots + 1
+            if p["running"] + p["waiting"] == 0:
+                idle += 1
+                if p["kv_protected"] > s["protection"]["locked_tokens"]:
+                    bad.append(p)
+        stop.set()
+        sent = sum(f.result() for f in streams)
+    print(f"{sent} requests, {snapshots} snapshots, {idle} idle")
+    assert sent > 20 and snapshots > 20
+    assert not bad, f"{len(bad)} of {idle} idle-looking snapshots had KV locked, e.g. {bad[:3]}"

@@ -335,9 +335,11 @@ def sampler(scheduler: Any) -> Optional[Any]:
 
 
 def pool(scheduler: Any) -> Dict[str, int]:
-    """KV pool and queue figures of this scheduler."""
+    """KV pool and queue figures of this scheduler. ``running`` counts the prefill launched last step too: SGLang
+    merges it into the running batch only inside the next ``get_next_batch_to_run``, and a control request is
+    answered before that (a request in flight there holds KV, so it must not read as idle)."""
     tree = scheduler.tree_cache
-    rb = scheduler.running_batch
+    running = [r for r in scheduled_reqs(scheduler.running_batch, scheduler.last_batch) if not r.finished()]
     return {
         "kv_total": int(scheduler.max_total_num_tokens),
         "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
@@ -345,7 +347,7 @@ def pool(scheduler: Any) -> Dict[str, int]:
         "kv_protected": int(tree.protected_size()),
         "req_slots_free": int(scheduler.req_to_token_pool.available_size()),
         "waiting": len(scheduler.waiting_queue),
-        "running": len(rb.reqs) if rb is not None else 0,
+        "running": len(running),
     }
 
 
