@@ -8,7 +8,14 @@ import httpx
 import numpy as np
 import pytest
 
-from sglang_spex.srt.input_guard import check_token_ids, check_top_logprobs, u2_validate_one_request
+from sglang_spex.srt.input_guard import (
+    check_text_length,
+    check_token_ids,
+    check_top_logprobs,
+    prefix_lengths,
+    u2_validate_one_request,
+    u3_tokenize_texts,
+)
 
 VOCAB = 344  # the tiny Llama's
 
@@ -53,6 +60,58 @@ def test_hook_leaves_multimodal_prompts_to_sglang_and_runs_sglang_after():
     assert len(calls) == 1
 
 
+class CountingTokenizer:
+    """One token per ``chars_per_token`` characters; records the text lengths it was asked to encode."""
+
+    def __init__(self, chars_per_token: int, longest: int = 8):
+        self.chars_per_token, self.longest, self.seen = chars_per_token, longest, []
+
+    def get_vocab(self):
+        return {"x" * self.longest: 0, "y": 1}
+
+    def encode(self, text):
+        self.seen.append(len(text))
+        return [0] * (len(text) // self.chars_per_token)
+
+
+def test_prefixes_double_from_eight_characters_per_token_up_to_twice_the_longest_token():
+    assert prefix_lengths(10**9, 100, 10) == [800, 1600, 2000]  # cap: 2 x 10 characters x 100 tokens
+    assert prefix_lengths(1000, 100, 10) == [800]  # then the whole text, by SGLang
+    assert prefix_lengths(800, 100, 10) == []  # short enough to tokenize whole
+    assert prefix_lengths(10**9, 100, 2) == [400]  # the cap comes first
+
+
+def test_a_long_text_is_refused_after_its_first_prefix(tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    with pytest.raises(ValueError, match=r"in its first 16384 of 2400000 characters\) is longer than the model's"):
+        check_text_length("alpha beta7 " * 200_000, 2048, tokenizer)
+    check_text_length("alpha beta7 " * 1000, 2048, tokenizer)  # 12,000 characters: SGLang's to tokenize
+
+
+def test_a_text_that_tokenizes_short_goes_to_sglang_whole_after_bounded_prefixes():
+    tok = CountingTokenizer(chars_per_token=100)  # every prefix stays under the context
+    check_text_length("z" * 10**7, 100, tok)
+    assert tok.seen == [800, 1600]  # the cap (2 x 8 x 100) ends the prefixes: at most ~2 x cap tokenized
+    dense = CountingTokenizer(chars_per_token=1)
+    with pytest.raises(ValueError, match=r"\(800 tokens in its first 800 of"):
+        check_text_length("z" * 10**7, 100, dense)
+    assert dense.seen == [800]
+
+
+def test_u3_checks_each_text_unless_sglang_truncates():
+    tok = CountingTokenizer(chars_per_token=1)
+    manager = SimpleNamespace(tokenizer=tok, context_len=100, allow_auto_truncate=False)
+    assert u3_tokenize_texts(lambda *a: "tokenized", manager, ["short", "z" * 100]) == "tokenized"
+    for texts in ("z" * 10**6, ["ok", "z" * 10**6]):
+        with pytest.raises(ValueError, match="longer than the model's context length"):
+            u3_tokenize_texts(lambda *a: "tokenized", manager, texts)
+    manager.allow_auto_truncate = True  # SGLang keeps the first tokens: the whole text is its to tokenize
+    assert u3_tokenize_texts(lambda *a: "tokenized", manager, "z" * 10**6) == "tokenized"
+
+
+LONG_TEXT = "alpha beta7 " * 200_000  # 2.4 MB: SGLang alone tokenized all of it on the event loop (~7 s here)
 BAD = [
     ("/generate", {"input_ids": [1, 2, 99_999_999], "sampling_params": {"max_new_tokens": 2}}, "input_ids[2]"),
     ("/generate", {"input_ids": [[1, 2], [-3]], "sampling_params": {"max_new_tokens": 2}}, "input_ids[0] is -3"),
@@ -60,12 +119,15 @@ BAD = [
     ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": 100_000}, "top_logprobs_num"),
     ("/v1/completions", {"model": "m", "prompt": [5, 999_999], "max_tokens": 2}, "input_ids[1]"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "logprobs": 100_000}, "top_logprobs_num"),
+    ("/generate", {"text": LONG_TEXT, "sampling_params": {"max_new_tokens": 2}}, "of 2400000 characters) is longer"),
+    ("/v1/completions", {"model": "m", "prompt": LONG_TEXT, "max_tokens": 2}, "of 2400000 characters) is longer"),
 ]
 
 
 @pytest.mark.parametrize("server", ["spex_server", "plain_server"])
 def test_malformed_requests_answer_400_and_the_server_serves_on(request, server):
-    """Each of these killed the scheduler (and the server) before U2; every launch has it, plain or SPEX."""
+    """Each of these killed the scheduler (and the server) before U2, or held every client while SGLang tokenized it
+    (U3); every launch has both, plain or SPEX."""
     srv = request.getfixturevalue(server)
     with httpx.Client(base_url=srv.url, timeout=60) as client:
         for route, body, message in BAD:

@@ -185,6 +185,10 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "(private) prompt token ids outside the vocabulary, or top_logprobs_num above it, answer 400 instead of "
        "killing the scheduler",
        "sglang_spex.srt.input_guard:u2_validate_one_request"),
+    _T("U3", f"{TOKENIZER_MANAGER}._tokenize_texts", "AROUND", "input_guard",
+       "(private) a prompt text far past the context length is a 400 after tokenizing a bounded prefix, instead of "
+       "holding the event loop (every client) while SGLang tokenizes all of it",
+       "sglang_spex.srt.input_guard:u3_tokenize_texts"),
     # ---- respec_* (--respec-adaptive), independent of --tot-speculation
     _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
        "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",

@@ -9,14 +9,25 @@ size (``torch.topk``), ``text: ""`` with a tokenizer that adds no BOS (an extend
 before SGLang's own validation, as SGLang checks ``token_ids_logprob``; the ``ValueError`` becomes SGLang's usual 400.
 Prompts whose ids a multimodal processor produced (placeholder pad values) and session continuations are left to
 SGLang.
+
+Hook U3: a prompt text far past the context length is refused after tokenizing a bounded prefix of it. SGLang
+tokenizes a text in full on the TokenizerManager's event loop and only then compares its length with the context,
+so one 64 MB ``/generate`` text held every other client for 229 s (8 MB: 24 s) before its 400. U3 tokenizes
+prefixes of 8 characters per context token, doubling up to 2 x the longest token's characters per context token;
+more than ``context_len`` + :data:`BOUNDARY_TOKENS` tokens in a prefix is SGLang's own "longer than the model's
+context length" 400. A text that stays short (a tokenizer that drops or merges most of it) goes to SGLang whole, as
+does every text under ``--allow-auto-truncate`` (SGLang keeps its first tokens).
 """
 
 from __future__ import annotations
 
+import functools
 import operator
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
+FIRST_PREFIX_CHARS_PER_TOKEN = 8  # about twice an average token's characters: most long texts end at the first prefix
+BOUNDARY_TOKENS = 16  # a prefix's last word may tokenize differently in the whole text
 
 
 def check_token_ids(input_ids: Optional[Sequence[Any]], vocab_size: int) -> None:
@@ -61,4 +72,52 @@ def u2_validate_one_request(original: Callable[..., None], *args: Any, **kwargs:
         if not left_to_sglang:
             check_token_ids(input_ids, vocab_size)
         check_top_logprobs(obj, vocab_size)
+    return original(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (byte-level BPE: one character per byte)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
+
+
+def prefix_lengths(text_len: int, context_len: int, longest: int) -> Sequence[int]:
+    """Prefix lengths U3 tokenizes for a text of ``text_len`` characters, shortest first (none: the text is short
+    enough to tokenize whole). The last reaches ``2 * longest * context_len`` characters, where even a text of only
+    longest tokens holds twice the context."""
+    cap = 2 * max(1, longest) * context_len
+    size = FIRST_PREFIX_CHARS_PER_TOKEN * context_len
+    out = []
+    while size < min(cap, text_len):
+        out.append(size)
+        size *= 2
+    if cap < text_len:
+        out.append(cap)
+    return out
+
+
+def check_text_length(text: str, context_len: int, tokenizer: Any) -> None:
+    """Raise SGLang's context-length ``ValueError`` when a prefix of ``text`` already holds more tokens than the
+    context (see U3); tokenizes at most about twice the longest prefix."""
+    for size in prefix_lengths(len(text), context_len, longest_token_chars(tokenizer)):
+        n = len(tokenizer.encode(text[:size]))
+        if n > context_len + BOUNDARY_TOKENS:
+            raise ValueError(
+                f"The input ({n} tokens in its first {size} of {len(text)} characters) is "
+                f"longer than the model's context length ({context_len} tokens)."
+            )
+
+
+def u3_tokenize_texts(original: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+    """U3 (AROUND ``TokenizerManager._tokenize_texts(self, texts, is_cross_encoder=False)``): each prompt text is
+    checked against the context with bounded tokenization, then SGLang tokenizes. Raises before SGLang's coroutine
+    is made, which SGLang's ``await`` reports as it reports its own ``ValueError``."""
+    manager = args[0] if args else kwargs.get("self")
+    texts = args[1] if len(args) > 1 else kwargs.get("texts")
+    tokenizer = getattr(manager, "tokenizer", None)
+    context_len = getattr(manager, "context_len", None)
+    if tokenizer is not None and isinstance(context_len, int) and not getattr(manager, "allow_auto_truncate", False):
+        for text in [texts] if isinstance(texts, str) else texts if isinstance(texts, list) else []:
+            if isinstance(text, str):
+                check_text_length(text, context_len, tokenizer)
     return original(*args, **kwargs)
