@@ -166,6 +166,7 @@ def test_without_speculation_only_the_report_and_backend_features_register(clean
         "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_tensor",
         f"{hooks.TOKENIZER_MANAGER}._validate_one_request",
         f"{hooks.TOKENIZER_MANAGER}._tokenize_texts",
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
     }
     assert hooks.register_all(SpexConfig(enabled=False)) is plan  # idempotent per process
     assert len(HookRegistry._hooks[f"{hooks.SCHEDULER}.get_internal_state"]) == 1

@@ -12,9 +12,11 @@ from sglang_spex.srt.input_guard import (
     check_text_length,
     check_token_ids,
     check_top_logprobs,
+    message_texts,
     prefix_lengths,
     u2_validate_one_request,
     u3_tokenize_texts,
+    u4_validate_chat,
 )
 
 VOCAB = 344  # the tiny Llama's
@@ -111,6 +113,20 @@ def test_u3_checks_each_text_unless_sglang_truncates():
     assert u3_tokenize_texts(lambda *a: "tokenized", manager, "z" * 10**6) == "tokenized"
 
 
+def test_u4_checks_a_chats_joined_message_text_where_sglang_found_nothing_wrong():
+    parts = [SimpleNamespace(type="text", text="b" * 500), SimpleNamespace(type="image_url", image_url="u")]
+    messages = [SimpleNamespace(content="a" * 500), SimpleNamespace(content=parts), SimpleNamespace(content=None)]
+    assert message_texts(messages) == ["a" * 500, "b" * 500]
+    manager = SimpleNamespace(tokenizer=CountingTokenizer(1), context_len=100, allow_auto_truncate=False)
+    serving = SimpleNamespace(tokenizer_manager=manager)
+    error = u4_validate_chat(None, serving, SimpleNamespace(messages=messages))
+    assert "(800 tokens in its first 800 of 1001 characters)" in error  # two messages: 2 x 16 boundary tokens
+    assert u4_validate_chat("Messages cannot be empty.", serving, SimpleNamespace(messages=messages)).startswith("M")
+    assert u4_validate_chat(None, serving, SimpleNamespace(messages=messages[:1])) is None  # 500 characters
+    manager.context_len = 400  # 1,001 characters, under 8 per context token: SGLang tokenizes it whole
+    assert u4_validate_chat(None, serving, SimpleNamespace(messages=messages)) is None
+
+
 LONG_TEXT = "alpha beta7 " * 200_000  # 2.4 MB: SGLang alone tokenized all of it on the event loop (~7 s here)
 BAD = [
     ("/generate", {"input_ids": [1, 2, 99_999_999], "sampling_params": {"max_new_tokens": 2}}, "input_ids[2]"),
@@ -121,6 +137,11 @@ BAD = [
     ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "logprobs": 100_000}, "top_logprobs_num"),
     ("/generate", {"text": LONG_TEXT, "sampling_params": {"max_new_tokens": 2}}, "of 2400000 characters) is longer"),
     ("/v1/completions", {"model": "m", "prompt": LONG_TEXT, "max_tokens": 2}, "of 2400000 characters) is longer"),
+    (
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": 2},
+        "of 2400000 characters) is longer",
+    ),
 ]
 
 

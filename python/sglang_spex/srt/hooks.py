@@ -189,6 +189,9 @@ TOUCH_POINTS: Tuple[TouchPoint, ...] = (
        "(private) a prompt text far past the context length is a 400 after tokenizing a bounded prefix, instead of "
        "holding the event loop (every client) while SGLang tokenizes all of it",
        "sglang_spex.srt.input_guard:u3_tokenize_texts"),
+    _T("U4", "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request", "AFTER", "input_guard",
+       "(private) U3's check on a chat's message text, before SGLang renders and tokenizes all of it",
+       "sglang_spex.srt.input_guard:u4_validate_chat"),
     # ---- respec_* (--respec-adaptive), independent of --tot-speculation
     _T("R1", f"{NGRAM_WORKER}.forward_batch_generation", "AROUND", "respec_ngram",
        "a decode batch runs a true plain decode step (no draft, no verify) when the ReSpec FSM says no spec",

@@ -16,7 +16,8 @@ so one 64 MB ``/generate`` text held every other client for 229 s (8 MB: 24 s) b
 prefixes of 8 characters per context token, doubling up to 2 x the longest token's characters per context token;
 more than ``context_len`` + :data:`BOUNDARY_TOKENS` tokens in a prefix is SGLang's own "longer than the model's
 context length" 400. A text that stays short (a tokenizer that drops or merges most of it) goes to SGLang whole, as
-does every text under ``--allow-auto-truncate`` (SGLang keeps its first tokens).
+does every text under ``--allow-auto-truncate`` (SGLang keeps its first tokens). Hook U4 applies the same check to
+a chat's message text (``/v1/chat/completions``), which SGLang renders and tokenizes on its executor threads.
 """
 
 from __future__ import annotations
@@ -96,12 +97,13 @@ def prefix_lengths(text_len: int, context_len: int, longest: int) -> Sequence[in
     return out
 
 
-def check_text_length(text: str, context_len: int, tokenizer: Any) -> None:
+def check_text_length(text: str, context_len: int, tokenizer: Any, boundaries: int = 1) -> None:
     """Raise SGLang's context-length ``ValueError`` when a prefix of ``text`` already holds more tokens than the
-    context (see U3); tokenizes at most about twice the longest prefix."""
+    context (see U3); tokenizes at most about twice the longest prefix. ``boundaries``: places where ``text`` was
+    joined from parts the model sees apart (chat messages), each allowed :data:`BOUNDARY_TOKENS`."""
     for size in prefix_lengths(len(text), context_len, longest_token_chars(tokenizer)):
         n = len(tokenizer.encode(text[:size]))
-        if n > context_len + BOUNDARY_TOKENS:
+        if n > context_len + BOUNDARY_TOKENS * boundaries:
             raise ValueError(
                 f"The input ({n} tokens in its first {size} of {len(text)} characters) is "
                 f"longer than the model's context length ({context_len} tokens)."
@@ -121,3 +123,34 @@ def u3_tokenize_texts(original: Callable[..., Awaitable[Any]], *args: Any, **kwa
             if isinstance(text, str):
                 check_text_length(text, context_len, tokenizer)
     return original(*args, **kwargs)
+
+
+def message_texts(messages: Any) -> Sequence[str]:
+    """The text of each chat message: its ``content`` string, or the ``text`` of each of its parts."""
+    out = []
+    for m in messages or []:
+        content = getattr(m, "content", None)
+        parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+        out += [p if isinstance(p, str) else getattr(p, "text", None) for p in parts]
+    return [t for t in out if isinstance(t, str)]
+
+
+def u4_validate_chat(result: Optional[str], *args: Any, **kwargs: Any) -> Optional[str]:
+    """U4 (AFTER ``OpenAIServingChat._validate_request(self, request)``): U3's check on the messages' text, joined,
+    where SGLang found nothing wrong. SGLang renders and tokenizes a chat on its executor threads (a few per core),
+    so six 8 MB chats kept every other chat waiting up to 16 s here while they tokenized in full."""
+    if result:
+        return result
+    serving = args[0] if args else kwargs.get("self")
+    request = args[1] if len(args) > 1 else kwargs.get("request")
+    manager = getattr(serving, "tokenizer_manager", None)
+    tokenizer = getattr(manager, "tokenizer", None)
+    context_len = getattr(manager, "context_len", None)
+    if tokenizer is None or not isinstance(context_len, int) or getattr(manager, "allow_auto_truncate", False):
+        return None
+    texts = message_texts(getattr(request, "messages", None))
+    try:
+        check_text_length("\n".join(texts), context_len, tokenizer, boundaries=max(1, len(texts)))
+    except ValueError as e:
+        return str(e)
+    return None
