@@ -99,7 +99,7 @@ def prefix_lengths(text_len: int, context_len: int, longest: int) -> Sequence[in
 
 def check_text_length(text: str, context_len: int, tokenizer: Any, boundaries: int = 1) -> None:
     """Raise SGLang's context-length ``ValueError`` when a prefix of ``text`` already holds more tokens than the
-    context (see U3); tokenizes at most about twice the longest prefix. ``boundaries``: places where ``text`` was
+    context (see U3); tokenizes less than three times the longest prefix's characters in all. ``boundaries``: places where ``text`` was
     joined from parts the model sees apart (chat messages), each allowed :data:`BOUNDARY_TOKENS`."""
     for size in prefix_lengths(len(text), context_len, longest_token_chars(tokenizer)):
         n = len(tokenizer.encode(text[:size]))
