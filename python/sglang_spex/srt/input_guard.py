@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence, Tuple
 
 MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
 FIRST_PREFIX_CHARS_PER_TOKEN = 8  # about twice an average token's characters: most long texts end at the first prefix
@@ -110,18 +110,27 @@ def check_text_length(text: str, context_len: int, tokenizer: Any, boundaries: i
             )
 
 
+def length_bound(manager: Any) -> Optional[Tuple[int, Any]]:
+    """(context length, tokenizer) that U3/U4 check texts against, or None where they leave texts to SGLang: no
+    tokenizer (``--skip-tokenizer-init``), or ``--allow-auto-truncate`` (SGLang keeps a long prompt's first tokens)."""
+    tokenizer = getattr(manager, "tokenizer", None)
+    context_len = getattr(manager, "context_len", None)
+    if tokenizer is None or not isinstance(context_len, int) or getattr(manager, "allow_auto_truncate", False):
+        return None
+    return context_len, tokenizer
+
+
 def u3_tokenize_texts(original: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Awaitable[Any]:
     """U3 (AROUND ``TokenizerManager._tokenize_texts(self, texts, is_cross_encoder=False)``): each prompt text is
     checked against the context with bounded tokenization, then SGLang tokenizes. Raises before SGLang's coroutine
     is made, which SGLang's ``await`` reports as it reports its own ``ValueError``."""
     manager = args[0] if args else kwargs.get("self")
     texts = args[1] if len(args) > 1 else kwargs.get("texts")
-    tokenizer = getattr(manager, "tokenizer", None)
-    context_len = getattr(manager, "context_len", None)
-    if tokenizer is not None and isinstance(context_len, int) and not getattr(manager, "allow_auto_truncate", False):
+    bound = length_bound(manager)
+    if bound is not None:
         for text in [texts] if isinstance(texts, str) else texts if isinstance(texts, list) else []:
             if isinstance(text, str):
-                check_text_length(text, context_len, tokenizer)
+                check_text_length(text, *bound)
     return original(*args, **kwargs)
 
 
@@ -143,14 +152,12 @@ def u4_validate_chat(result: Optional[str], *args: Any, **kwargs: Any) -> Option
         return result
     serving = args[0] if args else kwargs.get("self")
     request = args[1] if len(args) > 1 else kwargs.get("request")
-    manager = getattr(serving, "tokenizer_manager", None)
-    tokenizer = getattr(manager, "tokenizer", None)
-    context_len = getattr(manager, "context_len", None)
-    if tokenizer is None or not isinstance(context_len, int) or getattr(manager, "allow_auto_truncate", False):
+    bound = length_bound(getattr(serving, "tokenizer_manager", None))
+    if bound is None:
         return None
     texts = message_texts(getattr(request, "messages", None))
     try:
-        check_text_length("\n".join(texts), context_len, tokenizer, boundaries=max(1, len(texts)))
+        check_text_length("\n".join(texts), *bound, boundaries=max(1, len(texts)))
     except ValueError as e:
         return str(e)
     return None
